@@ -1,0 +1,63 @@
+// The registry of every op: names, operands, dtypes, attributes, backends,
+// forward/backward pairing and sampling hints for tests, the CLI and Python.
+#pragma once
+
+#include <functional>
+
+#include "baracuda/core.hpp"
+
+namespace baracuda {
+
+enum class Direction : uint8_t { forward, backward };
+
+struct AttrSpec {
+  std::string name;
+  double default_value = 0;
+  std::string doc;
+};
+
+/// Where random test inputs are drawn from: [lo, hi], or |x| in [lo, hi]
+/// with a random sign when `symmetric`.
+struct Domain {
+  double lo = -2, hi = 2;
+  bool symmetric = false;
+};
+
+/// Dtypes an op can be asked for. `dtypes` are the primary dtypes (the dtype
+/// that names a kernel: input 0 for most ops, the target for fill).
+struct OpInfo {
+  std::string name;
+  OpCategory category = OpCategory::other;
+  std::string family;  ///< sub-kind: unary, binary, compare, cast, ...
+  Direction direction = Direction::forward;
+  std::string gradient;  ///< forward: its backward op; backward: its forward op
+  std::vector<std::string> input_names, output_names;
+  std::vector<DType> dtypes;
+  std::vector<AttrSpec> attrs;
+  std::vector<Backend> backends;
+  std::string doc;
+
+  /// Dtypes of each input for a primary dtype (cond of `where` is bool...).
+  std::function<std::vector<DType>(DType primary)> input_dtypes;
+  /// Shape/dtype inference: inputs (+attrs) -> full descriptor.
+  std::function<Result<OpDesc>(const OpDesc& partial)> infer;
+  /// Builds a plan for one backend, or says why it cannot.
+  using Factory = std::function<Result<PlanPtr>(Backend, const Stream&, const OpDesc&)>;
+  Factory make_plan;
+
+  // Test and benchmark hints.
+  std::vector<Domain> domains;        ///< per input (the last repeats)
+  std::vector<Attrs> sample_attrs;    ///< attribute sets to exercise (>= 1)
+  double tolerance_scale = 1.0;       ///< widens the per-dtype tolerance
+  bool integer_valued_inputs = false; ///< sample whole numbers (floor_divide...)
+
+  const AttrSpec* find_attr(std::string_view attr) const;
+  Domain domain(size_t input) const;
+};
+
+/// Every registered op, in registration order.
+const std::vector<OpInfo>& registry();
+/// nullptr when unknown.
+const OpInfo* find_op(std::string_view name);
+
+}  // namespace baracuda

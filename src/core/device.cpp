@@ -1,0 +1,35 @@
+#include "baracuda/core.hpp"
+
+#ifdef BARACUDA_HAS_CUDA
+#include <mutex>
+
+#include "core/cuda_check.hpp"
+#endif
+
+namespace baracuda {
+
+#ifdef BARACUDA_HAS_CUDA
+bool cuda_available() {
+  static const bool available = [] {
+    int count = 0;
+    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  }();
+  return available;
+}
+
+int current_sm_version() {
+  static int versions[64] = {};
+  static std::once_flag once[64];
+  int device = 0;
+  if (!cuda_available() || cudaGetDevice(&device) != cudaSuccess || device >= 64) return 0;
+  std::call_once(once[device], [device] {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) versions[device] = prop.major * 10 + prop.minor;
+  });
+  return versions[device];
+}
+#else
+bool cuda_available() { return false; }
+#endif
+
+}  // namespace baracuda

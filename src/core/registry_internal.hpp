@@ -1,0 +1,11 @@
+// How op families add themselves to the registry.
+#pragma once
+
+#include "baracuda/registry.hpp"
+
+namespace baracuda {
+
+/// Each family appends its ops; called once, in this order, by registry().
+void register_elementwise_ops(std::vector<OpInfo>& ops);
+
+}  // namespace baracuda

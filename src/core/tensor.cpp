@@ -1,0 +1,156 @@
+#include <algorithm>
+#include <cstdlib>
+
+#include "core/errors.hpp"
+#include "core/tensor_util.hpp"
+
+namespace baracuda {
+
+Result<int64_t> checked_numel(std::span<const int64_t> shape, std::string_view what) {
+  int64_t n = 1;
+  bool zero = false;
+  for (int64_t s : shape) {
+    if (s < 0) return invalid(what, ": shape ", shape_str(shape), " has a negative size");
+    if (s == 0) zero = true;
+  }
+  if (zero) return int64_t{0};
+  for (int64_t s : shape) {
+    if (__builtin_mul_overflow(n, s, &n))
+      return invalid(what, ": shape ", shape_str(shape), " has more than 2^63 elements");
+  }
+  return n;
+}
+
+std::string shape_str(std::span<const int64_t> shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+int64_t TensorSpec::numel() const {
+  auto n = checked_numel(shape, "tensor");
+  return n ? *n : -1;
+}
+
+Result<TensorView> TensorView::strided(void* data, DType dtype, std::span<const int64_t> shape,
+                                       std::span<const int64_t> strides) {
+  if (shape.size() > static_cast<size_t>(kMaxRank))
+    return invalid("tensor view: rank ", shape.size(), " exceeds the maximum rank ", kMaxRank);
+  if (strides.size() != shape.size())
+    return invalid("tensor view: ", strides.size(), " strides given for rank ", shape.size());
+  auto n = checked_numel(shape, "tensor view");
+  if (!n) return n.status();
+  TensorView v;
+  v.data = data;
+  v.dtype = dtype;
+  v.rank = static_cast<int>(shape.size());
+  std::copy(shape.begin(), shape.end(), v.shape.begin());
+  std::copy(strides.begin(), strides.end(), v.stride.begin());
+  return v;
+}
+
+Result<TensorView> TensorView::contiguous(void* data, DType dtype, std::span<const int64_t> shape) {
+  if (shape.size() > static_cast<size_t>(kMaxRank))
+    return invalid("tensor view: rank ", shape.size(), " exceeds the maximum rank ", kMaxRank);
+  std::array<int64_t, kMaxRank> strides{};
+  int64_t s = 1;
+  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+    strides[i] = s;
+    s *= std::max<int64_t>(shape[i], 1);
+  }
+  return strided(data, dtype, shape, std::span<const int64_t>(strides.data(), shape.size()));
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < rank; ++i) n *= shape[i];
+  return n;
+}
+
+bool TensorView::is_contiguous() const {
+  int64_t expected = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    if (shape[i] == 1) continue;
+    if (stride[i] != expected) return false;
+    expected *= shape[i];
+  }
+  return true;
+}
+
+std::pair<int64_t, int64_t> TensorView::span() const {
+  if (numel() == 0) return {0, -1};
+  int64_t lo = 0, hi = 0;
+  for (int i = 0; i < rank; ++i) {
+    int64_t reach = stride[i] * (shape[i] - 1);
+    (reach < 0 ? lo : hi) += reach;
+  }
+  return {lo, hi};
+}
+
+size_t TensorView::span_bytes() const {
+  auto [lo, hi] = span();
+  return hi < lo ? 0 : static_cast<size_t>(hi - lo + 1) * dtype_size(dtype);
+}
+
+Result<Shape> broadcast_shapes(std::span<const Shape> shapes, std::span<const std::string> names,
+                               std::string_view op) {
+  size_t rank = 0;
+  for (const auto& s : shapes) rank = std::max(rank, s.size());
+  Shape out(rank, 1);
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    const Shape& s = shapes[k];
+    for (size_t i = 0; i < s.size(); ++i) {
+      int64_t& o = out[rank - s.size() + i];
+      int64_t d = s[i];
+      if (d == o || d == 1) continue;
+      if (o == 1) {
+        o = d;
+        continue;
+      }
+      std::string shapes_text;
+      for (size_t j = 0; j < shapes.size(); ++j)
+        shapes_text += cat(j ? ", " : "", names[j], " ", shape_str(shapes[j]));
+      return invalid(op, ": shapes do not broadcast (", shapes_text, "): operand '", names[k],
+                     "' has size ", d, " where the others have ", o);
+    }
+  }
+  return out;
+}
+
+bool has_internal_overlap(const TensorView& v) {
+  if (v.numel() <= 1) return false;
+  std::array<std::pair<int64_t, int64_t>, kMaxRank> dims{};  // |stride|, size
+  int n = 0;
+  for (int i = 0; i < v.rank; ++i)
+    if (v.shape[i] > 1) dims[n++] = {std::llabs(v.stride[i]), v.shape[i]};
+  std::sort(dims.begin(), dims.begin() + n);
+  int64_t reach = 0;  // largest offset reachable by the inner dims
+  for (int i = 0; i < n; ++i) {
+    if (dims[i].first <= reach) return true;
+    reach += dims[i].first * (dims[i].second - 1);
+  }
+  return false;
+}
+
+bool memory_overlaps(const TensorView& a, const TensorView& b) {
+  if (a.numel() == 0 || b.numel() == 0 || !a.data || !b.data) return false;
+  auto [alo, ahi] = a.span();
+  auto [blo, bhi] = b.span();
+  auto base_a = reinterpret_cast<intptr_t>(a.data), base_b = reinterpret_cast<intptr_t>(b.data);
+  intptr_t a0 = base_a + alo * static_cast<intptr_t>(dtype_size(a.dtype));
+  intptr_t a1 = base_a + (ahi + 1) * static_cast<intptr_t>(dtype_size(a.dtype));
+  intptr_t b0 = base_b + blo * static_cast<intptr_t>(dtype_size(b.dtype));
+  intptr_t b1 = base_b + (bhi + 1) * static_cast<intptr_t>(dtype_size(b.dtype));
+  return a0 < b1 && b0 < a1;
+}
+
+bool same_layout(const TensorView& a, const TensorView& b) {
+  if (a.data != b.data || dtype_size(a.dtype) != dtype_size(b.dtype) || a.rank != b.rank) return false;
+  for (int i = 0; i < a.rank; ++i) {
+    if (a.shape[i] != b.shape[i]) return false;
+    if (a.shape[i] > 1 && a.stride[i] != b.stride[i]) return false;
+  }
+  return true;
+}
+
+}  // namespace baracuda

@@ -1,0 +1,25 @@
+// Shape, broadcast and memory-overlap rules shared by every family.
+#pragma once
+
+#include "baracuda/core.hpp"
+
+namespace baracuda {
+
+/// Product of the sizes; an error names `what` on negative sizes or overflow.
+Result<int64_t> checked_numel(std::span<const int64_t> shape, std::string_view what);
+
+/// Numpy broadcasting of several shapes; `names` label the operands in errors.
+Result<Shape> broadcast_shapes(std::span<const Shape> shapes, std::span<const std::string> names,
+                               std::string_view op);
+
+/// True when two distinct indices of the view address the same element
+/// (a conservative test: may report overlap for exotic interleaved layouts).
+bool has_internal_overlap(const TensorView& view);
+
+/// True when the byte ranges touched by two views intersect.
+bool memory_overlaps(const TensorView& a, const TensorView& b);
+
+/// Same data pointer, dtype, shape and strides.
+bool same_layout(const TensorView& a, const TensorView& b);
+
+}  // namespace baracuda

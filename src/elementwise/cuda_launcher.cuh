@@ -1,0 +1,196 @@
+// The CUDA elementwise launcher: one path per layout class.
+//  - contiguous: 16-byte vector loads/stores, several vectors in flight per
+//    thread, a scalar tail in the last block;
+//  - strided: coalesced dims, 32-bit offsets when they fit, else 64-bit;
+//  - reduce: one output summed over broadcast dims (gradients), deterministic.
+#pragma once
+
+#include <array>
+
+#include <cuda/std/tuple>
+#include <cuda_runtime.h>
+
+#include "core/cuda_check.hpp"
+#include "elementwise/ops.hpp"
+
+namespace baracuda::ew {
+
+inline constexpr int kBlock = 256;
+
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <int N>
+struct Ptrs {
+  char* p[N > 0 ? N : 1];
+};
+
+template <class Out, int NOut, class... Ins>
+struct Config {
+  static constexpr int kIn = sizeof...(Ins);
+  static constexpr int N = NOut + kIn;
+  static constexpr size_t kWidest = std::max({sizeof(Out), sizeof(Ins)...});
+  static constexpr int kVec = kWidest >= 16 ? 1 : int(16 / kWidest);
+  static constexpr int kUnroll = kIn <= 2 ? 4 : 2;        // vectors in flight per thread
+  static constexpr int kStridedUnroll = 4;                // elements in flight per thread
+};
+
+template <int V, class... Ins, size_t... I>
+__device__ __forceinline__ cuda::std::tuple<Pack<Ins, V>...> load_packs(char* const* in, int64_t elem,
+                                                                       std::index_sequence<I...>) {
+  return {*reinterpret_cast<const Pack<Ins, V>*>(in[I] + elem * int64_t(sizeof(Ins)))...};
+}
+
+template <int V, class Out, int NOut, class... Ins, class Fn, size_t... I>
+__device__ __forceinline__ void compute_packs(const Fn& fn, const cuda::std::tuple<Pack<Ins, V>...>& in,
+                                              Pack<Out, V> (&out)[NOut], std::index_sequence<I...>) {
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    auto r = fn(cuda::std::get<I>(in).v[e]...);
+#pragma unroll
+    for (int j = 0; j < NOut; ++j) out[j].v[e] = convert<Out>(component(r, j));
+  }
+}
+
+template <int V, int U, class Out, int NOut, class Fn, class... Ins>
+__global__ void __launch_bounds__(kBlock) contiguous_kernel(Fn fn, Ptrs<NOut + sizeof...(Ins)> ptrs, int64_t n) {
+  using Seq = std::index_sequence_for<Ins...>;
+  constexpr int64_t kTile = int64_t(kBlock) * U * V;
+  const int64_t base = int64_t(blockIdx.x) * kTile;
+  if (base + kTile <= n) {
+    cuda::std::tuple<Pack<Ins, V>...> in[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      in[u] = load_packs<V, Ins...>(ptrs.p + NOut, base + (int64_t(u) * kBlock + threadIdx.x) * V, Seq{});
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t elem = base + (int64_t(u) * kBlock + threadIdx.x) * V;
+      Pack<Out, V> out[NOut];
+      compute_packs<V, Out, NOut, Ins...>(fn, in[u], out, Seq{});
+#pragma unroll
+      for (int j = 0; j < NOut; ++j) *reinterpret_cast<Pack<Out, V>*>(ptrs.p[j] + elem * int64_t(sizeof(Out))) = out[j];
+    }
+  } else {
+    for (int64_t i = base + threadIdx.x; i < n; i += kBlock) {
+      int64_t off[NOut + sizeof...(Ins)];
+#pragma unroll
+      for (auto& o : off) o = i;
+      apply_at<Out, NOut, Ins...>(fn, ptrs.p, off, Seq{});
+    }
+  }
+}
+
+template <int U, class Index, class Out, int NOut, class Fn, class... Ins>
+__global__ void __launch_bounds__(kBlock)
+    strided_kernel(Fn fn, Ptrs<NOut + sizeof...(Ins)> ptrs, OffsetCalc<NOut + sizeof...(Ins), Index> calc, Index n) {
+  constexpr int N = NOut + sizeof...(Ins);
+  using Seq = std::index_sequence_for<Ins...>;
+  const Index base = Index(blockIdx.x) * (kBlock * U) + Index(threadIdx.x);
+  Index off[U][N];
+  cuda::std::tuple<Pack<Ins, 1>...> in[U];
+  char* const* in_ptrs = ptrs.p + NOut;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const Index i = base + Index(u) * kBlock;
+    if (i < n) {
+      calc.get(i, off[u]);
+      in[u] = [&]<size_t... I>(std::index_sequence<I...>) {
+        return cuda::std::tuple<Pack<Ins, 1>...>{Pack<Ins, 1>{{at<Ins>(in_ptrs[I], off[u][NOut + I])}}...};
+      }(Seq{});
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (base + Index(u) * kBlock < n) {
+      Pack<Out, 1> out[NOut];
+      compute_packs<1, Out, NOut, Ins...>(fn, in[u], out, Seq{});
+#pragma unroll
+      for (int j = 0; j < NOut; ++j) reinterpret_cast<Out*>(ptrs.p[j])[off[u][j]] = out[j].v[0];
+    }
+  }
+}
+
+template <class Out, class Fn, class... Ins>
+__global__ void __launch_bounds__(kBlock)
+    reduce_kernel(Fn fn, int output_index, Ptrs<1 + sizeof...(Ins)> ptrs, OffsetCalc<1 + sizeof...(Ins), int64_t> kept,
+                  OffsetCalc<1 + sizeof...(Ins), int64_t> reduced, int64_t n, int64_t reduced_n) {
+  for (int64_t i = int64_t(blockIdx.x) * kBlock + threadIdx.x; i < n; i += int64_t(gridDim.x) * kBlock) {
+    int64_t off[1 + sizeof...(Ins)];
+    kept.get(i, off);
+    reduce_at<Out, Ins...>(fn, output_index, ptrs.p, off, reduced, reduced_n, std::index_sequence_for<Ins...>{});
+  }
+}
+
+/// True when every operand's offsets fit in int32 (and the index space too).
+inline bool fits_int32(const Problem& p) {
+  constexpr int64_t kLimit = (int64_t(1) << 31) - (int64_t(1) << 16);
+  if (p.numel() >= kLimit) return false;
+  for (int k = 0; k < p.n_operands; ++k) {
+    int64_t reach = 0;
+    for (int d = 0; d < p.rank; ++d) reach += (p.stride[k][d] < 0 ? -p.stride[k][d] : p.stride[k][d]) * (p.shape[d] - 1);
+    if (reach >= kLimit) return false;
+  }
+  return true;
+}
+
+inline bool is_dense(const Problem& p) {
+  if (p.rank != 1) return false;
+  for (int k = 0; k < p.n_operands; ++k)
+    if (p.stride[k][0] != 1) return false;
+  return true;
+}
+
+inline unsigned blocks_for(int64_t n, int64_t per_block) { return unsigned((n + per_block - 1) / per_block); }
+
+struct CudaLauncher {
+  template <class Out, int NOut, class Fn, class... Ins>
+  static Status launch(const Launch& launch, const Params& params, CUstream_st* stream) {
+    using C = Config<Out, NOut, Ins...>;
+    const Fn fn{params};
+    if (launch.reduce) {
+      if constexpr (Reducible<Fn>) {
+        constexpr int N = 1 + C::kIn;
+        Ptrs<N> ptrs;
+        for (int k = 0; k < N; ++k) ptrs.p[k] = launch.kept.data[k];
+        const int64_t n = launch.kept.numel();
+        const unsigned grid = unsigned(std::min<int64_t>(blocks_for(n, kBlock), 65535 * 16));
+        reduce_kernel<Out, Fn, Ins...><<<grid, kBlock, 0, stream>>>(
+            fn, launch.output_index, ptrs, OffsetCalc<N, int64_t>(launch.kept), OffsetCalc<N, int64_t>(launch.reduced),
+            n, launch.reduced.numel());
+      }
+    } else {
+      constexpr int N = C::N;
+      const Problem& p = launch.kept;
+      const int64_t n = p.numel();
+      Ptrs<N> ptrs;
+      for (int k = 0; k < N; ++k) ptrs.p[k] = p.data[k];
+      constexpr auto kBytes = [] {
+        std::array<size_t, N> bytes{};
+        const size_t in_bytes[] = {sizeof(Ins)..., 0};
+        for (int k = 0; k < N; ++k) bytes[k] = k < NOut ? sizeof(Out) : in_bytes[k - NOut];
+        return bytes;
+      }();
+      bool aligned = true;
+      for (int k = 0; k < N; ++k)
+        aligned = aligned && reinterpret_cast<uintptr_t>(p.data[k]) % (kBytes[k] * C::kVec) == 0;
+      if (is_dense(p) && aligned) {
+        constexpr int64_t kTile = int64_t(kBlock) * C::kUnroll * C::kVec;
+        contiguous_kernel<C::kVec, C::kUnroll, Out, NOut, Fn, Ins...>
+            <<<blocks_for(n, kTile), kBlock, 0, stream>>>(fn, ptrs, n);
+      } else if (fits_int32(p)) {
+        strided_kernel<C::kStridedUnroll, int32_t, Out, NOut, Fn, Ins...>
+            <<<blocks_for(n, kBlock * C::kStridedUnroll), kBlock, 0, stream>>>(fn, ptrs, OffsetCalc<N, int32_t>(p),
+                                                                                int32_t(n));
+      } else {
+        strided_kernel<C::kStridedUnroll, int64_t, Out, NOut, Fn, Ins...>
+            <<<blocks_for(n, kBlock * C::kStridedUnroll), kBlock, 0, stream>>>(fn, ptrs, OffsetCalc<N, int64_t>(p), n);
+      }
+    }
+    BARACUDA_CUDA_TRY(cudaGetLastError());
+    return Status::ok();
+  }
+};
+
+}  // namespace baracuda::ew
