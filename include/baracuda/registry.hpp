@@ -17,10 +17,11 @@ struct AttrSpec {
 };
 
 /// Where random test inputs are drawn from: [lo, hi], or |x| in [lo, hi]
-/// with a random sign when `symmetric`.
+/// with a random sign when `symmetric`; `specials` mixes in NaN and +-inf.
 struct Domain {
   double lo = -2, hi = 2;
   bool symmetric = false;
+  bool specials = false;
 };
 
 /// Dtypes an op can be asked for. `dtypes` are the primary dtypes (the dtype

@@ -22,11 +22,8 @@ constexpr std::array<const char*, 12> kCategoryNames{
 constexpr std::array<const char*, 6> kMathNames{"exact", "f16", "bf16", "tf32", "f32", "f64"};
 
 bool verbose_select() {
-  static const bool verbose = [] {
-    const char* v = std::getenv("BARACUDA_VERBOSE_SELECT");
-    return v && *v && *v != '0';
-  }();
-  return verbose;
+  const char* v = std::getenv("BARACUDA_VERBOSE_SELECT");
+  return v && *v && *v != '0';
 }
 
 }  // namespace

@@ -296,15 +296,15 @@ struct BitwiseNot { static constexpr Meta meta{"bitwise_not", Set::int_bool};
 
 // Predicates: any float (or any real) -> bool.
 struct IsNan {
-  static constexpr Meta meta{"isnan", Set::floating};
+  static constexpr Meta meta{"isnan", Set::floating, {-2, 2, false, true}};
   template <class M> BCD_HD static bool fwd(M x, const Params&) { return m::isnan_(x); }
 };
 struct IsInf {
-  static constexpr Meta meta{"isinf", Set::floating};
+  static constexpr Meta meta{"isinf", Set::floating, {-2, 2, false, true}};
   template <class M> BCD_HD static bool fwd(M x, const Params&) { return x == M(INFINITY) || x == M(-INFINITY); }
 };
 struct IsFinite {
-  static constexpr Meta meta{"isfinite", Set::floating};
+  static constexpr Meta meta{"isfinite", Set::floating, {-2, 2, false, true}};
   template <class M> BCD_HD static bool fwd(M x, const Params&) { return x - x == M(0); }
 };
 struct LogicalNot {
@@ -391,19 +391,19 @@ struct Copysign { static constexpr Meta meta{"copysign", Set::floating, {0.2, 3,
   } };
 struct Nextafter { static constexpr Meta meta{"nextafter", Set::floating};
   template <class M> BCD_HD static M fwd(M a, M b, const Params&) { return nextafter(a, b); } };
-struct Fmax { static constexpr Meta meta{"fmax", Set::floating, {-2, 2}, {}, 1, false, "ignores NaN"};
+struct Fmax { static constexpr Meta meta{"fmax", Set::floating, {-2, 2, false, true}, {}, 1, false, "ignores NaN"};
   template <class M> BCD_HD static M fwd(M a, M b, const Params&) { return fmax(a, b); }
   template <class M> BCD_HD static Grads<M, 2> bwd(M dy, M a, M b, const Params&) {
     bool to_a = a >= b || m::isnan_(b);
     return {{to_a ? dy : M(0), to_a ? M(0) : dy}};
   } };
-struct Fmin { static constexpr Meta meta{"fmin", Set::floating, {-2, 2}, {}, 1, false, "ignores NaN"};
+struct Fmin { static constexpr Meta meta{"fmin", Set::floating, {-2, 2, false, true}, {}, 1, false, "ignores NaN"};
   template <class M> BCD_HD static M fwd(M a, M b, const Params&) { return fmin(a, b); }
   template <class M> BCD_HD static Grads<M, 2> bwd(M dy, M a, M b, const Params&) {
     bool to_a = a <= b || m::isnan_(b);
     return {{to_a ? dy : M(0), to_a ? M(0) : dy}};
   } };
-struct Maximum { static constexpr Meta meta{"maximum", Set::float_int, {-2, 2}, {}, 1, false, "propagates NaN"};
+struct Maximum { static constexpr Meta meta{"maximum", Set::float_int, {-2, 2, false, true}, {}, 1, false, "propagates NaN"};
   template <class M> BCD_HD static M fwd(M a, M b, const Params&) {
     if constexpr (!std::is_integral_v<M>) if (m::isnan_(a) || m::isnan_(b)) return a + b;
     return a > b ? a : b;
@@ -412,7 +412,7 @@ struct Maximum { static constexpr Meta meta{"maximum", Set::float_int, {-2, 2}, 
     M wa = a > b ? M(1) : (a == b ? M(0.5) : M(0));
     return {{dy * wa, dy * (M(1) - wa)}};
   } };
-struct Minimum { static constexpr Meta meta{"minimum", Set::float_int, {-2, 2}, {}, 1, false, "propagates NaN"};
+struct Minimum { static constexpr Meta meta{"minimum", Set::float_int, {-2, 2, false, true}, {}, 1, false, "propagates NaN"};
   template <class M> BCD_HD static M fwd(M a, M b, const Params&) {
     if constexpr (!std::is_integral_v<M>) if (m::isnan_(a) || m::isnan_(b)) return a + b;
     return a < b ? a : b;

@@ -386,7 +386,7 @@ std::vector<Attrs> extra_samples(const std::string& name) {
       {"affine", {{{"scale", 2.5}, {"shift", -1}}}}, {"addcmul", {{{"value", -0.5}}}},
       {"addcdiv", {{{"value", 2}}}},       {"hardshrink", {{{"lambd", 1}}}},
       {"softshrink", {{{"lambd", 1}}}},    {"glu", {{{"dim", 0}}}},
-      {"swiglu", {{{"dim", 0}}}},
+      {"swiglu", {{{"dim", 0}}}},         {"fill", {{{"value", 1.5}}}},
   };
   auto it = extra.find(name);
   return it == extra.end() ? std::vector<Attrs>{} : it->second;

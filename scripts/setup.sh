@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what the build needs when it is missing (Debian packages, PyPI),
+# then configures and builds everything into ${BUILD_DIR:-build}.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v ninja >/dev/null || need_apt+=(ninja-build)
+command -v ccache >/dev/null || need_apt+=(ccache)
+[ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "[setup] apt-get install ${need_apt[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+if ! python3 -c "import nanobind, numpy, pytest" 2>/dev/null; then
+  echo "[setup] pip install nanobind numpy pytest"
+  python3 -m pip install -q nanobind numpy pytest
+fi
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+
+BUILD_DIR=${BUILD_DIR:-build}
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/baracuda-ccache}
+export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
+jobs=${JOBS:-$(nproc)}
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >/dev/null
+start=$(date +%s)
+cmake --build "$BUILD_DIR" -j "$jobs"
+echo "[setup] build took $(( $(date +%s) - start )) s with $jobs jobs"

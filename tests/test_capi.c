@@ -1,0 +1,81 @@
+/* The C ABI from C11: plan lifecycle on the host backend, outputs, errors. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "baracuda/baracuda.h"
+
+static int failures = 0, checks = 0;
+#define CHECK(cond)                                                  \
+  do {                                                               \
+    ++checks;                                                        \
+    if (!(cond)) {                                                   \
+      ++failures;                                                    \
+      fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n",  \
+              __FILE__, __LINE__, #cond, baracuda_last_error());     \
+    }                                                                \
+  } while (0)
+
+int main(void) {
+  baracuda_stream host = {NULL, 1};
+  float a[6] = {1, 2, 3, 4, 5, 6}, b[3] = {10, 20, 30}, out[6];
+  int64_t shape_a[2] = {2, 3}, shape_b[1] = {3};
+  baracuda_tensor in[2] = {{a, BARACUDA_F32, 2, shape_a, NULL}, {b, BARACUDA_F32, 1, shape_b, NULL}};
+  baracuda_tensor o = {out, BARACUDA_F32, 2, shape_a, NULL};
+  baracuda_attr alpha = {"alpha", 0.5};
+
+  CHECK(baracuda_op_count() > 100);
+  CHECK(strcmp(baracuda_dtype_name(BARACUDA_BF16), "bf16") == 0);
+
+  baracuda_plan plan = NULL;
+  CHECK(baracuda_plan_create(&plan, host, "add", in, 2, NULL, 0, &alpha, 1) == BARACUDA_OK);
+  if (plan) {
+    baracuda_dtype dtype;
+    int32_t rank = 0;
+    int64_t shape[8];
+    CHECK(baracuda_plan_output(plan, 0, &dtype, &rank, shape) == BARACUDA_OK);
+    CHECK(dtype == BARACUDA_F32 && rank == 2 && shape[0] == 2 && shape[1] == 3);
+    size_t ws = 1;
+    CHECK(baracuda_plan_workspace_size(plan, &ws) == BARACUDA_OK && ws == 0);
+    char sku[256];
+    CHECK(baracuda_plan_sku(plan, sku, sizeof sku) == BARACUDA_OK);
+    CHECK(strstr(sku, "elementwise/add/f32/host") != NULL);
+    char tiny[4];
+    CHECK(baracuda_plan_sku(plan, tiny, sizeof tiny) == BARACUDA_ERROR_BUFFER_TOO_SMALL);
+    CHECK(baracuda_plan_run(plan, host, NULL, 0, in, 2, &o, 1) == BARACUDA_OK);
+    for (int i = 0; i < 6; ++i) CHECK(fabsf(out[i] - (a[i] + 0.5f * b[i % 3])) < 1e-6f);
+    /* A run with a mismatched output shape is refused with a message. */
+    int64_t wrong[2] = {3, 2};
+    baracuda_tensor bad = {out, BARACUDA_F32, 2, wrong, NULL};
+    CHECK(baracuda_plan_run(plan, host, NULL, 0, in, 2, &bad, 1) == BARACUDA_ERROR_INVALID_PROBLEM);
+    CHECK(strstr(baracuda_last_error(), "shape [3, 2]") != NULL);
+    baracuda_plan_destroy(plan);
+  }
+
+  /* Strided input (a transposed view) through the ABI. */
+  int64_t tshape[2] = {3, 2}, tstrides[2] = {1, 3};
+  float t_out[6];
+  baracuda_tensor tin = {a, BARACUDA_F32, 2, tshape, tstrides};
+  baracuda_tensor tout = {t_out, BARACUDA_F32, 2, tshape, NULL};
+  CHECK(baracuda_plan_create(&plan, host, "neg", &tin, 1, &tout, 1, NULL, 0) == BARACUDA_OK);
+  if (plan) {
+    CHECK(baracuda_plan_run(plan, host, NULL, 0, &tin, 1, &tout, 1) == BARACUDA_OK);
+    CHECK(t_out[0] == -1 && t_out[1] == -4 && t_out[2] == -2 && t_out[5] == -6);
+    baracuda_plan_destroy(plan);
+  }
+
+  /* Errors: unknown op, broadcast mismatch, rank too large. */
+  CHECK(baracuda_plan_create(&plan, host, "no_such_op", in, 2, NULL, 0, NULL, 0) == BARACUDA_ERROR_INVALID_PROBLEM);
+  CHECK(strstr(baracuda_last_error(), "no_such_op") != NULL);
+  int64_t shape_c[1] = {4};
+  baracuda_tensor mismatch[2] = {{a, BARACUDA_F32, 2, shape_a, NULL}, {b, BARACUDA_F32, 1, shape_c, NULL}};
+  CHECK(baracuda_plan_create(&plan, host, "mul", mismatch, 2, NULL, 0, NULL, 0) == BARACUDA_ERROR_INVALID_PROBLEM);
+  CHECK(strstr(baracuda_last_error(), "do not broadcast") != NULL);
+  int64_t big[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  baracuda_tensor rank9 = {a, BARACUDA_F32, 9, big, NULL};
+  CHECK(baracuda_plan_create(&plan, host, "exp", &rank9, 1, NULL, 0, NULL, 0) == BARACUDA_ERROR_INVALID_PROBLEM);
+  CHECK(strstr(baracuda_last_error(), "rank 9") != NULL);
+
+  printf("capi: %d passed, %d failed\n", checks - failures, failures);
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,87 @@
+// The generic op driver shared by the tests, the CLI and the benchmarks:
+// builds a case (op x dtype x shape x layout x attrs) from the registry,
+// fills inputs with fresh random data, poisons outputs, runs a plan on the
+// chosen backend and checks it against the host reference computed in f64.
+#pragma once
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "baracuda/registry.hpp"
+
+namespace baracuda::harness {
+
+enum class LayoutKind { contiguous, strided, broadcast, inplace };
+const char* layout_name(LayoutKind layout);
+inline constexpr LayoutKind kAllLayouts[] = {LayoutKind::contiguous, LayoutKind::strided, LayoutKind::broadcast,
+                                             LayoutKind::inplace};
+
+/// Owns host or device bytes.
+class Memory {
+ public:
+  Memory() = default;
+  static Memory host(size_t bytes);
+  static Result<Memory> device(size_t bytes);
+  Memory(Memory&& o) noexcept { *this = std::move(o); }
+  Memory& operator=(Memory&& o) noexcept;
+  ~Memory();
+  void* data() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  bool on_device() const { return device_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  bool device_ = false;
+};
+
+struct Tolerance {
+  double rtol = 0, atol = 0;
+};
+/// Per-dtype tolerance for results rounded to `dtype`, widened by `scale`.
+Tolerance tolerance_for(DType dtype, double scale);
+
+struct CaseSpec {
+  const OpInfo* op = nullptr;
+  DType dtype = DType::f32;  ///< primary dtype
+  Shape shape;               ///< iteration shape (the forward output's shape)
+  Attrs attrs;
+  LayoutKind layout = LayoutKind::contiguous;
+  std::string to_string() const;
+};
+
+struct RunOptions {
+  Backend backend = Backend::host_reference;
+  bool verify = true;
+  bool time = false;
+  int warmup = 3;
+  int iterations = 20;
+  uint64_t seed = 0;  ///< 0: fresh random seed
+};
+
+struct CaseOutcome {
+  bool skipped = false;
+  bool passed = false;
+  std::string message;  ///< why it failed or was skipped
+  std::string sku;
+  double max_abs_error = 0;
+  bool reference_all_zero = true;  ///< every float reference output was 0
+  int64_t elements = 0;            ///< iteration elements
+  double bytes = 0;                ///< minimum bytes moved (inputs read once, outputs written once)
+  double milliseconds = 0;         ///< median run time when timed
+};
+
+CaseOutcome run_case(const CaseSpec& spec, const RunOptions& options);
+
+/// A typical shape for an op at `elements` elements (gated ops split dim -1).
+Shape default_shape(const OpInfo& op, int64_t elements);
+
+/// Device-to-device copy bandwidth (bytes read + written per second), or 0.
+double measure_copy_bandwidth(size_t bytes);
+
+/// Value of element `offset` (in elements) of `base` as a double (complex: real part).
+double load_double(const void* base, DType dtype, int64_t offset);
+void store_double(void* base, DType dtype, int64_t offset, double value);
+
+}  // namespace baracuda::harness
