@@ -112,6 +112,54 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
+/// Inner dim unit-stride (or broadcast, stride 0) for every operand: each
+/// thread handles V consecutive elements of a row, with one offset
+/// computation per vector and 16-byte accesses where the stride is 1.
+template <int V, int U, class Index, class Out, int NOut, class Fn, class... Ins>
+__global__ void __launch_bounds__(kBlock)
+    rows_kernel(Fn fn, Ptrs<NOut + sizeof...(Ins)> ptrs, OffsetCalc<NOut + sizeof...(Ins), Index> outer,
+                Index vectors_per_row, Index vectors, uint32_t unit_stride_mask) {
+  constexpr int N = NOut + sizeof...(Ins);
+  using Seq = std::index_sequence_for<Ins...>;
+  const Index base = Index(blockIdx.x) * (kBlock * U) + Index(threadIdx.x);
+  Index off[U][N];
+  cuda::std::tuple<Pack<Ins, V>...> in[U];
+  char* const* in_ptrs = ptrs.p + NOut;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const Index v = base + Index(u) * kBlock;
+    if (v < vectors) {
+      const Index row = v / vectors_per_row;
+      const Index col = (v - row * vectors_per_row) * V;
+      outer.get(row, off[u]);
+#pragma unroll
+      for (int k = 0; k < N; ++k)
+        if (unit_stride_mask >> k & 1u) off[u][k] += col;
+      in[u] = [&]<size_t... I>(std::index_sequence<I...>) {
+        auto load = [&]<class T>(TypeTag<T>, int k) {
+          const T* p = reinterpret_cast<const T*>(in_ptrs[k]) + off[u][NOut + k];
+          if (unit_stride_mask >> (NOut + k) & 1u) return *reinterpret_cast<const Pack<T, V>*>(p);
+          Pack<T, V> broadcast;
+#pragma unroll
+          for (int e = 0; e < V; ++e) broadcast.v[e] = *p;
+          return broadcast;
+        };
+        return cuda::std::tuple<Pack<Ins, V>...>{load(TypeTag<Ins>{}, int(I))...};
+      }(Seq{});
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (base + Index(u) * kBlock < vectors) {
+      Pack<Out, V> out[NOut];
+      compute_packs<V, Out, NOut, Ins...>(fn, in[u], out, Seq{});
+#pragma unroll
+      for (int j = 0; j < NOut; ++j)
+        *reinterpret_cast<Pack<Out, V>*>(reinterpret_cast<Out*>(ptrs.p[j]) + off[u][j]) = out[j];
+    }
+  }
+}
+
 template <class Out, class Fn, class... Ins>
 __global__ void __launch_bounds__(kBlock)
     reduce_kernel(Fn fn, int output_index, Ptrs<1 + sizeof...(Ins)> ptrs, OffsetCalc<1 + sizeof...(Ins), int64_t> kept,
@@ -140,6 +188,33 @@ inline bool is_dense(const Problem& p) {
   for (int k = 0; k < p.n_operands; ++k)
     if (p.stride[k][0] != 1) return false;
   return true;
+}
+
+/// The problem without its innermost dim (the rows of rows_kernel).
+inline Problem outer_dims(const Problem& p) {
+  Problem o = p;
+  o.rank = p.rank - 1;
+  for (int d = 0; d < o.rank; ++d) {
+    o.shape[d] = p.shape[d + 1];
+    for (int k = 0; k < p.n_operands; ++k) o.stride[k][d] = p.stride[k][d + 1];
+  }
+  return o;
+}
+
+/// Bit k set when operand k walks the inner dim with stride 1; 0 when the
+/// problem does not suit rows_kernel (inner strides other than 0/1, rows not a
+/// multiple of `vec`, or rows that start off the vector alignment).
+inline uint32_t row_vector_mask(const Problem& p, const size_t* bytes, int vec) {
+  if (p.rank < 2 || p.shape[0] % vec != 0) return 0;
+  uint32_t mask = 0;
+  for (int k = 0; k < p.n_operands; ++k) {
+    if (p.stride[k][0] == 0) continue;
+    if (p.stride[k][0] != 1 || reinterpret_cast<uintptr_t>(p.data[k]) % (bytes[k] * vec) != 0) return 0;
+    for (int d = 1; d < p.rank; ++d)
+      if (p.stride[k][d] % vec != 0) return 0;
+    mask |= 1u << k;
+  }
+  return mask;
 }
 
 inline unsigned blocks_for(int64_t n, int64_t per_block) { return unsigned((n + per_block - 1) / per_block); }
@@ -179,6 +254,12 @@ struct CudaLauncher {
         constexpr int64_t kTile = int64_t(kBlock) * C::kUnroll * C::kVec;
         contiguous_kernel<C::kVec, C::kUnroll, Out, NOut, Fn, Ins...>
             <<<blocks_for(n, kTile), kBlock, 0, stream>>>(fn, ptrs, n);
+      } else if (uint32_t mask = C::kVec > 1 ? row_vector_mask(p, kBytes.data(), C::kVec) : 0;
+                 mask != 0 && (mask & ((1u << NOut) - 1)) == ((1u << NOut) - 1) && fits_int32(p)) {
+        const int32_t per_row = int32_t(p.shape[0] / C::kVec), vectors = int32_t(n / C::kVec);
+        rows_kernel<C::kVec, C::kStridedUnroll, int32_t, Out, NOut, Fn, Ins...>
+            <<<blocks_for(vectors, kBlock * C::kStridedUnroll), kBlock, 0, stream>>>(
+                fn, ptrs, OffsetCalc<N, int32_t>(outer_dims(p)), per_row, vectors, mask);
       } else if (fits_int32(p)) {
         strided_kernel<C::kStridedUnroll, int32_t, Out, NOut, Fn, Ins...>
             <<<blocks_for(n, kBlock * C::kStridedUnroll), kBlock, 0, stream>>>(fn, ptrs, OffsetCalc<N, int32_t>(p),

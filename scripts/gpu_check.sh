@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# For a GPU machine, in one go: build with every core, run the GPU tests, run
+# them again under compute-sanitizer memcheck, run the standard suite and the
+# benchmark against PyTorch, then print a summary table last.
+# Full logs go to $OUT (or ./gpu-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+export PATH=/usr/local/cuda/bin:$PATH
+
+t0=$(date +%s)
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1
+if ! cmake --build "$BUILD_DIR" -j "$(nproc)" > "$OUT/build.log" 2>&1; then
+  grep -E "error|FAILED" "$OUT/build.log" | head -40
+  exit 1
+fi
+build_s=$(( $(date +%s) - t0 ))
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+
+step() {  # name, command...
+  local name=$1; shift
+  local s=$(date +%s)
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $(( $(date +%s) - s ))s" >> "$OUT/steps.txt"
+  return $rc
+}
+: > "$OUT/steps.txt"
+STEPS=${STEPS:-gpu_tests capi memcheck pytest suite bench}
+for name in $STEPS; do
+  case $name in
+    gpu_tests) step gpu_tests "$BUILD_DIR/tests/baracuda_tests" --gtest_filter="${GTEST_FILTER:-*}" ;;
+    capi) step capi "$BUILD_DIR/tests/baracuda_capi_test" ;;
+    memcheck) BARACUDA_TEST_QUICK=1 step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 \
+                "$BUILD_DIR/tests/baracuda_tests" --gtest_filter="${MEMCHECK_FILTER:-*Cuda*-*MoreThan2Pow31*}" ;;
+    pytest) PYTHONPATH="$BUILD_DIR/python" step pytest python3 -m pytest -q python/tests ;;
+    suite) step suite "$BUILD_DIR/baracuda" suite ;;
+    bench) PYTHONPATH="$BUILD_DIR/python" step bench python3 bench/bench_elementwise.py ${BENCH_ARGS:-} ;;
+  esac
+done
+
+echo "================ summary (build ${build_s}s) ================"
+cat "$OUT/gpu.txt"
+cat "$OUT/steps.txt"
+echo "--- gpu tests";  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$OUT/gpu_tests.log" | head -20
+echo "--- memcheck";   grep -E "ERROR SUMMARY|tests? ran|FAILED" "$OUT/memcheck.log" | tail -5
+echo "--- pytest";     tail -3 "$OUT/pytest.log"
+echo "--- suite";      grep -E "FAIL|^suite:" "$OUT/suite.log" | tail -15
+echo "--- bench";      tail -32 "$OUT/bench.log"
