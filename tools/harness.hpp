@@ -12,10 +12,13 @@
 
 namespace baracuda::harness {
 
-enum class LayoutKind { contiguous, strided, broadcast, inplace };
+/// contiguous: row-major everywhere. strided: column-major with gaps, inputs
+/// walking dim 0 backwards. transposed: inputs column-major, outputs row-major.
+/// broadcast: size-1 or stride-0 inputs. inplace: output 0 aliases an input.
+enum class LayoutKind { contiguous, strided, transposed, broadcast, inplace };
 const char* layout_name(LayoutKind layout);
-inline constexpr LayoutKind kAllLayouts[] = {LayoutKind::contiguous, LayoutKind::strided, LayoutKind::broadcast,
-                                             LayoutKind::inplace};
+inline constexpr LayoutKind kAllLayouts[] = {LayoutKind::contiguous, LayoutKind::strided, LayoutKind::transposed,
+                                             LayoutKind::broadcast, LayoutKind::inplace};
 
 /// Owns host or device bytes.
 class Memory {

@@ -33,7 +33,7 @@ struct Config {
   static constexpr int N = NOut + kIn;
   static constexpr size_t kWidest = std::max({sizeof(Out), sizeof(Ins)...});
   static constexpr int kVec = kWidest >= 16 ? 1 : int(16 / kWidest);
-  static constexpr int kUnroll = kIn <= 2 ? 4 : 2;        // vectors in flight per thread
+  static constexpr int kUnroll = 2;  // vectors per input in flight per thread (1, 2, 4 measured: 2 best)
   static constexpr int kStridedUnroll = 4;                // elements in flight per thread
 };
 
@@ -160,6 +160,57 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
+inline constexpr int kTileDim = 32, kTileRows = kBlock / kTileDim;
+
+/// Rank-2 problems where an input walks dim 1 with unit stride while the
+/// outputs walk dim 0 (a transpose): those inputs are staged through a shared
+/// memory tile so that reads and writes are both coalesced.
+template <class Out, int NOut, class Fn, class... Ins>
+__global__ void __launch_bounds__(kBlock)
+    transpose_kernel(Fn fn, Ptrs<NOut + sizeof...(Ins)> ptrs, OffsetCalc<NOut + sizeof...(Ins), int64_t> calc,
+                     int64_t tiles0, uint32_t staged_mask) {
+  constexpr int N = NOut + sizeof...(Ins);
+  constexpr size_t kWidest = std::max({sizeof(Ins)..., size_t(1)});
+  __shared__ alignas(16) char tiles[sizeof...(Ins) > 0 ? sizeof...(Ins) : 1][kTileDim * (kTileDim + 1) * kWidest];
+  const int64_t i0 = (blockIdx.x % tiles0) * kTileDim, j0 = (blockIdx.x / tiles0) * kTileDim;
+  const int64_t n0 = calc.shape[0], n1 = calc.shape[1];
+  const int tx = threadIdx.x % kTileDim, ty = threadIdx.x / kTileDim;
+  char* const* in_ptrs = ptrs.p + NOut;
+  // Stage: row r of the tile holds dim0 = i0 + r, read along dim 1 (coalesced).
+  [&]<size_t... I>(std::index_sequence<I...>) {
+    ([&] {
+      if (!(staged_mask >> (NOut + I) & 1u)) return;
+      using T = cuda::std::tuple_element_t<I, cuda::std::tuple<Ins...>>;
+      T* tile = reinterpret_cast<T*>(tiles[I]);
+#pragma unroll
+      for (int r = ty; r < kTileDim; r += kTileRows) {
+        const int64_t i = i0 + r, j = j0 + tx;
+        if (i < n0 && j < n1)
+          tile[r * (kTileDim + 1) + tx] =
+              reinterpret_cast<const T*>(in_ptrs[I])[i * calc.stride[NOut + I][0] + j * calc.stride[NOut + I][1]];
+      }
+    }(), ...);
+  }(std::index_sequence_for<Ins...>{});
+  __syncthreads();
+  // Compute: thread tx walks dim 0 (the outputs' unit stride).
+#pragma unroll
+  for (int c = ty; c < kTileDim; c += kTileRows) {
+    const int64_t i = i0 + tx, j = j0 + c;
+    if (i >= n0 || j >= n1) continue;
+    auto r = [&]<size_t... I>(std::index_sequence<I...>) {
+      return fn([&] {
+        using T = cuda::std::tuple_element_t<I, cuda::std::tuple<Ins...>>;
+        if (staged_mask >> (NOut + I) & 1u) return reinterpret_cast<const T*>(tiles[I])[tx * (kTileDim + 1) + c];
+        return reinterpret_cast<const T*>(in_ptrs[I])[i * calc.stride[NOut + I][0] + j * calc.stride[NOut + I][1]];
+      }()...);
+    }(std::index_sequence_for<Ins...>{});
+#pragma unroll
+    for (int k = 0; k < NOut; ++k)
+      reinterpret_cast<Out*>(ptrs.p[k])[i * calc.stride[k][0] + j * calc.stride[k][1]] = convert<Out>(component(r, k));
+  }
+  (void)N;
+}
+
 template <class Out, class Fn, class... Ins>
 __global__ void __launch_bounds__(kBlock)
     reduce_kernel(Fn fn, int output_index, Ptrs<1 + sizeof...(Ins)> ptrs, OffsetCalc<1 + sizeof...(Ins), int64_t> kept,
@@ -217,6 +268,18 @@ inline uint32_t row_vector_mask(const Problem& p, const size_t* bytes, int vec) 
   return mask;
 }
 
+/// Bit k set for inputs to stage through shared memory (transpose_kernel);
+/// 0 when the problem is not a rank-2 transpose with unit-stride outputs.
+inline uint32_t transposed_input_mask(const Problem& p, int n_out) {
+  if (p.rank != 2) return 0;
+  for (int k = 0; k < n_out; ++k)
+    if (p.stride[k][0] != 1) return 0;
+  uint32_t mask = 0;
+  for (int k = n_out; k < p.n_operands; ++k)
+    if ((p.stride[k][1] == 1 || p.stride[k][1] == -1) && p.stride[k][0] != 1 && p.stride[k][0] != 0) mask |= 1u << k;
+  return mask;
+}
+
 inline unsigned blocks_for(int64_t n, int64_t per_block) { return unsigned((n + per_block - 1) / per_block); }
 
 struct CudaLauncher {
@@ -254,6 +317,10 @@ struct CudaLauncher {
         constexpr int64_t kTile = int64_t(kBlock) * C::kUnroll * C::kVec;
         contiguous_kernel<C::kVec, C::kUnroll, Out, NOut, Fn, Ins...>
             <<<blocks_for(n, kTile), kBlock, 0, stream>>>(fn, ptrs, n);
+      } else if (uint32_t staged = transposed_input_mask(p, NOut); staged != 0) {
+        const int64_t tiles0 = (p.shape[0] + kTileDim - 1) / kTileDim, tiles1 = (p.shape[1] + kTileDim - 1) / kTileDim;
+        transpose_kernel<Out, NOut, Fn, Ins...>
+            <<<unsigned(tiles0 * tiles1), kBlock, 0, stream>>>(fn, ptrs, OffsetCalc<N, int64_t>(p), tiles0, staged);
       } else if (uint32_t mask = C::kVec > 1 ? row_vector_mask(p, kBytes.data(), C::kVec) : 0;
                  mask != 0 && (mask & ((1u << NOut) - 1)) == ((1u << NOut) - 1) && fits_int32(p)) {
         const int32_t per_row = int32_t(p.shape[0] / C::kVec), vectors = int32_t(n / C::kVec);

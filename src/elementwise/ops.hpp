@@ -55,12 +55,18 @@ struct Contains<T, TypeList<Ts...>> : std::bool_constant<(std::is_same_v<T, Ts> 
 template <class Op, class T>
 inline constexpr bool supports = Contains<T, typename SetTypes<Op::meta.dtypes>::type>::value;
 
+// Note [Detecting gradients]: detect by call expressions. nvcc's device pass
+// rejects taking the address of a __forceinline__ function template, so an
+// address-based check silently differs between the host and device passes
+// (host stubs registered for kernels that were never compiled).
 template <class Op>
 concept HasUnaryGrad = requires(double x, const Params& p) { Op::deriv(x, p); };
 template <class Op>
-concept HasBwd = requires { &Op::template bwd<double>; };
+concept HasBinaryGrad = requires(double x, const Params& p) { Op::template bwd<double>(x, x, x, p); };
 template <class Op>
-inline constexpr bool differentiable = HasUnaryGrad<Op> || HasBwd<Op>;
+concept HasTernaryGrad = requires(double x, const Params& p) { Op::template bwd<double>(x, x, x, x, p); };
+template <class Op>
+inline constexpr bool differentiable = HasUnaryGrad<Op> || HasBinaryGrad<Op> || HasTernaryGrad<Op> || std::is_same_v<Op, Where>;
 
 // ---------------------------------------------------------------- kernel tables
 
