@@ -287,6 +287,33 @@ TEST(KnownValues, IntegerAndCastSemantics) {
   EXPECT_EQ(left, (std::vector<uint8_t>{2, 0, 0, 3, 56}));
 }
 
+TEST(KnownValues, NextafterStepsInTheStorageFormat) {
+  // One ulp of the input's own dtype: f32 2^-23, f16 2^-10, bf16 2^-7 at 1.0;
+  // from 0 toward -1: the smallest negative subnormal.
+  struct Case {
+    DType dtype;
+    double ulp, tiniest;
+  };
+  const Case cases[] = {{DType::f32, 0x1p-23, 0x1p-149}, {DType::f16, 0x1p-10, 0x1p-24}, {DType::bf16, 0x1p-7, 0x1p-133},
+                        {DType::f64, 0x1p-52, 0x1p-1074}};
+  for (auto [dtype, ulp, tiniest] : cases) {
+    alignas(8) char a[32], b[32], out[32];
+    const double av[] = {1.0, 1.0, 0.0, 2.0}, bv[] = {2.0, 0.0, -1.0, 2.0};
+    for (int i = 0; i < 4; ++i) {
+      store_double(a, dtype, i, av[i]);
+      store_double(b, dtype, i, bv[i]);
+    }
+    Shape s{4};
+    TensorView in[2] = {*TensorView::contiguous(a, dtype, s), *TensorView::contiguous(b, dtype, s)};
+    TensorView vo = *TensorView::contiguous(out, dtype, s);
+    ASSERT_TRUE(run_op(Stream::host(), "nextafter", in, std::span(&vo, 1))) << dtype_name(dtype);
+    EXPECT_EQ(load_double(out, dtype, 0), 1.0 + ulp) << dtype_name(dtype);
+    EXPECT_EQ(load_double(out, dtype, 1), 1.0 - ulp / 2) << dtype_name(dtype);  // below 1 the spacing halves
+    EXPECT_EQ(load_double(out, dtype, 2), -tiniest) << dtype_name(dtype);
+    EXPECT_EQ(load_double(out, dtype, 3), 2.0) << dtype_name(dtype);
+  }
+}
+
 TEST(KnownValues, BroadcastBackwardSumsOverBroadcastDims) {
   // add_backward with a [2,3] and b [3]: db = column sums of dy, alpha-scaled.
   std::vector<double> dy{1, 2, 3, 4, 5, 6}, a(6, 0.0), b(3, 0.0), da(6, NAN), db(3, NAN);

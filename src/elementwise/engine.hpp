@@ -128,11 +128,15 @@ BCD_HD void reduce_at(const Fn& fn, int j, char* const* data, const int64_t* bas
 template <class Op, class M, class... Args>
 concept HasDeriv = requires(M x, const Params& p) { Op::deriv(x, p); };
 
-/// Forward: converts each input to its math type and calls Op::fwd.
+/// Forward: converts each input to its math type and calls Op::fwd. Ops
+/// whose result depends on the storage format (nextafter) get storage values.
 template <class Op, bool Host, class... Ins>
 struct Forward {
   Params p;
-  BCD_HD auto operator()(Ins... x) const { return Op::fwd(convert<math_t<Ins, Host>>(x)..., p); }
+  BCD_HD auto operator()(Ins... x) const {
+    if constexpr (requires { Op::kStorageMath; }) return Op::fwd(x..., p);
+    else return Op::fwd(convert<math_t<Ins, Host>>(x)..., p);
+  }
 };
 
 /// Fill: no inputs; the value in the output's math type.

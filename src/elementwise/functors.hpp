@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstring>
 
 #include "baracuda/registry.hpp"
 #include "core/dtype_traits.hpp"
@@ -230,7 +231,7 @@ struct Softplus { static constexpr Meta meta{"softplus", Set::floating, {-8, 8},
   BCD_DERIV(x * p.get<M>(0) > p.get<M>(1) ? M(1) : m::sigmoid(x * p.get<M>(0))) };
 struct Hardswish { static constexpr Meta meta{"hardswish", Set::floating, {-5, 5}};
   BCD_FWD(x * m::clamp_(x + M(3), M(0), M(6)) / M(6))
-  BCD_DERIV(x < M(-3) ? M(0) : (x <= M(3) ? x / M(3) + M(0.5) : M(1))) };
+  BCD_DERIV(x <= M(-3) ? M(0) : (x < M(3) ? x / M(3) + M(0.5) : M(1))) };  // torch's values at +-3
 struct Hardsigmoid { static constexpr Meta meta{"hardsigmoid", Set::floating, {-5, 5}};
   BCD_FWD(m::clamp_(x + M(3), M(0), M(6)) / M(6)) BCD_DERIV(x > M(-3) && x < M(3) ? M(1) / M(6) : M(0)) };
 struct Hardtanh { static constexpr Meta meta{"hardtanh", Set::floating, {-3, 3}, {{"min_val", -1}, {"max_val", 1}}};
@@ -389,8 +390,26 @@ struct Copysign { static constexpr Meta meta{"copysign", Set::floating, {0.2, 3,
     M s = a == M(0) ? M(0) : copysign(M(1), a) * copysign(M(1), b);
     return {{dy * s, M(0)}};
   } };
-struct Nextafter { static constexpr Meta meta{"nextafter", Set::floating};
-  template <class M> BCD_HD static M fwd(M a, M b, const Params&) { return nextafter(a, b); } };
+struct Nextafter { static constexpr Meta meta{"nextafter", Set::floating, {-2, 2}, {}, 1, false,
+                                              "the next value of input's dtype toward other"};
+  // Steps in the storage format, not in the math type (see Forward).
+  static constexpr bool kStorageMath = true;
+  template <class T> BCD_HD static T fwd(T a, T b, const Params&) {
+    using Bits = std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
+    const auto wa = widen(a), wb = widen(b);
+    if (wa != wa || wb != wb) return convert<T>(wa + wb);
+    if (wa == wb) return b;
+    Bits bits;
+    if (wa == 0) {  // the smallest subnormal, with the sign of the direction
+      bits = Bits(1) | (wb < 0 ? Bits(Bits(1) << (8 * sizeof(T) - 1)) : Bits(0));
+    } else {
+      memcpy(&bits, static_cast<const void*>(&a), sizeof(T));
+      bits = (wa < wb) == (wa > 0) ? Bits(bits + 1) : Bits(bits - 1);
+    }
+    T out;
+    memcpy(static_cast<void*>(&out), &bits, sizeof(T));
+    return out;
+  } };
 struct Fmax { static constexpr Meta meta{"fmax", Set::floating, {-2, 2, false, true}, {}, 1, false, "ignores NaN"};
   template <class M> BCD_HD static M fwd(M a, M b, const Params&) { return fmax(a, b); }
   template <class M> BCD_HD static Grads<M, 2> bwd(M dy, M a, M b, const Params&) {

@@ -1,0 +1,275 @@
+"""Elementwise ops with torch's names and argument conventions.
+
+Every function takes torch tensors (CPU or CUDA), numpy arrays, cupy arrays
+or any DLPack producer, and returns the same kind of array on the same
+device, or writes into ``out=`` (a tuple for several outputs). CUDA tensors
+run on the current torch/cupy stream; host arrays run on the host backend.
+Python scalars become 0-d arrays of the other operands' dtype; there is no
+other type promotion (mixed dtypes raise ValueError: cast with ``to``).
+
+Most functions are generated from the op registry (``baracuda.ops()``):
+``name(inputs..., attrs..., *, out=None)``, unary activations also take
+``inplace=False``. ``<name>_backward(grad_output, forward inputs..., attrs...)``
+returns the gradient of each forward input (a tuple when there are several),
+summed over broadcast dimensions as torch.autograd does. Only the functions
+whose torch signature differs from the op's are written by hand below.
+"""
+import builtins as _builtins
+import functools as _functools
+
+import numpy as _np
+
+from . import _baracuda as _C
+from ._interop import _FRAMEWORK_NAME, adapt as _adapt, dtype_name as _dtype_name
+
+_OPS = {op["name"]: op for op in _C.ops() if op["category"] == "elementwise"}
+
+
+@_functools.lru_cache(maxsize=4096)
+def _infer(op, specs, attrs, out_specs):
+    """Output specs, cached by (op, input specs, attrs, given output specs); all hashable."""
+    return tuple((d, tuple(s)) for d, s in _C.infer(op, list(specs), dict(attrs), out_specs and list(out_specs)))
+
+
+def _operand(x):
+    """(adapter, array, (dtype, shape)) for an array-like; (None, x, None) for a Python scalar."""
+    adapter, a = _adapt(x)
+    return adapter, a, adapter.spec(a) if adapter is not None else None
+
+
+def _call(op, args, attrs, out=None, out_specs=None):
+    """Runs registry op `op` on `args` (arrays or Python scalars).
+
+    Outputs are allocated like the first non-bool array operand (shapes and
+    dtypes from `infer`; `out_specs` gives them for ops that need them) unless
+    `out` is given. Returns the output, or a tuple of outputs.
+    """
+    ins = [_operand(a) for a in args]
+    outs = None if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
+    given = None if outs is None else [_operand(o) for o in outs]
+    arrays = [o for o in ins + (given or []) if o[0] is not None]
+    if not arrays:  # only Python scalars: numpy decides their dtypes
+        ins = arrays = [_operand(_np.asarray(a)) for a in args]
+    ref_adapter, ref, _ = next((o for o in arrays if o[2][0] != "bool"), arrays[0])
+    ins = [o if o[0] is not None else _operand(ref_adapter.scalar(o[1], ref)) for o in ins]
+    if given is None:
+        out_specs = _infer(op, tuple(spec for _, _, spec in ins), tuple(attrs.items()), out_specs)
+        given = [(ref_adapter, ref_adapter.empty(d, s, ref), (d, s)) for d, s in out_specs]
+        outs = [a for _, a, _ in given]
+    exported = [adapter.export(a, spec[0]) for adapter, a, spec in ins + given]
+    dtypes = [d for _, d in exported]
+    _C.run(op, [a for a, _ in exported[:len(ins)]], [a for a, _ in exported[len(ins):]], attrs,
+           ref_adapter.stream(ref), dtypes if any(dtypes) else None)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _spec(x):
+    return _operand(x)[2] or (None, ())
+
+
+# ---------------------------------------------------------------- generated wrappers
+
+def _generate(info):
+    """Defines `name(inputs..., attrs..., [inplace=False,] *, out=None)` for a registry op."""
+    name, inputs, attrs = info["name"], info["input_names"], info["attrs"]
+    params = inputs + [f"{a}={int(v) if a == 'dim' else v!r}" for a, v in attrs.items()]
+    target = "out"
+    if info["family"] == "unary" and info["direction"] == "forward":
+        params.append("inplace=False")
+        target = "input if inplace else out"
+    attr_dict = "{" + ", ".join(f"{a!r}: {a}" for a in attrs) + "}"
+    src = (f"def {name}({', '.join(params)}, *, out=None):\n"
+           f"    return _call({name!r}, ({''.join(i + ', ' for i in inputs)}), {attr_dict}, {target})\n")
+    namespace = {"_call": _call}
+    exec(src, namespace)  # a real signature for help() and tracebacks, no per-call binding cost
+    fn = namespace[name]
+    fn.__module__ = __name__
+    fn.__doc__ = _doc(info)
+    return fn
+
+
+def _doc(info):
+    outs = ", ".join(info["output_names"])
+    text = f"baracuda op '{info['name']}' ({info['family']}, {info['direction']}) -> {outs}."
+    if info["doc"]:
+        text += f" {info['doc']}."
+    if info["direction"] == "backward":
+        text += f" Gradients of '{info['gradient']}' with respect to its inputs, reduced to their shapes."
+    return text + f"\n\nDtypes: {', '.join(info['dtypes'])}."
+
+
+_HANDWRITTEN = {"fill", "cast", "where_backward"}  # no generic signature fits these
+for _info in _OPS.values():
+    if _info["name"] not in _HANDWRITTEN:
+        globals()[_info["name"]] = _generate(_info)
+_generated_pow, _generated_clamp_backward = pow, clamp_backward  # noqa: F821 (generated above)
+
+
+# ---------------------------------------------------------------- hand-written: torch signatures
+
+def _approximate_op(approximate):
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return "gelu" if approximate == "none" else "gelu_tanh"
+
+
+def gelu(input, approximate="none", *, out=None):
+    """torch.nn.functional.gelu: exact (x * Phi(x)) or the tanh approximation."""
+    return _call(_approximate_op(approximate), (input,), {}, out)
+
+
+def gelu_backward(grad_output, input, approximate="none", *, out=None):
+    """Gradient of gelu(input, approximate) with respect to input."""
+    return _call(_approximate_op(approximate) + "_backward", (grad_output, input), {}, out)
+
+
+def logit(input, eps=None, *, out=None):
+    """torch.logit: log(x / (1 - x)), x clamped to [eps, 1 - eps] when eps is given."""
+    return _call("logit", (input,), {"eps": -1.0 if eps is None else eps}, out)
+
+
+def logit_backward(grad_output, input, eps=None, *, out=None):
+    """Gradient of logit(input, eps) with respect to input."""
+    return _call("logit_backward", (grad_output, input), {"eps": -1.0 if eps is None else eps}, out)
+
+
+def _is_number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, _builtins.bool)
+
+
+def pow(input, exponent, *, out=None):
+    """torch.pow: a Python-number exponent runs 'pow_scalar', a tensor one 'pow'."""
+    if _is_number(exponent) and not _is_number(input):
+        return _call("pow_scalar", (input,), {"exponent": exponent}, out)
+    return _generated_pow(input, exponent, out=out)
+
+
+def pow_backward(grad_output, input, exponent, *, out=None):
+    """Gradients of pow: grad_input for a number exponent, else (grad_input, grad_exponent)."""
+    if _is_number(exponent) and not _is_number(input):
+        return _call("pow_scalar_backward", (grad_output, input), {"exponent": exponent}, out)
+    return _call("pow_backward", (grad_output, input, exponent), {}, out)
+
+
+def _bounds(op, input, min, max):
+    """clamp's bounds: None -> the dtype's extremes (infinities for floats)."""
+    if min is None and max is None:
+        raise ValueError(f"{op}: at least one of 'min' or 'max' must not be None")
+    dtype = _spec(input)[0]
+    if dtype in ("i8", "u8", "i16", "i32", "i64", "u32"):
+        info = _np.iinfo(_FRAMEWORK_NAME[dtype])
+        lo, hi = int(info.min), int(info.max)
+    else:
+        lo, hi = -float("inf"), float("inf")
+    return (lo if min is None else min), (hi if max is None else max)
+
+
+def clamp(input, min=None, max=None, *, out=None):
+    """torch.clamp: bounds are tensors (broadcast) or Python numbers; None means unbounded."""
+    lo, hi = _bounds("clamp", input, min, max)
+    return _call("clamp", (input, lo, hi), {}, out)
+
+
+def clamp_backward(grad_output, input, min=None, max=None, *, out=None):
+    """Gradients of clamp: (grad_input, grad_min, grad_max), each shaped like its operand."""
+    lo, hi = _bounds("clamp_backward", input, min, max)
+    return _generated_clamp_backward(grad_output, input, lo, hi, out=out)
+
+
+def div(input, other, *, rounding_mode=None, out=None):
+    """torch.div: true division, or rounded with rounding_mode 'trunc' or 'floor'."""
+    if rounding_mode is None:
+        return _call("div", (input, other), {}, out)
+    if rounding_mode == "floor":
+        return _call("floor_divide", (input, other), {}, out)
+    if rounding_mode == "trunc":
+        quotient = _call("div", (input, other), {}, out)
+        return _call("trunc", (quotient,), {}, quotient)
+    raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+
+
+def where_backward(grad_output, condition, input, other, *, out=None):
+    """Gradients of where(condition, input, other): (grad_input, grad_other),
+    summed to the shapes of input and other."""
+    dtype = _spec(grad_output)[0]
+    specs = ((dtype, tuple(_spec(input)[1])), (dtype, tuple(_spec(other)[1])))
+    return _call("where_backward", (grad_output, condition), {}, out, out_specs=specs)
+
+
+def _channel_weight(input, weight):
+    """prelu's weight [C] as [1, C, 1, ...] (channels are dim 1); one weight as a scalar."""
+    _, shape = _spec(input)
+    _, w_shape = _spec(weight)
+    count = int(_np.prod(w_shape))
+    if count == 1:
+        return weight.reshape(())
+    if len(w_shape) != 1 or len(shape) < 2 or shape[1] != count:
+        raise ValueError(f"prelu: weight of shape {list(w_shape)} must have 1 or input.shape[1] "
+                         f"elements, input has shape {list(shape)}")
+    return weight.reshape((1, count) + (1,) * (len(shape) - 2))
+
+
+def prelu(input, weight, *, out=None):
+    """torch.nn.functional.prelu: x > 0 ? x : weight * x, weight [C] along dim 1 (or one value)."""
+    return _call("prelu", (input, _channel_weight(input, weight)), {}, out)
+
+
+def prelu_backward(grad_output, input, weight, *, out=None):
+    """Gradients of prelu: (grad_input, grad_weight) with grad_weight shaped like weight."""
+    w = _channel_weight(input, weight)
+    if out is not None:
+        out = (out[0], out[1].reshape(_spec(w)[1]))
+    grad_input, grad_weight = _call("prelu_backward", (grad_output, input, w), {}, out)
+    return grad_input, grad_weight.reshape(_spec(weight)[1])
+
+
+def to(input, dtype, *, out=None):
+    """Converts to `dtype` (a baracuda name, numpy dtype or torch dtype);
+    float -> int truncates and saturates, NaN -> 0."""
+    return _call("cast", (input,), {"dtype": _C.dtype_code(_dtype_name(dtype))}, out)
+
+
+cast = to
+
+
+def fill_(input, value):
+    """Fills `input` with `value` in place and returns it."""
+    return _call("fill", (), {"value": value}, input)
+
+
+def full_like(input, fill_value, *, dtype=None):
+    """An array like `input` (same kind, device and shape; dtype unless given) filled with fill_value."""
+    adapter, a = _adapt(input)
+    name = adapter.spec(a)[0] if dtype is None else _dtype_name(dtype)
+    return fill_(adapter.empty(name, tuple(adapter.spec(a)[1]), a), fill_value)
+
+
+def full(size, fill_value, *, dtype=None, device=None):
+    """torch.full: a numpy array when device is None, else a torch tensor on
+    `device`. The dtype follows fill_value (bool, i64, f32) unless given."""
+    if dtype is None:
+        dtype = "bool" if isinstance(fill_value, _builtins.bool) else "i64" if isinstance(fill_value, int) else "f32"
+    size = (size,) if isinstance(size, int) else tuple(size)
+    if device is None:
+        adapter, like = _adapt(_np.empty(0))
+    else:
+        import torch
+        adapter, like = _adapt(torch.empty(0, device=device))
+    return fill_(adapter.empty(_dtype_name(dtype), size, like), fill_value)
+
+
+# ---------------------------------------------------------------- torch aliases
+
+clip = clamp
+absolute = abs  # noqa: F821 (generated)
+negative = neg  # noqa: F821
+multiply = mul  # noqa: F821
+subtract = sub  # noqa: F821
+divide = true_divide = div
+arcsin, arccos, arctan, arctan2 = asin, acos, atan, atan2  # noqa: F821
+arcsinh, arccosh, arctanh = asinh, acosh, atanh  # noqa: F821
+greater, greater_equal, less, less_equal, not_equal = gt, ge, lt, le, ne  # noqa: F821
+fix = trunc  # noqa: F821
+
+__all__ = sorted(name for name, value in globals().items()
+                 if not name.startswith("_") and callable(value) and getattr(value, "__module__", None) == __name__)

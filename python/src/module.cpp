@@ -1,0 +1,460 @@
+// Python bindings (nanobind): the op registry, shape inference and one
+// generic `run` that executes any registered op on DLPack tensors (numpy,
+// torch CPU/CUDA, cupy, ...). The per-op Python API lives in baracuda/*.py.
+//
+// Errors: invalid_problem -> ValueError, unsupported -> baracuda.UnsupportedError
+// (a NotImplementedError and a TypeError), anything else -> RuntimeError.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include "baracuda/registry.hpp"
+
+#ifdef BARACUDA_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace baracuda::python {
+namespace {
+
+using InArray = nb::ndarray<nb::ro>;  // inputs may be read-only
+using OutArray = nb::ndarray<>;       // outputs and workspace must be writable
+using Spec = std::pair<std::string, Shape>;
+
+PyObject* g_unsupported_error = nullptr;
+
+template <class... Parts>
+std::string cat(const Parts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return os.str();
+}
+
+template <class... Parts>
+[[noreturn]] void fail(ErrorKind kind, const Parts&... parts) {
+  throw Error(Status::error(kind, cat(parts...)));
+}
+
+void translate_error(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const Error& e) {
+    const Status& s = e.status();
+    if (s.kind() == ErrorKind::invalid_problem)
+      PyErr_SetString(PyExc_ValueError, s.message().c_str());
+    else if (s.kind() == ErrorKind::unsupported)
+      PyErr_SetString(g_unsupported_error, s.message().c_str());
+    else
+      PyErr_SetString(PyExc_RuntimeError, s.to_string().c_str());
+  }
+}
+
+/// dict("key"_a = value, ...), as Python's dict(key=value, ...).
+template <class... Args>
+nb::dict make_dict(Args&&... args) {
+  nb::dict d;
+  ((d[args.name_] = args.value), ...);
+  return d;
+}
+
+const OpInfo& op_info(const std::string& name) {
+  const OpInfo* info = find_op(name);
+  if (!info) fail(ErrorKind::invalid_problem, "unknown op '", name, "' (see baracuda.ops())");
+  return *info;
+}
+
+DType dtype_arg(const std::string& name) {
+  auto d = dtype_from_name(name);
+  if (!d) throw nb::type_error(cat("unknown dtype '", name, "'").c_str());
+  return *d;
+}
+
+/// The dtype a DLPack producer exported, or nullopt when baracuda has none.
+std::optional<DType> from_dlpack(nb::dlpack::dtype t) {
+  using Code = nb::dlpack::dtype_code;
+  if (t.lanes != 1) return std::nullopt;
+  switch (static_cast<Code>(t.code)) {
+    case Code::Float:
+      if (t.bits == 32) return DType::f32;
+      if (t.bits == 16) return DType::f16;
+      if (t.bits == 64) return DType::f64;
+      break;
+    case Code::Bfloat:
+      if (t.bits == 16) return DType::bf16;
+      break;
+    case Code::Float8_E4M3FN:
+      if (t.bits == 8) return DType::fp8_e4m3;
+      break;
+    case Code::Float8_E5M2:
+      if (t.bits == 8) return DType::fp8_e5m2;
+      break;
+    case Code::Int:
+      if (t.bits == 8) return DType::i8;
+      if (t.bits == 16) return DType::i16;
+      if (t.bits == 32) return DType::i32;
+      if (t.bits == 64) return DType::i64;
+      break;
+    case Code::UInt:
+      if (t.bits == 8) return DType::u8;
+      if (t.bits == 32) return DType::u32;
+      break;
+    case Code::Bool:
+      if (t.bits == 8) return DType::boolean;
+      break;
+    case Code::Complex:
+      if (t.bits == 64) return DType::c64;
+      if (t.bits == 128) return DType::c128;
+      break;
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
+/// Op attributes from a Python dict; unknown names are a TypeError, as an
+/// unexpected keyword argument would be.
+Attrs to_attrs(const OpInfo& info, const nb::dict& attrs) {
+  Attrs out;
+  for (auto [key, value] : attrs) {
+    std::string name = nb::cast<std::string>(key);
+    if (!info.find_attr(name)) {
+      std::string known;
+      for (const auto& a : info.attrs) known += cat(known.empty() ? "" : ", ", a.name);
+      throw nb::type_error(cat(info.name, ": unknown attribute '", name, "' (attributes: ",
+                               known.empty() ? "none" : known, ")").c_str());
+    }
+    double v = 0;
+    if (!nb::try_cast(value, v))
+      throw nb::type_error(cat(info.name, ": attribute '", name, "' must be a number, got ",
+                               nb::inst_name(value).c_str()).c_str());
+    out.set(name, v);
+  }
+  return out;
+}
+
+std::vector<TensorSpec> to_specs(const std::vector<Spec>& specs) {
+  std::vector<TensorSpec> out;
+  for (const auto& [dtype, shape] : specs) out.push_back({dtype_arg(dtype), shape});
+  return out;
+}
+
+std::vector<Spec> from_specs(const std::vector<TensorSpec>& specs) {
+  std::vector<Spec> out;
+  for (const auto& s : specs) out.emplace_back(dtype_name(s.dtype), s.shape);
+  return out;
+}
+
+// ---------------------------------------------------------------- operands
+
+/// Where the operands of one call live: all on the host, or all on one GPU.
+struct Placement {
+  bool known = false, cuda = false;
+  int device = 0;
+  std::string first;  // the operand that fixed the placement
+
+  std::string describe(bool is_cuda, int id) const { return is_cuda ? cat("cuda:", id) : std::string("the host"); }
+
+  void add(const OpInfo& info, const std::string& name, int device_type, int device_id) {
+    bool is_cuda;
+    if (device_type == nb::device::cpu::value || device_type == nb::device::cuda_host::value)
+      is_cuda = false;
+    else if (device_type == nb::device::cuda::value || device_type == nb::device::cuda_managed::value)
+      is_cuda = true;
+    else
+      fail(ErrorKind::unsupported, info.name, ": '", name, "' lives on DLPack device type ", device_type,
+           "; only host and CUDA memory are supported");
+    if (!known) {
+      known = true, cuda = is_cuda, device = device_id, first = name;
+    } else if (is_cuda != cuda || (cuda && device_id != device)) {
+      fail(ErrorKind::invalid_problem, info.name, ": '", name, "' is on ", describe(is_cuda, device_id), " but '",
+           first, "' is on ", describe(cuda, device));
+    }
+  }
+};
+
+/// Imports one DLPack array as a view. `dtype` overrides the exported dtype
+/// (same element size) for types a producer cannot export (torch fp8, ...).
+template <class Array>
+TensorView import_array(const OpInfo& info, nb::handle obj, const std::string& name, nb::handle dtype,
+                        Placement& placement, std::vector<Array>& keep) {
+  Array a;
+  if (!nb::try_cast(obj, a))
+    throw nb::type_error(cat(info.name, ": '", name, "' must be ",
+                             std::is_same_v<Array, OutArray> ? "a writable array" : "an array",
+                             " (DLPack or buffer protocol), got ", nb::inst_name(obj).c_str())
+                             .c_str());
+  std::optional<DType> dt = dtype.is_none() ? from_dlpack(a.dtype()) : dtype_arg(nb::cast<std::string>(dtype));
+  if (!dt)
+    fail(ErrorKind::unsupported, info.name, ": '", name, "' has a DLPack dtype baracuda does not know (code ",
+         int(a.dtype().code), ", ", int(a.dtype().bits), " bits, ", int(a.dtype().lanes), " lanes)");
+  if (dtype_size(*dt) * 8 != a.dtype().bits || a.dtype().lanes != 1)
+    fail(ErrorKind::invalid_problem, info.name, ": '", name, "' is declared ", dtype_name(*dt), " but holds ",
+         int(a.dtype().bits), "-bit elements");
+  if (a.ndim() > static_cast<size_t>(kMaxRank))
+    fail(ErrorKind::invalid_problem, info.name, ": '", name, "' has rank ", a.ndim(), ", the maximum is ", kMaxRank);
+  placement.add(info, name, a.device_type(), a.device_id());
+  TensorView v;
+  v.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  v.dtype = *dt;
+  v.rank = static_cast<int>(a.ndim());
+  for (int i = 0; i < v.rank; ++i) {
+    v.shape[i] = static_cast<int64_t>(a.shape(i));
+    v.stride[i] = a.stride(i);  // nanobind gives element strides
+  }
+  keep.push_back(std::move(a));
+  return v;
+}
+
+/// Makes `device` current for the duration of a call (CUDA builds only).
+class DeviceGuard {
+ public:
+  DeviceGuard(bool cuda, int device) {
+#ifdef BARACUDA_HAS_CUDA
+    int current = 0;
+    if (cuda && cudaGetDevice(&current) == cudaSuccess && current != device && cudaSetDevice(device) == cudaSuccess)
+      previous_ = current;
+#else
+    (void)cuda, (void)device;
+#endif
+  }
+  ~DeviceGuard() {
+#ifdef BARACUDA_HAS_CUDA
+    if (previous_ >= 0) cudaSetDevice(previous_);
+#endif
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  [[maybe_unused]] int previous_ = -1;
+};
+
+// ---------------------------------------------------------------- plan cache
+
+/// Selected plans by descriptor, placement and preferred backend. Plans are
+/// immutable, so one serves every call with the same key; shared_ptr keeps a
+/// plan alive for a run in flight while the cache is cleared.
+class PlanCache {
+ public:
+  using PlanRef = std::shared_ptr<const Plan>;
+  static constexpr size_t kMaxEntries = 4096;
+
+  static std::string key(const OpDesc& desc, const Placement& where, const std::optional<Backend>& backend) {
+    std::string k = desc.op;
+    auto put = [&k](const auto& v) { k.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+    for (const auto* list : {&desc.inputs, &desc.outputs}) {
+      put(list->size());
+      for (const auto& s : *list) {
+        put(s.dtype);
+        put(s.shape.size());
+        for (int64_t d : s.shape) put(d);
+      }
+    }
+    for (const auto& [name, value] : desc.attrs.values()) {
+      k += name;
+      put(value);
+    }
+    put(where.cuda);
+    put(where.device);
+    put(backend ? static_cast<int>(*backend) : -1);
+    return k;
+  }
+
+  PlanRef get(const std::string& key, const Stream& stream, const OpDesc& desc, const PlanPreference& pref) {
+    {
+      std::lock_guard lock(mutex_);
+      if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+    }
+    PlanRef plan = check(select(stream, desc, pref));
+    std::lock_guard lock(mutex_);
+    if (plans_.size() >= kMaxEntries) plans_.clear();
+    plans_.emplace(key, plan);
+    return plan;
+  }
+
+  void clear() {
+    std::lock_guard lock(mutex_);
+    plans_.clear();
+  }
+  size_t size() {
+    std::lock_guard lock(mutex_);
+    return plans_.size();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::string, PlanRef> plans_;
+};
+
+PlanCache& plan_cache() {
+  static PlanCache* cache = new PlanCache();  // leaked: plans must outlive interpreter teardown order
+  return *cache;
+}
+
+std::optional<Backend> backend_arg(const std::optional<std::string>& name) {
+  if (!name) return std::nullopt;
+  auto b = backend_from_name(*name);
+  if (!b) throw nb::value_error(cat("unknown backend '", *name, "'").c_str());
+  return b;
+}
+
+// ---------------------------------------------------------------- entry points
+
+void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& outputs, const nb::dict& attrs,
+         uintptr_t stream, const nb::object& dtypes, const std::optional<std::string>& backend,
+         const nb::object& workspace) {
+  const OpInfo& info = op_info(op);
+  const size_t n_in = nb::len(inputs), n_out = nb::len(outputs);
+  if (n_in != info.input_names.size() || n_out != info.output_names.size())
+    throw nb::type_error(cat(op, ": expected ", info.input_names.size(), " inputs and ", info.output_names.size(),
+                             " outputs, got ", n_in, " and ", n_out).c_str());
+  if (!dtypes.is_none() && nb::len(dtypes) != n_in + n_out)
+    throw nb::type_error(cat(op, ": 'dtypes' must have one entry (a dtype name or None) per input and output, got ",
+                             nb::len(dtypes)).c_str());
+  auto override_of = [&](size_t i) -> nb::object { return dtypes.is_none() ? nb::none() : dtypes[i]; };
+
+  OpDesc desc{op, {}, {}, to_attrs(info, attrs)};
+  Placement placement;
+  std::vector<InArray> in_keep;
+  std::vector<OutArray> out_keep;
+  std::vector<TensorView> in_views, out_views;
+  in_keep.reserve(n_in), out_keep.reserve(n_out);
+  for (size_t i = 0; i < n_in; ++i)
+    in_views.push_back(import_array(info, inputs[i], info.input_names[i], override_of(i), placement, in_keep));
+  for (size_t j = 0; j < n_out; ++j)
+    out_views.push_back(
+        import_array(info, outputs[j], info.output_names[j], override_of(n_in + j), placement, out_keep));
+  for (const auto& v : in_views) desc.inputs.push_back({v.dtype, v.shape_vec()});
+  for (const auto& v : out_views) desc.outputs.push_back({v.dtype, v.shape_vec()});
+
+  PlanPreference pref;
+  pref.backend = backend_arg(backend);
+  DeviceGuard guard(placement.cuda, placement.device);
+  const Stream s = placement.cuda ? Stream::cuda(reinterpret_cast<CUstream_st*>(stream)) : Stream::host();
+  auto plan = plan_cache().get(PlanCache::key(desc, placement, pref.backend), s, desc, pref);
+
+  const OpArgs args{in_views, out_views};
+  check(plan->can_implement(args));
+  Workspace ws;
+  std::vector<OutArray> ws_keep;
+  if (size_t needed = plan->workspace_size()) {
+    if (workspace.is_none())
+      throw Error(Status::too_small(ErrorKind::workspace_too_small, needed, 0,
+                                    cat(op, ": the plan needs ", needed, " workspace bytes: pass workspace=")));
+    TensorView w = import_array(info, workspace, "workspace", nb::none(), placement, ws_keep);
+    ws = {w.data, ws_keep[0].nbytes()};
+    if (ws.bytes < needed)
+      throw Error(Status::too_small(ErrorKind::workspace_too_small, needed, ws.bytes,
+                                    cat(op, ": workspace has ", ws.bytes, " bytes, the plan needs ", needed)));
+  }
+  Status status;
+  {
+    nb::gil_scoped_release release;
+    status = plan->run(s, ws, args);
+  }
+  check(status);
+}
+
+std::vector<Spec> infer_specs(const std::string& op, const std::vector<Spec>& inputs, const nb::dict& attrs,
+                              const std::optional<std::vector<Spec>>& outputs) {
+  const OpInfo& info = op_info(op);
+  OpDesc partial{op, to_specs(inputs), outputs ? to_specs(*outputs) : std::vector<TensorSpec>{}, to_attrs(info, attrs)};
+  return from_specs(check(info.infer(partial)).outputs);
+}
+
+nb::dict plan_info(const std::string& op, const std::vector<Spec>& inputs, const nb::dict& attrs,
+                   const std::optional<std::vector<Spec>>& outputs, const std::string& device,
+                   const std::optional<std::string>& backend) {
+  const OpInfo& info = op_info(op);
+  if (device != "cpu" && device != "cuda") throw nb::value_error("device must be 'cpu' or 'cuda'");
+  OpDesc partial{op, to_specs(inputs), outputs ? to_specs(*outputs) : std::vector<TensorSpec>{}, to_attrs(info, attrs)};
+  OpDesc desc = check(info.infer(partial));
+  PlanPreference pref;
+  pref.backend = backend_arg(backend);
+  const Stream s = device == "cuda" ? Stream::cuda() : Stream::host();
+  PlanPtr plan = check(select(s, desc, pref));
+  KernelSku sku = plan->sku();
+  return make_dict("sku"_a = sku.to_string(), "backend"_a = backend_name(sku.backend),
+                  "workspace_size"_a = plan->workspace_size(), "math"_a = math_precision_name(sku.precision.math),
+                  "accumulator"_a = dtype_name(sku.precision.accumulator),
+                  "deterministic"_a = sku.precision.deterministic, "outputs"_a = from_specs(desc.outputs));
+}
+
+nb::list ops() {
+  nb::list out;
+  for (const OpInfo& op : registry()) {
+    std::vector<std::string> dtypes, backends;
+    for (DType d : op.dtypes) dtypes.push_back(dtype_name(d));
+    for (Backend b : op.backends) backends.push_back(backend_name(b));
+    nb::dict attrs;
+    for (const auto& a : op.attrs) attrs[a.name.c_str()] = a.default_value;
+    nb::list domains, samples;
+    for (const auto& d : op.domains) domains.append(nb::make_tuple(d.lo, d.hi, d.symmetric));
+    for (const auto& s : op.sample_attrs) {
+      nb::dict sample;
+      for (const auto& [k, v] : s.values()) sample[k.c_str()] = v;
+      samples.append(sample);
+    }
+    out.append(make_dict("name"_a = op.name, "category"_a = category_name(op.category), "family"_a = op.family,
+                        "direction"_a = op.direction == Direction::forward ? "forward" : "backward",
+                        "gradient"_a = op.gradient.empty() ? nb::none() : nb::cast(op.gradient),
+                        "input_names"_a = op.input_names, "output_names"_a = op.output_names, "dtypes"_a = dtypes,
+                        "attrs"_a = attrs, "backends"_a = backends, "doc"_a = op.doc, "domains"_a = domains,
+                        "sample_attrs"_a = samples, "tolerance_scale"_a = op.tolerance_scale,
+                        "integer_inputs"_a = op.integer_valued_inputs));
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace baracuda::python
+
+NB_MODULE(_baracuda, m) {
+  using namespace baracuda;
+  using namespace baracuda::python;
+  m.doc() = "baracuda native bindings: registry, shape inference and a generic op runner";
+
+  nb::object bases = nb::make_tuple(nb::handle(PyExc_NotImplementedError), nb::handle(PyExc_TypeError));
+  g_unsupported_error = PyErr_NewExceptionWithDoc(
+      "baracuda.UnsupportedError",
+      "The op, dtype, layout or device is not offered (a NotImplementedError and a TypeError).", bases.ptr(),
+      nullptr);
+  m.attr("UnsupportedError") = nb::handle(g_unsupported_error);
+  nb::register_exception_translator(translate_error);
+
+  m.def("ops", &ops, "Every registered op as a dict (name, family, direction, gradient, input_names, "
+                     "output_names, dtypes, attrs {name: default}, backends, doc, test hints).");
+  m.def("dtypes", [] {
+    std::vector<std::string> names;
+    for (DType d : all_dtypes()) names.push_back(dtype_name(d));
+    return names;
+  }, "Dtype names in code order (the index is the code the 'cast' op takes).");
+  m.def("dtype_code", [](const std::string& name) { return static_cast<int>(dtype_arg(name)); }, "name"_a,
+        "The code of a dtype name or alias ('f16', 'float16', 'half', ...).");
+  m.def("cuda_available", &cuda_available, "True when a CUDA device is usable.");
+  m.def("infer", &infer_specs, "op"_a, "inputs"_a, "attrs"_a = nb::dict(), "outputs"_a = nb::none(),
+        "Output (dtype, shape) specs of an op for input specs [(dtype, shape), ...]. Outputs given are checked "
+        "(ops such as 'fill' and 'where_backward' take them).");
+  m.def("run", &run, "op"_a, "inputs"_a, "outputs"_a, "attrs"_a = nb::dict(), "stream"_a = 0,
+        "dtypes"_a = nb::none(), "backend"_a = nb::none(), "workspace"_a = nb::none(),
+        "Runs op on DLPack arrays, writing outputs in place. All operands on the host (host backend) or all on "
+        "one GPU (on `stream`, a cudaStream_t as int). `dtypes` optionally overrides each operand's exported "
+        "dtype (same element size). The GIL is released while the kernel runs.");
+  m.def("plan_info", &plan_info, "op"_a, "inputs"_a, "attrs"_a = nb::dict(), "outputs"_a = nb::none(),
+        "device"_a = "cpu", "backend"_a = nb::none(),
+        "The plan `select` picks for these specs on 'cpu' or 'cuda': sku, backend, workspace_size, precision.");
+  m.def("clear_plan_cache", [] { plan_cache().clear(); }, "Drops every cached plan.");
+  m.def("plan_cache_size", [] { return plan_cache().size(); }, "Number of cached plans.");
+}
