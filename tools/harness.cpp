@@ -419,17 +419,19 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
     if (!s) return fail("reference run: " + s.to_string());
   }
 
-  // Target buffers.
+  // Target buffers: the staging copy itself on the host backend, a device copy otherwise.
+  auto target_view = [&](Operand& o) -> Result<TensorView> {
+    if (!on_device) return o.view(o.host, o.dtype);
+    auto m = Memory::device(o.host.bytes());
+    if (!m) return m.status();
+    o.target = std::move(*m);
+    BARACUDA_TRY(copy_bytes(o.target.data(), o.host.data(), o.host.bytes(), true, false));
+    return o.view(o.target, o.dtype);
+  };
   for (auto& o : ins) {
-    if (on_device) {
-      auto m = Memory::device(o.host.bytes());
-      if (!m) return fail(m.status().to_string());
-      o.target = std::move(*m);
-      if (Status s = copy_bytes(o.target.data(), o.host.data(), o.host.bytes(), true, false); !s) return fail(s.to_string());
-      tgt_in.push_back(o.view(o.target, o.dtype));
-    } else {
-      tgt_in.push_back(o.view(o.host, o.dtype));
-    }
+    auto v = target_view(o);
+    if (!v) return fail(v.status().to_string());
+    tgt_in.push_back(*v);
   }
   for (auto& o : outs) {
     if (o.alias >= 0) {
@@ -438,15 +440,9 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
     }
     o.host = Memory::host(o.place.span * dtype_size(o.dtype));
     poison(o.host.data(), o.dtype, o.place.span, 0x5A);
-    if (on_device) {
-      auto m = Memory::device(o.host.bytes());
-      if (!m) return fail(m.status().to_string());
-      o.target = std::move(*m);
-      if (Status s = copy_bytes(o.target.data(), o.host.data(), o.host.bytes(), true, false); !s) return fail(s.to_string());
-      tgt_out.push_back(o.view(o.target, o.dtype));
-    } else {
-      tgt_out.push_back(o.view(o.host, o.dtype));
-    }
+    auto v = target_view(o);
+    if (!v) return fail(v.status().to_string());
+    tgt_out.push_back(*v);
   }
 
   PlanPreference pref;
