@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "baracuda/registry.hpp"
+#include "core/errors.hpp"  // cat()
 
 #ifdef BARACUDA_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -34,13 +35,6 @@ using OutArray = nb::ndarray<>;       // outputs and workspace must be writable
 using Spec = std::pair<std::string, Shape>;
 
 PyObject* g_unsupported_error = nullptr;
-
-template <class... Parts>
-std::string cat(const Parts&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  return os.str();
-}
 
 template <class... Parts>
 [[noreturn]] void fail(ErrorKind kind, const Parts&... parts) {
@@ -84,42 +78,24 @@ DType dtype_arg(const std::string& name) {
 /// The dtype a DLPack producer exported, or nullopt when baracuda has none.
 std::optional<DType> from_dlpack(nb::dlpack::dtype t) {
   using Code = nb::dlpack::dtype_code;
+  struct Row {
+    Code code;
+    int bits;
+    DType dtype;
+  };
+  static constexpr Row kRows[] = {
+      {Code::Float, 32, DType::f32},         {Code::Float, 16, DType::f16},
+      {Code::Float, 64, DType::f64},         {Code::Bfloat, 16, DType::bf16},
+      {Code::Float8_E4M3FN, 8, DType::fp8_e4m3}, {Code::Float8_E5M2, 8, DType::fp8_e5m2},
+      {Code::Int, 8, DType::i8},             {Code::Int, 16, DType::i16},
+      {Code::Int, 32, DType::i32},           {Code::Int, 64, DType::i64},
+      {Code::UInt, 8, DType::u8},            {Code::UInt, 32, DType::u32},
+      {Code::Bool, 8, DType::boolean},       {Code::Complex, 64, DType::c64},
+      {Code::Complex, 128, DType::c128},
+  };
   if (t.lanes != 1) return std::nullopt;
-  switch (static_cast<Code>(t.code)) {
-    case Code::Float:
-      if (t.bits == 32) return DType::f32;
-      if (t.bits == 16) return DType::f16;
-      if (t.bits == 64) return DType::f64;
-      break;
-    case Code::Bfloat:
-      if (t.bits == 16) return DType::bf16;
-      break;
-    case Code::Float8_E4M3FN:
-      if (t.bits == 8) return DType::fp8_e4m3;
-      break;
-    case Code::Float8_E5M2:
-      if (t.bits == 8) return DType::fp8_e5m2;
-      break;
-    case Code::Int:
-      if (t.bits == 8) return DType::i8;
-      if (t.bits == 16) return DType::i16;
-      if (t.bits == 32) return DType::i32;
-      if (t.bits == 64) return DType::i64;
-      break;
-    case Code::UInt:
-      if (t.bits == 8) return DType::u8;
-      if (t.bits == 32) return DType::u32;
-      break;
-    case Code::Bool:
-      if (t.bits == 8) return DType::boolean;
-      break;
-    case Code::Complex:
-      if (t.bits == 64) return DType::c64;
-      if (t.bits == 128) return DType::c128;
-      break;
-    default:
-      break;
-  }
+  for (const Row& r : kRows)
+    if (static_cast<Code>(t.code) == r.code && t.bits == r.bits) return r.dtype;
   return std::nullopt;
 }
 

@@ -106,7 +106,6 @@ Result<OpDesc> infer_desc(const Def& def, const OpInfo& info, const OpDesc& part
   // Expected outputs: dtype and shape each.
   std::vector<TensorSpec> expected;
   bool outputs_may_reduce = false;  // backward outputs may be summed to a broadcast shape
-  Shape iteration;
   switch (def.kind) {
     case Kind::unary:
     case Kind::predicate:
@@ -203,7 +202,6 @@ Result<OpDesc> infer_desc(const Def& def, const OpInfo& info, const OpDesc& part
       break;
     }
   }
-  (void)iteration;
 
   if (d.outputs.empty()) {
     d.outputs = expected;
@@ -403,8 +401,7 @@ void add_op(std::vector<OpInfo>& ops, Kind kind) {
   std::vector<AttrSpec> attrs;
   for (const auto& a : meta.attrs)
     if (a.name) attrs.push_back({a.name, a.value, ""});
-  std::vector<DType> dtypes;
-  for_each_type<typename SetTypes<meta.dtypes>::type>([&]<class T>(TypeTag<T>) { dtypes.push_back(dtype_of<T>); });
+  const std::vector<DType> dtypes = dtypes_of<typename SetTypes<meta.dtypes>::type>();
 
   auto make_info = [&](bool backward) {
     Def def;
