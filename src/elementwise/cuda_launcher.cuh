@@ -160,21 +160,34 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-inline constexpr int kTileDim = 32, kTileRows = kBlock / kTileDim;
+/// Side of the square shared-memory tile of transpose_kernel: 64 keeps more
+/// bytes in flight per thread; 32 where the staged inputs would not fit in 48 KiB.
+template <class... Ins>
+inline constexpr int kTileDimFor = [] {
+  constexpr size_t widest = std::max({sizeof(Ins)..., size_t(1)});
+  return sizeof...(Ins) * widest * 64 * 65 <= 48 * 1024 ? 64 : 32;
+}();
+
+/// Extents and strides of a rank-2 problem, for transpose_kernel.
+template <int N>
+struct Rank2 {
+  int64_t n0, n1, s0[N], s1[N];
+};
 
 /// Rank-2 problems where an input walks dim 1 with unit stride while the
 /// outputs walk dim 0 (a transpose): those inputs are staged through a shared
-/// memory tile so that reads and writes are both coalesced.
+/// memory tile so that reads and writes are both coalesced. Offsets advance by
+/// addition (no per-element multiplies); interior tiles skip the bounds checks.
 template <class Out, int NOut, class Fn, class... Ins>
 __global__ void __launch_bounds__(kBlock)
-    transpose_kernel(Fn fn, Ptrs<NOut + sizeof...(Ins)> ptrs, OffsetCalc<NOut + sizeof...(Ins), int64_t> calc,
-                     int64_t tiles0, uint32_t staged_mask) {
-  constexpr int N = NOut + sizeof...(Ins);
+    transpose_kernel(Fn fn, Ptrs<NOut + sizeof...(Ins)> ptrs, Rank2<NOut + sizeof...(Ins)> g, int64_t tiles0,
+                     uint32_t staged_mask) {
+  constexpr int kDim = kTileDimFor<Ins...>, kRows = kBlock / kDim, kPitch = kDim + 1, kSteps = kDim / kRows;
   constexpr size_t kWidest = std::max({sizeof(Ins)..., size_t(1)});
-  __shared__ alignas(16) char tiles[sizeof...(Ins) > 0 ? sizeof...(Ins) : 1][kTileDim * (kTileDim + 1) * kWidest];
-  const int64_t i0 = (blockIdx.x % tiles0) * kTileDim, j0 = (blockIdx.x / tiles0) * kTileDim;
-  const int64_t n0 = calc.shape[0], n1 = calc.shape[1];
-  const int tx = threadIdx.x % kTileDim, ty = threadIdx.x / kTileDim;
+  __shared__ alignas(16) char tiles[sizeof...(Ins) > 0 ? sizeof...(Ins) : 1][kDim * kPitch * kWidest];
+  const int64_t i0 = (blockIdx.x % tiles0) * kDim, j0 = (blockIdx.x / tiles0) * kDim;
+  const bool interior = i0 + kDim <= g.n0 && j0 + kDim <= g.n1;
+  const int tx = threadIdx.x % kDim, ty = threadIdx.x / kDim;
   char* const* in_ptrs = ptrs.p + NOut;
   // Stage: row r of the tile holds dim0 = i0 + r, read along dim 1 (coalesced).
   [&]<size_t... I>(std::index_sequence<I...>) {
@@ -182,33 +195,36 @@ __global__ void __launch_bounds__(kBlock)
       if (!(staged_mask >> (NOut + I) & 1u)) return;
       using T = cuda::std::tuple_element_t<I, cuda::std::tuple<Ins...>>;
       T* tile = reinterpret_cast<T*>(tiles[I]);
-#pragma unroll
-      for (int r = ty; r < kTileDim; r += kTileRows) {
-        const int64_t i = i0 + r, j = j0 + tx;
-        if (i < n0 && j < n1)
-          tile[r * (kTileDim + 1) + tx] =
-              reinterpret_cast<const T*>(in_ptrs[I])[i * calc.stride[NOut + I][0] + j * calc.stride[NOut + I][1]];
+      const T* src = reinterpret_cast<const T*>(in_ptrs[I]);
+      const int64_t s0 = g.s0[NOut + I], s1 = g.s1[NOut + I];
+      int64_t off = (i0 + ty) * s0 + (j0 + tx) * s1;
+      for (int step = 0; step < kSteps; ++step, off += kRows * s0) {  // constant trip count: unrolled
+        const int r = ty + step * kRows;
+        if (interior || (i0 + r < g.n0 && j0 + tx < g.n1)) tile[r * kPitch + tx] = src[off];
       }
     }(), ...);
   }(std::index_sequence_for<Ins...>{});
   __syncthreads();
-  // Compute: thread tx walks dim 0 (the outputs' unit stride).
+  // Compute: thread tx walks dim 0 (the outputs' unit stride), c walks dim 1.
+  int64_t off[NOut + sizeof...(Ins)];
 #pragma unroll
-  for (int c = ty; c < kTileDim; c += kTileRows) {
-    const int64_t i = i0 + tx, j = j0 + c;
-    if (i >= n0 || j >= n1) continue;
-    auto r = [&]<size_t... I>(std::index_sequence<I...>) {
-      return fn([&] {
-        using T = cuda::std::tuple_element_t<I, cuda::std::tuple<Ins...>>;
-        if (staged_mask >> (NOut + I) & 1u) return reinterpret_cast<const T*>(tiles[I])[tx * (kTileDim + 1) + c];
-        return reinterpret_cast<const T*>(in_ptrs[I])[i * calc.stride[NOut + I][0] + j * calc.stride[NOut + I][1]];
-      }()...);
-    }(std::index_sequence_for<Ins...>{});
+  for (int k = 0; k < NOut + int(sizeof...(Ins)); ++k) off[k] = (i0 + tx) * g.s0[k] + (j0 + ty) * g.s1[k];
+  for (int step = 0; step < kSteps; ++step) {
+    const int c = ty + step * kRows;
+    if (interior || (i0 + tx < g.n0 && j0 + c < g.n1)) {
+      auto r = [&]<size_t... I>(std::index_sequence<I...>) {
+        return fn([&] {
+          using T = cuda::std::tuple_element_t<I, cuda::std::tuple<Ins...>>;
+          if (staged_mask >> (NOut + I) & 1u) return reinterpret_cast<const T*>(tiles[I])[tx * kPitch + c];
+          return reinterpret_cast<const T*>(in_ptrs[I])[off[NOut + I]];
+        }()...);
+      }(std::index_sequence_for<Ins...>{});
 #pragma unroll
-    for (int k = 0; k < NOut; ++k)
-      reinterpret_cast<Out*>(ptrs.p[k])[i * calc.stride[k][0] + j * calc.stride[k][1]] = convert<Out>(component(r, k));
+      for (int k = 0; k < NOut; ++k) reinterpret_cast<Out*>(ptrs.p[k])[off[k]] = convert<Out>(component(r, k));
+    }
+#pragma unroll
+    for (int k = 0; k < NOut + int(sizeof...(Ins)); ++k) off[k] += kRows * g.s1[k];
   }
-  (void)N;
 }
 
 template <class Out, class Fn, class... Ins>
@@ -280,6 +296,13 @@ inline uint32_t transposed_input_mask(const Problem& p, int n_out) {
   return mask;
 }
 
+template <int N>
+Rank2<N> rank2(const Problem& p) {
+  Rank2<N> g{p.shape[0], p.shape[1], {}, {}};
+  for (int k = 0; k < N; ++k) g.s0[k] = p.stride[k][0], g.s1[k] = p.stride[k][1];
+  return g;
+}
+
 inline unsigned blocks_for(int64_t n, int64_t per_block) { return unsigned((n + per_block - 1) / per_block); }
 
 struct CudaLauncher {
@@ -318,9 +341,10 @@ struct CudaLauncher {
         contiguous_kernel<C::kVec, C::kUnroll, Out, NOut, Fn, Ins...>
             <<<blocks_for(n, kTile), kBlock, 0, stream>>>(fn, ptrs, n);
       } else if (uint32_t staged = transposed_input_mask(p, NOut); staged != 0) {
-        const int64_t tiles0 = (p.shape[0] + kTileDim - 1) / kTileDim, tiles1 = (p.shape[1] + kTileDim - 1) / kTileDim;
+        constexpr int kDim = kTileDimFor<Ins...>;
+        const int64_t tiles0 = (p.shape[0] + kDim - 1) / kDim, tiles1 = (p.shape[1] + kDim - 1) / kDim;
         transpose_kernel<Out, NOut, Fn, Ins...>
-            <<<unsigned(tiles0 * tiles1), kBlock, 0, stream>>>(fn, ptrs, OffsetCalc<N, int64_t>(p), tiles0, staged);
+            <<<unsigned(tiles0 * tiles1), kBlock, 0, stream>>>(fn, ptrs, rank2<N>(p), tiles0, staged);
       } else if (uint32_t mask = C::kVec > 1 ? row_vector_mask(p, kBytes.data(), C::kVec) : 0;
                  mask != 0 && (mask & ((1u << NOut) - 1)) == ((1u << NOut) - 1) && fits_int32(p)) {
         const int32_t per_row = int32_t(p.shape[0] / C::kVec), vectors = int32_t(n / C::kVec);
