@@ -14,6 +14,7 @@
 
 #include "baracuda/registry.hpp"
 #include "harness.hpp"
+#include "sweep.hpp"
 
 #ifdef BARACUDA_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -21,51 +22,9 @@
 
 using namespace baracuda;
 using namespace baracuda::harness;
+using namespace baracuda::testing_support;
 
 namespace {
-
-bool quick() {
-  const char* q = std::getenv("BARACUDA_TEST_QUICK");
-  return q && *q && *q != '0';
-}
-
-std::vector<Shape> sweep_shapes(bool gpu) {
-  // [9, 64] and [3, 4, 128]: broadcast rows long enough for the row-vector path;
-  // [70, 67]: whole and partial transpose tiles.
-  if (quick()) return {{0}, {7}, {1023}, {7, 33}, {9, 64}, {70, 67}, {2, 1, 3, 1, 2, 2, 1, 3}};
-  std::vector<Shape> shapes{{0}, {1}, {7}, {1023}, {65537}, {7, 33}, {9, 64}, {70, 67}, {3, 4, 128}, {3, 5, 17},
-                            {2, 1, 3, 1, 2, 2, 1, 3}, {}};
-  return shapes;
-}
-
-/// Ops whose gradient is identically zero: their reference output is all zero.
-bool zero_gradient(const std::string& name) {
-  static const std::set<std::string> zero{"floor_backward", "ceil_backward", "round_backward",
-                                          "trunc_backward", "sign_backward", "step_backward"};
-  return zero.count(name) != 0;
-}
-
-void sweep(const OpInfo& op, Backend backend) {
-  int ran = 0, nonzero = 0;
-  for (DType dtype : op.dtypes) {
-    for (const Attrs& attrs : op.sample_attrs) {
-      for (const Shape& shape : sweep_shapes(backend != Backend::host_reference)) {
-        for (LayoutKind layout : kAllLayouts) {
-          CaseSpec spec{&op, dtype, shape, attrs, layout};
-          RunOptions opt;
-          opt.backend = backend;
-          CaseOutcome r = run_case(spec, opt);
-          if (r.skipped) continue;
-          ++ran;
-          EXPECT_TRUE(r.passed) << spec.to_string() << ": " << r.message;
-          if (!r.reference_all_zero) ++nonzero;
-        }
-      }
-    }
-  }
-  EXPECT_GT(ran, 0) << op.name << ": no case ran";
-  if (!zero_gradient(op.name)) EXPECT_GT(nonzero, 0) << op.name << ": every reference output was zero";
-}
 
 std::vector<std::string> elementwise_ops() {
   std::vector<std::string> names;

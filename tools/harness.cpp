@@ -313,7 +313,13 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
     in_shapes[backward ? 1 : 0][dim] *= 2;
   }
   if (op.family == "fill") desc.outputs = {{spec.dtype, spec.shape}};
-  if (spec.layout == LayoutKind::broadcast) {
+  if (op.sample_shapes) {
+    auto shapes = op.sample_shapes(spec.dtype, spec.shape, spec.attrs);
+    if (!shapes) return skip("the attributes do not fit this shape");
+    in_shapes = shapes->inputs;
+    desc.outputs = shapes->outputs;
+    if (spec.layout == LayoutKind::broadcast) std::fill(expand.begin(), expand.end(), true);
+  } else if (spec.layout == LayoutKind::broadcast) {
     const bool multi = op.family == "binary" || op.family == "compare" || op.family == "ternary" ||
                        (op.family == "where" && !backward);
     if (multi && rank >= 2) {
@@ -452,7 +458,18 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
   if (!plan) return fail("select: " + plan.status().to_string());  // every advertised dtype must be served
   out.sku = (*plan)->sku().to_string();
   OpArgs args{tgt_in, tgt_out};
-  if (Status s = (*plan)->run(stream, {}, args); !s) return fail("run: " + s.to_string());
+  Memory ws_memory;
+  if (size_t bytes = (*plan)->workspace_size(); bytes > 0) {
+    if (on_device) {
+      auto m = Memory::device(bytes);
+      if (!m) return fail(m.status().to_string());
+      ws_memory = std::move(*m);
+    } else {
+      ws_memory = Memory::host(bytes);
+    }
+  }
+  const Workspace ws{ws_memory.data(), ws_memory.bytes()};
+  if (Status s = (*plan)->run(stream, ws, args); !s) return fail("run: " + s.to_string());
 #ifdef BARACUDA_HAS_CUDA
   if (on_device) {
     cudaError_t err = cudaDeviceSynchronize();
@@ -523,10 +540,10 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
       cudaEvent_t start, stop;
       cudaEventCreate(&start);
       cudaEventCreate(&stop);
-      for (int i = 0; i < opt.warmup; ++i) (void)(*plan)->run(stream, {}, args);
+      for (int i = 0; i < opt.warmup; ++i) (void)(*plan)->run(stream, ws, args);
       for (int i = 0; i < opt.iterations; ++i) {
         cudaEventRecord(start);
-        (void)(*plan)->run(stream, {}, args);
+        (void)(*plan)->run(stream, ws, args);
         cudaEventRecord(stop);
         cudaEventSynchronize(stop);
         float t = 0;
@@ -540,7 +557,7 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
     if (!on_device) {
       for (int i = 0; i < std::max(1, opt.iterations / 4); ++i) {
         auto t0 = std::chrono::steady_clock::now();
-        (void)(*plan)->run(stream, {}, args);
+        (void)(*plan)->run(stream, ws, args);
         ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       }
     }

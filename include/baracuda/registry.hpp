@@ -24,6 +24,12 @@ struct Domain {
   bool specials = false;
 };
 
+/// Input (and, where the op needs them given, output) shapes of a test case.
+struct SampleShapes {
+  std::vector<Shape> inputs;
+  std::vector<TensorSpec> outputs;  ///< empty: inferred
+};
+
 /// Dtypes an op can be asked for. `dtypes` are the primary dtypes (the dtype
 /// that names a kernel: input 0 for most ops, the target for fill).
 struct OpInfo {
@@ -51,6 +57,10 @@ struct OpInfo {
   std::vector<Attrs> sample_attrs;    ///< attribute sets to exercise (>= 1)
   double tolerance_scale = 1.0;       ///< widens the per-dtype tolerance
   bool integer_valued_inputs = false; ///< sample whole numbers (floor_divide...)
+  /// Families other than elementwise: the operand shapes of a case whose
+  /// primary shape is `shape` (the first input's), or nullopt when `attrs`
+  /// do not fit that shape. Unset: elementwise rules.
+  std::function<std::optional<SampleShapes>(DType primary, const Shape& shape, const Attrs& attrs)> sample_shapes;
 
   const AttrSpec* find_attr(std::string_view attr) const;
   Domain domain(size_t input) const;

@@ -19,5 +19,7 @@ inline Status cuda_status(cudaError_t err, const char* expr, const char* file, i
 
 /// Compute capability (major*10+minor) of the current device; 0 if none.
 int current_sm_version();
+/// Streaming multiprocessors of the current device (0 without CUDA).
+int current_sm_count();
 
 }  // namespace baracuda

@@ -28,6 +28,18 @@ int current_sm_version() {
   });
   return versions[device];
 }
+
+int current_sm_count() {
+  static int counts[64] = {};
+  static std::once_flag once[64];
+  int device = 0;
+  if (!cuda_available() || cudaGetDevice(&device) != cudaSuccess || device >= 64) return 0;
+  std::call_once(once[device], [device] {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess) counts[device] = n;
+  });
+  return counts[device];
+}
 #else
 bool cuda_available() { return false; }
 #endif

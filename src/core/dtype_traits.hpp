@@ -41,6 +41,12 @@ struct Concat<TypeList<A...>, TypeList<B...>> {
   using type = TypeList<A..., B...>;
 };
 
+/// True when T is one of the list's types.
+template <class T, class List>
+struct Contains;
+template <class T, class... Ts>
+struct Contains<T, TypeList<Ts...>> : std::bool_constant<(std::is_same_v<T, Ts> || ...)> {};
+
 using FloatTypes = TypeList<float, __half, __nv_bfloat16, double>;
 using Fp8Types = TypeList<__nv_fp8_e4m3, __nv_fp8_e5m2>;
 using IntTypes = TypeList<int8_t, uint8_t, int16_t, int32_t, int64_t, uint32_t>;

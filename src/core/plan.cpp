@@ -74,6 +74,7 @@ const std::vector<OpInfo>& registry() {
   static const std::vector<OpInfo> ops = [] {
     std::vector<OpInfo> all;
     register_elementwise_ops(all);
+    register_reduce_ops(all);
     return all;
   }();
   return ops;

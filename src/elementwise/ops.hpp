@@ -46,10 +46,6 @@ template <> struct SetTypes<Set::int_bool> { using type = IntBoolTypes; };
 template <> struct SetTypes<Set::real> { using type = RealTypes; };
 template <> struct SetTypes<Set::all> { using type = AllTypes; };
 
-template <class T, class List>
-struct Contains;
-template <class T, class... Ts>
-struct Contains<T, TypeList<Ts...>> : std::bool_constant<(std::is_same_v<T, Ts> || ...)> {};
 
 /// True when Op is offered for storage type T.
 template <class Op, class T>

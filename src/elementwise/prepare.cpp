@@ -24,6 +24,8 @@ Problem align_operands(std::span<const int64_t> iteration, std::span<const Tenso
   return p;
 }
 
+}  // namespace
+
 void drop_unit_dims(Problem& p) {
   int out = 0;
   for (int d = 0; d < p.rank; ++d) {
@@ -83,6 +85,8 @@ void coalesce(Problem& p) {
   }
   p.rank = out + 1;
 }
+
+namespace {
 
 Problem prepare(std::span<const int64_t> iteration, std::span<const TensorView* const> views) {
   Problem p = align_operands(iteration, views);

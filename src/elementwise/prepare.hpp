@@ -8,6 +8,16 @@
 
 namespace baracuda::ew {
 
+// Problem transforms, also used by other families (reductions).
+/// Removes size-1 dims.
+void drop_unit_dims(Problem& p);
+/// Walks dims where operand 0 has a negative stride backwards in every operand.
+void flip_negative_dims(Problem& p, std::span<const size_t> elem_bytes);
+/// Orders dims innermost-first by stride, operand 0 deciding first.
+void sort_dims(Problem& p);
+/// Merges adjacent dims that every operand walks as one.
+void coalesce(Problem& p);
+
 /// At most one launch per output (3 outputs at most).
 struct LaunchList {
   std::array<Launch, 3> launches;

@@ -1,0 +1,455 @@
+// Reduction family: registry entries, shape and dtype rules, and the plan
+// that turns (input, output) views into a ReduceLaunch.
+#include <algorithm>
+#include <bit>
+
+#include "core/errors.hpp"
+#include "core/registry_internal.hpp"
+#include "core/tensor_util.hpp"
+#include "elementwise/prepare.hpp"
+#include "reduce/register.hpp"
+
+#ifdef BARACUDA_HAS_CUDA
+#include "core/cuda_check.hpp"
+#endif
+
+namespace baracuda {
+namespace red {
+
+std::string reducer_key(std::string_view op, DType in, DType out) {
+  return cat(op, ':', dtype_name(in), ':', dtype_name(out));
+}
+ReduceTable& host_reducers() {
+  static ReduceTable table;
+  return table;
+}
+ReduceTable& cuda_reducers() {
+  static ReduceTable table;
+  return table;
+}
+
+namespace {
+
+template <class R, class T, class Out>
+struct HostReduce {
+  static Status run(const ReduceLaunch& l, const RParams& r, CUstream_st* s) { return reduce_on_host<R, T, Out>(l, r, s); }
+};
+[[maybe_unused]] const bool host_registered = register_reducers<HostReduce, RealInputs>(host_reducers());
+
+/// How an op picks its reduced dims.
+enum class Form : uint8_t {
+  dims,    ///< attribute `dims` (bitmask; -1 = all) and `keepdim`
+  sum_to,  ///< the output shape given in the descriptor (broadcast rules, reversed)
+  trace,   ///< the diagonal of a matrix
+};
+
+struct Def {
+  std::string name;
+  Form form;
+  const RMeta* meta;  ///< the reducer (sum for sum_to and trace)
+  std::vector<DType> dtypes;
+};
+
+std::vector<Def>& defs() {
+  static std::vector<Def> all;
+  return all;
+}
+
+/// Reduced-dim mask of a `dims` descriptor for an input of rank `rank`.
+Result<uint32_t> reduced_mask(const Def& def, const Attrs& attrs, int rank) {
+  const double dims = attrs.get("dims", -1);
+  if (dims == -1) return rank == 0 ? 0u : uint32_t((1u << rank) - 1);
+  if (dims < 0 || dims != std::floor(dims) || dims >= 256)
+    return invalid(def.name, ": attribute 'dims' must be -1 (all) or a bitmask of axes, got ", dims);
+  const auto mask = static_cast<uint32_t>(dims);
+  if (mask >> rank)
+    return invalid(def.name, ": 'dims' names axis ", std::bit_width(mask) - 1, " but the input has rank ", rank);
+  return mask;
+}
+
+DType output_dtype(const Def& def, DType in, const Attrs& attrs, Status& error) {
+  switch (def.meta->out) {
+    case OutRule::same: return in;
+    case OutRule::widen_ints: return is_floating(in) ? in : DType::i64;
+    case OutRule::boolean: return DType::boolean;
+    case OutRule::count: return DType::i64;
+    case OutRule::index: {
+      const auto code = static_cast<int>(attrs.get("index_dtype", static_cast<int>(DType::i64)));
+      if (code == static_cast<int>(DType::i64) || code == static_cast<int>(DType::i32)) return static_cast<DType>(code);
+      error = invalid(def.name, ": attribute 'index_dtype' must be i64 or i32, got dtype code ", code);
+      return in;
+    }
+  }
+  return in;
+}
+
+/// The descriptor's reduced mask (over input axes) and the output shape.
+struct Reduction {
+  uint32_t mask = 0;
+  Shape out_shape;
+  int64_t count = 1;
+};
+
+Result<Reduction> describe(const Def& def, const OpDesc& d) {
+  const Shape& in = d.inputs[0].shape;
+  const int rank = static_cast<int>(in.size());
+  Reduction r;
+  switch (def.form) {
+    case Form::dims: {
+      auto mask = reduced_mask(def, d.attrs, rank);
+      if (!mask) return mask.status();
+      r.mask = *mask;
+      const bool keep = d.attrs.get("keepdim", 0) != 0;
+      for (int a = 0; a < rank; ++a) {
+        if (r.mask >> a & 1u) {
+          r.count *= in[a];
+          if (keep) r.out_shape.push_back(1);
+        } else {
+          r.out_shape.push_back(in[a]);
+        }
+      }
+      break;
+    }
+    case Form::sum_to: {
+      if (d.outputs.size() != 1)
+        return invalid(def.name, ": the descriptor must give the output (its shape is the target shape)");
+      const Shape& out = d.outputs[0].shape;
+      if (out.size() > in.size())
+        return invalid(def.name, ": output rank ", out.size(), " exceeds input rank ", in.size());
+      const size_t lead = in.size() - out.size();
+      for (int a = 0; a < rank; ++a) {
+        const bool leading = static_cast<size_t>(a) < lead;
+        const int64_t o = leading ? 1 : out[a - lead];
+        if (o != in[a] && o != 1)
+          return invalid(def.name, ": output shape ", shape_str(out), " does not broadcast to input shape ",
+                         shape_str(in), " (axis ", a, ")");
+        if (leading || (o == 1 && in[a] != 1)) {
+          r.mask |= 1u << a;
+          r.count *= in[a];
+        }
+      }
+      r.out_shape = out;
+      break;
+    }
+    case Form::trace: {
+      if (rank != 2) return invalid(def.name, ": input must be a matrix (rank 2), got rank ", rank);
+      r.mask = 1;  // over the diagonal view's single axis
+      r.count = std::min(in[0], in[1]);
+      break;
+    }
+  }
+  return r;
+}
+
+Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
+  OpDesc d = partial;
+  const std::string& op = def.name;
+  if (d.inputs.size() != 1) return invalid(op, ": expected 1 input, got ", d.inputs.size());
+  const TensorSpec& in = d.inputs[0];
+  if (in.shape.size() > static_cast<size_t>(kMaxRank))
+    return invalid(op, ": input has rank ", in.shape.size(), ", the maximum is ", kMaxRank);
+  BARACUDA_TRY(checked_numel(in.shape, cat(op, ": input")).status());
+  if (std::find(def.dtypes.begin(), def.dtypes.end(), in.dtype) == def.dtypes.end())
+    return unsupported(op, ": input dtype ", dtype_name(in.dtype), " is not supported");
+  auto r = describe(def, d);
+  if (!r) return r.status();
+  int64_t in_numel = 1;
+  for (int64_t s : in.shape) in_numel *= s;
+  int64_t out_numel = 1;
+  for (int64_t s : r->out_shape) out_numel *= s;
+  if (r->count == 0 && out_numel > 0 && !def.meta->has_identity)
+    return invalid(op, ": cannot reduce over an empty dimension (input shape ", shape_str(in.shape),
+                   "): the operation has no identity");
+  Status error = Status::ok();
+  TensorSpec expected{output_dtype(def, in.dtype, d.attrs, error), r->out_shape};
+  BARACUDA_TRY(error);
+  if (d.outputs.empty()) {
+    d.outputs.push_back(expected);
+  } else {
+    if (d.outputs.size() != 1) return invalid(op, ": expected 1 output, got ", d.outputs.size());
+    if (d.outputs[0].dtype != expected.dtype)
+      return invalid(op, ": output dtype ", dtype_name(d.outputs[0].dtype), " != expected ", dtype_name(expected.dtype));
+    if (d.outputs[0].shape != expected.shape)
+      return invalid(op, ": output shape ", shape_str(d.outputs[0].shape), " != expected ", shape_str(expected.shape));
+  }
+  (void)in_numel;
+  return d;
+}
+
+PrecisionGuarantee precision_of(DType in, const RMeta& meta, Backend backend) {
+  PrecisionGuarantee g;
+  const bool exact = !is_floating(in) || meta.out == OutRule::index || meta.out == OutRule::boolean ||
+                     meta.out == OutRule::count || std::string_view(meta.name) == "amax" ||
+                     std::string_view(meta.name) == "amin";
+  if (exact) {
+    g.math = MathPrecision::exact;
+    g.accumulator = is_floating(in) ? in : DType::i64;
+  } else if (backend == Backend::host_reference || in == DType::f64) {
+    g.math = MathPrecision::f64;
+    g.accumulator = DType::f64;
+  } else {
+    g.math = MathPrecision::f32;
+    g.accumulator = DType::f32;
+  }
+  g.bit_stable_on_same_hardware = true;
+  g.deterministic = true;  // fixed per-thread runs, fixed trees, splits merged in order
+  return g;
+}
+
+/// Bytes of one accumulator of reducer `name` on the GPU for input `in`.
+[[maybe_unused]] size_t accumulator_bytes(std::string_view name, DType in) {
+  size_t bytes = 0;
+  for_each_type<RealInputs>([&]<class T>(TypeTag<T>) {
+    if (dtype_of<T> != in) return;
+    [&]<class... Rs>(ReducerList<Rs...>) {
+      ([&] {
+        if constexpr (accepts<Rs, T>)
+          if (name == Rs::meta.name) bytes = sizeof(typename Rs::template Acc<T, false>);
+      }(), ...);
+    }(Reducers{});
+  });
+  return bytes;
+}
+
+class ReducePlan final : public Plan {
+ public:
+  ReducePlan(const Def& def, const OpInfo& info, OpDesc desc, Reduction r, Backend backend, ReduceFn fn)
+      : def_(def), info_(info), desc_(std::move(desc)), reduction_(std::move(r)), backend_(backend), fn_(fn) {
+    params_.p = desc_.attrs.get("p", 2);
+    params_.correction = desc_.attrs.get("correction", 1);
+    const DType in = desc_.inputs[0].dtype;
+    sku_.category = OpCategory::reduce;
+    sku_.op = info.name.c_str();
+    sku_.element = in;
+    if (desc_.outputs[0].dtype != in) sku_.aux_element = desc_.outputs[0].dtype;
+    sku_.layout = Layout::any_strided;
+    sku_.backend = backend;
+    sku_.precision = precision_of(in, *def.meta, backend);
+    int64_t outputs = 1;
+    for (int64_t s : desc_.outputs[0].shape) outputs *= s;
+    outputs_ = outputs;
+#ifdef BARACUDA_HAS_CUDA
+    if (backend != Backend::host_reference) {
+      sku_.arch = current_sm_version();
+      splits_ = choose_splits(outputs, reduction_.count, current_sm_count());
+      if (splits_ > 1) workspace_ = size_t(splits_) * size_t(outputs) * accumulator_bytes(def.meta->name, in);
+    }
+#endif
+  }
+
+  const OpDesc& desc() const override { return desc_; }
+  size_t workspace_size() const override { return workspace_; }
+  KernelSku sku() const override { return sku_; }
+
+  Status can_implement(const OpArgs& args) const override {
+    const std::string& op = def_.name;
+    if (args.inputs.size() != 1 || args.outputs.size() != 1)
+      return invalid(op, ": expected 1 input and 1 output, got ", args.inputs.size(), " and ", args.outputs.size());
+    auto check = [&](const TensorView& v, const TensorSpec& spec, const char* name) -> Status {
+      if (v.rank < 0 || v.rank > kMaxRank) return invalid(op, ": '", name, "' has rank ", v.rank, ", the maximum is ", kMaxRank);
+      if (v.dtype != spec.dtype)
+        return invalid(op, ": '", name, "' dtype ", dtype_name(v.dtype), " != descriptor dtype ", dtype_name(spec.dtype));
+      if (v.shape_vec() != spec.shape)
+        return invalid(op, ": '", name, "' shape ", shape_str(v.shape_vec()), " != descriptor shape ", shape_str(spec.shape));
+      if (!v.data && v.numel() > 0) return invalid(op, ": '", name, "' has null data and ", v.numel(), " elements");
+      return Status::ok();
+    };
+    BARACUDA_TRY(check(args.inputs[0], desc_.inputs[0], "input"));
+    BARACUDA_TRY(check(args.outputs[0], desc_.outputs[0], "out"));
+    if (has_internal_overlap(args.outputs[0]))
+      return invalid(op, ": output 'out' has overlapping elements");
+    // Equal layouts (every reduced axis of size 1) read each element before writing it.
+    if (memory_overlaps(args.outputs[0], args.inputs[0]) && !same_layout(args.outputs[0], args.inputs[0]))
+      return invalid(op, ": output 'out' overlaps the input (a reduction cannot run in place)");
+    return Status::ok();
+  }
+
+  Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
+    BARACUDA_TRY(can_implement(args));
+    if (outputs_ == 0) return Status::ok();
+    if (workspace.bytes < workspace_)
+      return Status::too_small(ErrorKind::workspace_too_small, workspace_, workspace.bytes,
+                               cat(def_.name, ": workspace of ", workspace.bytes, " bytes, needs ", workspace_));
+    ReduceLaunch l = launch_for(args.inputs[0], args.outputs[0]);
+    l.splits = splits_;
+    l.chunk = (l.count + splits_ - 1) / splits_;
+    l.workspace = workspace.data;
+    return fn_(l, params_, stream.cuda_stream()).with_context(def_.name);
+  }
+
+ private:
+  /// Kept dims: sorted and coalesced (the order of outputs is free). Reduced
+  /// dims: logical order (innermost first) for the arg reducers, whose index
+  /// is the row-major position over the reduced dims; sorted by input stride
+  /// for the others.
+  ReduceLaunch launch_for(TensorView in, const TensorView& out) const {
+    const int rank = in.rank;
+    uint32_t mask = reduction_.mask;
+    if (def_.form == Form::trace) {  // the diagonal as a rank-1 view
+      in.shape[0] = reduction_.count;
+      in.stride[0] = in.stride[0] + in.stride[1];
+      in.rank = 1;
+    }
+    const int in_rank = in.rank;
+    // Output stride per input axis (0 on reduced axes).
+    int64_t out_stride[kMaxRank] = {};
+    if (def_.form != Form::trace) {
+      const int lead = in_rank - out.rank;  // sum_to: leading axes absent from the output
+      const bool squeezed = def_.form == Form::dims && out.rank < in_rank;
+      for (int a = 0, k = 0; a < in_rank; ++a) {
+        const bool reduced = mask >> a & 1u;
+        if (def_.form == Form::sum_to) {
+          if (a >= lead && !reduced) out_stride[a] = out.stride[a - lead];
+        } else if (squeezed) {
+          if (!reduced) out_stride[a] = out.stride[k++];
+        } else if (!reduced) {
+          out_stride[a] = out.stride[a];
+        }
+      }
+    }
+    ReduceLaunch l;
+    Problem& kept = l.kept;
+    Problem& red = l.reduced;
+    kept.n_operands = red.n_operands = 2;
+    kept.data[0] = red.data[0] = static_cast<char*>(out.data);
+    kept.data[1] = red.data[1] = static_cast<char*>(in.data);
+    for (int a = in_rank - 1; a >= 0; --a) {  // innermost first
+      Problem& p = (mask >> a & 1u) ? red : kept;
+      p.shape[p.rank] = in.shape[a];
+      p.stride[0][p.rank] = (mask >> a & 1u) ? 0 : out_stride[a];
+      p.stride[1][p.rank] = in.stride[a];
+      ++p.rank;
+    }
+    (void)rank;
+    const size_t bytes[2] = {dtype_size(out.dtype), dtype_size(in.dtype)};
+    ew::drop_unit_dims(kept);
+    ew::flip_negative_dims(kept, bytes);
+    ew::sort_dims(kept);
+    ew::coalesce(kept);
+    ew::drop_unit_dims(red);
+    if (def_.meta->out != OutRule::index) ew::sort_dims(red);
+    ew::coalesce(red);
+    l.outputs = kept.numel();
+    l.count = red.numel();
+    return l;
+  }
+
+  const Def& def_;
+  const OpInfo& info_;
+  OpDesc desc_;
+  Reduction reduction_;
+  Backend backend_;
+  ReduceFn fn_;
+  RParams params_;
+  KernelSku sku_;
+  int64_t outputs_ = 0;
+  int splits_ = 1;
+  size_t workspace_ = 0;
+};
+
+std::vector<AttrSpec> attrs_for(const Def& def) {
+  std::vector<AttrSpec> a;
+  if (def.form == Form::dims) {
+    a.push_back({"dims", -1, "bitmask of the axes to reduce (bit a = axis a); -1: all axes"});
+    a.push_back({"keepdim", 0, "1: keep reduced axes as size 1"});
+  }
+  const std::string_view n = def.meta->name;
+  if (n == "norm") a.push_back({"p", 2, "order: 2, 1, inf, -inf, 0 (non-zero count) or any real"});
+  if (n == "var" || n == "std") a.push_back({"correction", 1, "divide by n - correction (1: Bessel)"});
+  if (def.meta->out == OutRule::index)
+    a.push_back({"index_dtype", double(static_cast<int>(DType::i64)), "dtype code of the indices: i64 or i32"});
+  return a;
+}
+
+/// Attribute sets the tests exercise: all axes, the last, the first, a pair.
+std::vector<Attrs> samples_for(const Def& def) {
+  if (def.form != Form::dims) return {Attrs{}};
+  std::vector<Attrs> s{Attrs{}, Attrs{{"dims", 1}}, Attrs{{"dims", 1}, {"keepdim", 1}}, Attrs{{"dims", 2}},
+                       Attrs{{"dims", 5}}};
+  const std::string_view n = def.meta->name;
+  if (n == "norm")
+    for (double p : {1.0, double(INFINITY), double(-INFINITY), 0.0, 3.0}) s.push_back(Attrs{{"dims", 1}, {"p", p}});
+  if (n == "var" || n == "std") s.push_back(Attrs{{"dims", 1}, {"correction", 0}});
+  if (def.meta->out == OutRule::index) s.push_back(Attrs{{"dims", 1}, {"index_dtype", double(static_cast<int>(DType::i32))}});
+  return s;
+}
+
+void add_op(std::vector<OpInfo>& ops, Def def_in) {
+  defs().push_back(std::move(def_in));
+  const Def& def = defs().back();
+  OpInfo info;
+  info.name = def.name;
+  info.category = OpCategory::reduce;
+  info.family = def.form == Form::dims ? "reduce" : def.form == Form::sum_to ? "sum_to" : "trace";
+  info.direction = Direction::forward;
+  info.input_names = {"input"};
+  info.output_names = {"out"};
+  info.dtypes = def.dtypes;
+  info.attrs = attrs_for(def);
+  info.backends = {Backend::bespoke_cuda, Backend::host_reference};
+  info.doc = def.form == Form::sum_to ? "sum of the input down to the output's (broadcastable) shape"
+             : def.form == Form::trace ? "sum of the diagonal of a matrix"
+                                       : def.meta->doc;
+  info.input_dtypes = [](DType primary) { return std::vector<DType>{primary}; };
+  const std::string_view n = def.meta->name;
+  info.domains = {n == "prod" ? Domain{0.5, 1.5, true} : n == "logsumexp" ? Domain{-20, 20} : Domain{-2, 2}};
+  info.integer_valued_inputs = def.meta->out == OutRule::index;  // ties: the first index must win
+  info.tolerance_scale = def.meta->tolerance;
+  info.sample_attrs = samples_for(def);
+  info.sample_shapes = [&def](DType primary, const Shape& shape, const Attrs& attrs) -> std::optional<SampleShapes> {
+    const int rank = static_cast<int>(shape.size());
+    if (def.form == Form::trace) {
+      if (rank != 2) return std::nullopt;
+      return SampleShapes{{shape}, {}};
+    }
+    if (def.form == Form::sum_to) {  // sum over the first axis and any inner size-1 target
+      if (rank == 0) return std::nullopt;
+      Shape target(shape.begin() + 1, shape.end());
+      if (!target.empty()) target.back() = 1;
+      return SampleShapes{{shape}, {TensorSpec{is_floating(primary) ? primary : DType::i64, target}}};
+    }
+    auto mask = reduced_mask(def, attrs, rank);
+    if (!mask) return std::nullopt;
+    int64_t count = 1;
+    for (int a = 0; a < rank; ++a)
+      if (*mask >> a & 1u) count *= shape[a];
+    if (count == 0 && !def.meta->has_identity) return std::nullopt;  // an error, tested apart
+    return SampleShapes{{shape}, {}};
+  };
+  const size_t index = ops.size();
+  info.infer = [&def](const OpDesc& partial) { return infer_desc(def, partial); };
+  info.make_plan = [&def, index](Backend backend, const Stream&, const OpDesc& desc) -> Result<PlanPtr> {
+    auto full = infer_desc(def, desc);
+    if (!full) return full.status();
+    auto r = describe(def, *full);
+    if (!r) return r.status();
+    const ReduceTable& table = backend == Backend::host_reference ? host_reducers() : cuda_reducers();
+    const DType in = full->inputs[0].dtype, out = full->outputs[0].dtype;
+    ReduceFn fn = table.find(reducer_key(def.meta->name, in, out));
+    if (!fn)
+      return unsupported("no ", backend_name(backend), " kernel for ", def.name, " ", dtype_name(in), " -> ",
+                         dtype_name(out));
+    return PlanPtr(std::make_unique<ReducePlan>(def, registry()[index], std::move(*full), std::move(*r), backend, fn));
+  };
+  ops.push_back(std::move(info));
+}
+
+template <class R>
+std::vector<DType> input_dtypes_of() {
+  return R::meta.inputs == InSet::real ? dtypes_of<RealInputs>() : dtypes_of<FloatInputs>();
+}
+
+}  // namespace
+}  // namespace red
+
+void register_reduce_ops(std::vector<OpInfo>& ops) {
+  using namespace red;
+  defs().reserve(32);
+  [&]<class... Rs>(ReducerList<Rs...>) {
+    (add_op(ops, Def{Rs::meta.name, Form::dims, &Rs::meta, input_dtypes_of<Rs>()}), ...);
+  }(Reducers{});
+  add_op(ops, Def{"sum_to", Form::sum_to, &Sum::meta, input_dtypes_of<Sum>()});
+  add_op(ops, Def{"trace", Form::trace, &Sum::meta, input_dtypes_of<Sum>()});
+}
+
+}  // namespace baracuda

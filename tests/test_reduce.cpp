@@ -1,0 +1,209 @@
+// Reduction family: every op x dtype x axis set x shape x layout against the
+// host reference in f64 (host backend in CI, CUDA on a GPU), closed-form
+// values, torch's semantics (NaN, ties, empty), bad input, and run-to-run
+// bitwise determinism of the CUDA kernels (split reductions included).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "baracuda/registry.hpp"
+#include "harness.hpp"
+#include "sweep.hpp"
+
+#ifdef BARACUDA_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+using namespace baracuda;
+using namespace baracuda::harness;
+using namespace baracuda::testing_support;
+
+namespace {
+
+std::vector<std::string> ops_of(OpCategory category) {
+  std::vector<std::string> names;
+  for (const OpInfo& op : registry())
+    if (op.category == category) names.push_back(op.name);
+  return names;
+}
+
+std::string param_name(const testing::TestParamInfo<std::string>& info) { return info.param; }
+
+class Reduce : public testing::TestWithParam<std::string> {};
+
+TEST_P(Reduce, HostMatchesReference) { sweep(*find_op(GetParam()), Backend::host_reference); }
+
+TEST_P(Reduce, CudaMatchesReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  sweep(*find_op(GetParam()), Backend::bespoke_cuda);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, Reduce, testing::ValuesIn(ops_of(OpCategory::reduce)), param_name);
+
+/// Runs a reduction on the host over a contiguous f64 input; returns the outputs as doubles.
+std::vector<double> host_reduce(const std::string& op, std::vector<double> x, const Shape& shape, const Attrs& attrs,
+                                DType out_dtype = DType::f64, Shape out_shape = {}, bool give_output = false) {
+  OpDesc desc{op, {{DType::f64, shape}}, {}, attrs};
+  if (give_output) desc.outputs.push_back({out_dtype, out_shape});
+  auto full = find_op(op)->infer(desc);
+  EXPECT_TRUE(full) << full.status().to_string();
+  if (!full) return {};
+  const TensorSpec& o = full->outputs[0];
+  std::vector<char> out(std::max<int64_t>(o.numel(), 1) * dtype_size(o.dtype));
+  auto in_view = *TensorView::contiguous(x.data(), DType::f64, shape);
+  auto out_view = *TensorView::contiguous(out.data(), o.dtype, o.shape);
+  Status s = run_op(Stream::host(), op, std::span(&in_view, 1), std::span(&out_view, 1), attrs);
+  EXPECT_TRUE(s) << s.to_string();
+  std::vector<double> result(o.numel());
+  for (int64_t i = 0; i < o.numel(); ++i) result[i] = load_double(out.data(), o.dtype, i);
+  return result;
+}
+
+TEST(ReduceKnownValues, ClosedForms) {
+  const std::vector<double> x{1, -2, 3, 4, 0, -6};  // shape [2, 3]
+  const Shape s{2, 3};
+  EXPECT_EQ(host_reduce("sum", x, s, {}), std::vector<double>{0});
+  EXPECT_EQ(host_reduce("sum", x, s, {{"dims", 1}}), (std::vector<double>{5, -2, -3}));
+  EXPECT_EQ(host_reduce("sum", x, s, {{"dims", 2}}), (std::vector<double>{2, -2}));
+  EXPECT_EQ(host_reduce("prod", x, s, {{"dims", 2}}), (std::vector<double>{-6, 0}));
+  EXPECT_EQ(host_reduce("amax", x, s, {{"dims", 2}}), (std::vector<double>{3, 4}));
+  EXPECT_EQ(host_reduce("amin", x, s, {}), std::vector<double>{-6});
+  EXPECT_EQ(host_reduce("argmax", x, s, {}, DType::i64), std::vector<double>{3});
+  EXPECT_EQ(host_reduce("argmin", x, s, {{"dims", 2}}, DType::i64), (std::vector<double>{1, 2}));
+  EXPECT_EQ(host_reduce("count_nonzero", x, s, {}), std::vector<double>{5});
+  EXPECT_EQ(host_reduce("any", x, s, {{"dims", 1}}), (std::vector<double>{1, 1, 1}));
+  EXPECT_EQ(host_reduce("all", x, s, {{"dims", 2}}), (std::vector<double>{1, 0}));
+  EXPECT_DOUBLE_EQ(host_reduce("mean", x, s, {})[0], 0.0);
+  EXPECT_DOUBLE_EQ(host_reduce("norm", x, s, {})[0], std::sqrt(1 + 4 + 9 + 16 + 36.0));
+  EXPECT_DOUBLE_EQ(host_reduce("norm", x, s, {{"p", 1}})[0], 16.0);
+  EXPECT_DOUBLE_EQ(host_reduce("norm", x, s, {{"p", INFINITY}})[0], 6.0);
+  EXPECT_DOUBLE_EQ(host_reduce("norm", x, s, {{"p", -INFINITY}})[0], 0.0);
+  EXPECT_DOUBLE_EQ(host_reduce("norm", x, s, {{"p", 0}})[0], 5.0);
+  EXPECT_NEAR(host_reduce("norm", x, s, {{"p", 3}})[0], std::cbrt(1 + 8 + 27 + 64 + 216.0), 1e-12);
+  // var: mean 0, squares 66, n - 1 = 5.
+  EXPECT_NEAR(host_reduce("var", x, s, {})[0], 66.0 / 5, 1e-12);
+  EXPECT_NEAR(host_reduce("var", x, s, {{"correction", 0}})[0], 11.0, 1e-12);
+  EXPECT_NEAR(host_reduce("std", x, s, {})[0], std::sqrt(66.0 / 5), 1e-12);
+  EXPECT_NEAR(host_reduce("logsumexp", x, s, {})[0],
+              std::log(std::exp(1) + std::exp(-2) + std::exp(3) + std::exp(4) + 1 + std::exp(-6)), 1e-12);
+  EXPECT_EQ(host_reduce("trace", {1, 2, 3, 4, 5, 6}, {2, 3}, {}), std::vector<double>{6});  // 1 + 5
+  EXPECT_EQ(host_reduce("sum_to", x, s, {}, DType::f64, {1, 3}, true), (std::vector<double>{5, -2, -3}));
+  EXPECT_EQ(host_reduce("sum_to", x, s, {}, DType::f64, {2, 1}, true), (std::vector<double>{2, -2}));
+  EXPECT_EQ(host_reduce("sum_to", x, s, {}, DType::f64, {3}, true), (std::vector<double>{5, -2, -3}));
+}
+
+TEST(ReduceKnownValues, TorchSemantics) {
+  // NaN propagates through amax and wins argmax/argmin; ties go to the first index.
+  const std::vector<double> x{1, NAN, 3, 3};
+  EXPECT_TRUE(std::isnan(host_reduce("amax", x, {4}, {})[0]));
+  EXPECT_TRUE(std::isnan(host_reduce("sum", x, {4}, {})[0]));
+  EXPECT_EQ(host_reduce("argmax", x, {4}, {}, DType::i64)[0], 1);
+  EXPECT_EQ(host_reduce("argmin", x, {4}, {}, DType::i64)[0], 1);
+  EXPECT_EQ(host_reduce("argmax", {1, 3, 3, 0}, {4}, {}, DType::i64)[0], 1);
+  EXPECT_EQ(host_reduce("argmin", {2, 0, 5, 0}, {4}, {}, DType::i64)[0], 1);
+  // logsumexp of -inf everywhere is -inf; of +inf is +inf.
+  EXPECT_EQ(host_reduce("logsumexp", {-INFINITY, -INFINITY}, {2}, {})[0], -INFINITY);
+  EXPECT_EQ(host_reduce("logsumexp", {1, INFINITY}, {2}, {})[0], INFINITY);
+  // Empty reductions: the identity where there is one.
+  EXPECT_EQ(host_reduce("sum", {}, {0, 3}, {{"dims", 1}}), (std::vector<double>{0, 0, 0}));
+  EXPECT_EQ(host_reduce("prod", {}, {0}, {}), std::vector<double>{1});
+  EXPECT_TRUE(std::isnan(host_reduce("mean", {}, {0}, {})[0]));
+  EXPECT_EQ(host_reduce("all", {}, {0}, {})[0], 1);
+  // var of one element with Bessel's correction: NaN (0 / 0), as torch.
+  EXPECT_TRUE(std::isnan(host_reduce("var", {2}, {1}, {})[0]));
+  // argmax over several axes: the row-major index over those axes.
+  const std::vector<double> y{0, 1, 2, 3, 4, 5, 6, 7, 12, 8, 10, 11};  // [2, 3, 2]; max 12 at (1, 1, 0)
+  EXPECT_EQ(host_reduce("argmax", y, {2, 3, 2}, {}, DType::i64)[0], 8);
+  // Over axes 0 and 1: k = 0 peaks at (1, 1) -> 4, k = 1 at (1, 2) -> 5.
+  EXPECT_EQ(host_reduce("argmax", y, {2, 3, 2}, {{"dims", 3}}, DType::i64), (std::vector<double>{4, 5}));
+}
+
+TEST(ReduceErrors, BadDescriptorsAreNamed) {
+  auto err = [](const std::string& op, Shape shape, Attrs attrs) {
+    auto d = infer(op, {{DType::f32, shape}}, attrs);
+    EXPECT_FALSE(d) << op;
+    return d ? std::string() : d.status().message();
+  };
+  EXPECT_NE(err("sum", {2, 3}, {{"dims", 4}}).find("names axis 2 but the input has rank 2"), std::string::npos);
+  EXPECT_NE(err("sum", {2, 3}, {{"dims", -3}}).find("'dims'"), std::string::npos);
+  EXPECT_NE(err("amax", {0, 3}, {{"dims", 1}}).find("no identity"), std::string::npos);
+  EXPECT_NE(err("argmax", {4}, {{"index_dtype", 3}}).find("index_dtype"), std::string::npos);
+  EXPECT_NE(err("trace", {2, 3, 4}, {}).find("rank 2"), std::string::npos);
+  auto i = infer("mean", {{DType::i32, {4}}});
+  ASSERT_FALSE(i);
+  EXPECT_NE(i.status().message().find("i32"), std::string::npos);
+  auto to = find_op("sum_to")->infer(OpDesc{"sum_to", {{DType::f32, {2, 3}}}, {{DType::f32, {2}}}, {}});
+  ASSERT_FALSE(to);
+  EXPECT_NE(to.status().message().find("does not broadcast"), std::string::npos);
+  // Overlapping output and input.
+  std::vector<float> buf(8, 1.0f);
+  const Shape eight{8}, scalar{};
+  auto in = *TensorView::contiguous(buf.data(), DType::f32, eight);
+  auto out = *TensorView::contiguous(buf.data() + 2, DType::f32, scalar);
+  Status s = run_op(Stream::host(), "sum", std::span(&in, 1), std::span(&out, 1));
+  EXPECT_FALSE(s);
+  EXPECT_NE(s.message().find("overlaps the input"), std::string::npos);
+  // Too small a workspace is refused with the sizes.
+}
+
+TEST(ReduceErrors, ShortWorkspaceIsRefusedWithSizes) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  auto desc = infer("sum", {{DType::f32, {1 << 22}}});
+  ASSERT_TRUE(desc);
+  auto plan = select(Stream::cuda(), *desc);
+  ASSERT_TRUE(plan);
+  ASSERT_GT((*plan)->workspace_size(), 0u) << "a full reduction of 4M elements should split";
+  const Shape big{1 << 22}, scalar{};
+  auto in = *TensorView::contiguous(reinterpret_cast<void*>(256), DType::f32, big);
+  auto out = *TensorView::contiguous(reinterpret_cast<void*>(1 << 30), DType::f32, scalar);
+  std::array<TensorView, 1> ins{in}, outs{out};
+  Status s = (*plan)->run(Stream::cuda(), Workspace{nullptr, 16}, OpArgs{ins, outs});
+  EXPECT_EQ(s.kind(), ErrorKind::workspace_too_small) << s.to_string();
+}
+
+#ifdef BARACUDA_HAS_CUDA
+/// The same reduction twice on the GPU gives the same bits (splits merged in order).
+TEST(CudaReduce, BitwiseDeterministicRunToRun) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (const char* op : {"sum", "var", "logsumexp", "norm"}) {
+    for (Shape shape : {Shape{1 << 22}, Shape{64, 65536}, Shape{65536, 64}}) {
+      for (double dims : {-1.0, 1.0}) {
+        Attrs attrs{{"dims", dims}};
+        auto desc = infer(op, {{DType::f32, shape}}, attrs);
+        ASSERT_TRUE(desc);
+        auto plan = select(Stream::cuda(), *desc);
+        ASSERT_TRUE(plan) << plan.status().to_string();
+        const int64_t n = desc->inputs[0].numel(), m = std::max<int64_t>(desc->outputs[0].numel(), 1);
+        std::vector<float> host(n);
+        std::mt19937 rng(7);
+        std::uniform_real_distribution<float> u(-1, 1);
+        for (auto& v : host) v = u(rng);
+        void *x = nullptr, *y = nullptr, *ws = nullptr;
+        ASSERT_EQ(cudaMalloc(&x, n * 4), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&y, m * 4), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&ws, std::max<size_t>((*plan)->workspace_size(), 1)), cudaSuccess);
+        cudaMemcpy(x, host.data(), n * 4, cudaMemcpyHostToDevice);
+        std::array<TensorView, 1> in{*TensorView::contiguous(x, DType::f32, shape)};
+        std::array<TensorView, 1> out{*TensorView::contiguous(y, DType::f32, desc->outputs[0].shape)};
+        std::vector<float> first(m), again(m);
+        ASSERT_TRUE((*plan)->run(Stream::cuda(), Workspace{ws, (*plan)->workspace_size()}, OpArgs{in, out}));
+        cudaMemcpy(first.data(), y, m * 4, cudaMemcpyDeviceToHost);
+        for (int rep = 0; rep < 3; ++rep) {
+          cudaMemset(y, 0xFF, m * 4);
+          ASSERT_TRUE((*plan)->run(Stream::cuda(), Workspace{ws, (*plan)->workspace_size()}, OpArgs{in, out}));
+          cudaMemcpy(again.data(), y, m * 4, cudaMemcpyDeviceToHost);
+          EXPECT_EQ(std::memcmp(first.data(), again.data(), m * 4), 0) << op << " " << shape_str(shape);
+        }
+        cudaFree(x);
+        cudaFree(y);
+        cudaFree(ws);
+      }
+    }
+  }
+}
+#endif
+
+}  // namespace
