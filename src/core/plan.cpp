@@ -75,6 +75,7 @@ const std::vector<OpInfo>& registry() {
     std::vector<OpInfo> all;
     register_elementwise_ops(all);
     register_reduce_ops(all);
+    register_softmax_ops(all);
     return all;
   }();
   return ops;

@@ -8,5 +8,6 @@ namespace baracuda {
 /// Each family appends its ops; called once, in this order, by registry().
 void register_elementwise_ops(std::vector<OpInfo>& ops);
 void register_reduce_ops(std::vector<OpInfo>& ops);
+void register_softmax_ops(std::vector<OpInfo>& ops);
 
 }  // namespace baracuda

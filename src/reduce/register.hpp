@@ -35,20 +35,24 @@ auto output_types() {
   else return TypeList<int64_t>{};
 }
 
-/// `Launch<R, T, Out>` is the launcher function template (host or CUDA).
+template <template <class, class, class> class Launch, class T, class R>
+void register_reducer(ReduceTable& table) {
+  if constexpr (accepts<R, T>)
+    for_each_type<decltype(output_types<R, T>())>([&]<class Out>(TypeTag<Out>) {
+      table.add(reducer_key(R::meta.name, dtype_of<T>, dtype_of<Out>), &Launch<R, T, Out>::run);
+    });
+}
+
+template <template <class, class, class> class Launch, class T, class... Rs>
+void register_reducers_for(ReduceTable& table, ReducerList<Rs...>) {
+  (register_reducer<Launch, T, Rs>(table), ...);
+}
+
+/// `Launch<R, T, Out>::run` is the launcher (host or CUDA) of every reducer
+/// for every input type of `Types`.
 template <template <class, class, class> class Launch, class Types>
 bool register_reducers(ReduceTable& table) {
-  for_each_type<Types>([&]<class T>(TypeTag<T>) {
-    [&]<class... Rs>(ReducerList<Rs...>) {
-      ([&] {
-        if constexpr (accepts<Rs, T>) {
-          for_each_type<decltype(output_types<Rs, T>())>([&]<class Out>(TypeTag<Out>) {
-            table.add(reducer_key(Rs::meta.name, dtype_of<T>, dtype_of<Out>), &Launch<Rs, T, Out>::run);
-          });
-        }
-      }(), ...);
-    }(Reducers{});
-  });
+  for_each_type<Types>([&]<class T>(TypeTag<T>) { register_reducers_for<Launch, T>(table, Reducers{}); });
   return true;
 }
 

@@ -1,0 +1,99 @@
+// Device helpers for row kernels: `TPR` threads (a warp or several) own one
+// row; `RPB` rows per block. Row reductions combine warps in a fixed order so
+// every thread gets the same, deterministic value.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "core/rows.hpp"
+
+namespace baracuda::rows {
+
+template <class T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+
+/// Elements per 16-byte vector.
+template <class T>
+inline constexpr int kVecOf = sizeof(T) >= 16 ? 1 : int(16 / sizeof(T));
+
+struct SumOp {
+  template <class M> __device__ __forceinline__ M operator()(M a, M b) const { return a + b; }
+};
+struct MaxOp {
+  template <class M> __device__ __forceinline__ M operator()(M a, M b) const { return a > b || a != a ? a : b; }
+};
+
+/// Combines `v` over the TPR threads of a row. `scratch` holds RPB * (TPR / 32)
+/// values; every thread of the block must call this (it synchronises).
+template <int TPR, int RPB, class M, class Op>
+__device__ __forceinline__ M row_all_reduce(M v, Op op, M* scratch) {
+#pragma unroll
+  for (int d = 16; d >= 1; d /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, d));
+  if constexpr (TPR == 32) {
+    return v;
+  } else {
+    constexpr int kWarps = TPR / 32;
+    const int row_in_block = threadIdx.x / TPR, warp = (threadIdx.x % TPR) / 32;
+    __syncthreads();  // scratch may still be read by a previous reduction
+    if (threadIdx.x % 32 == 0) scratch[row_in_block * kWarps + warp] = v;
+    __syncthreads();
+    M r = scratch[row_in_block * kWarps];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) r = op(r, scratch[row_in_block * kWarps + w]);
+    return r;
+  }
+}
+
+/// Calls f(index, value) for the elements of a row this thread owns: 16-byte
+/// vectors when `vector` (unit stride, aligned, cols % V == 0), else scalars.
+template <int TPR, class T, class F>
+__device__ __forceinline__ void for_row(const T* row, int64_t stride, int64_t cols, bool vector, int lane, F&& f) {
+  constexpr int V = kVecOf<T>;
+  if (vector) {
+    const auto* packs = reinterpret_cast<const Vec<T, V>*>(row);
+    const int64_t n = cols / V;
+    int64_t i = lane;
+    for (; i + TPR < n; i += 2 * TPR) {  // two vectors in flight
+      const Vec<T, V> a = packs[i], b = packs[i + TPR];
+#pragma unroll
+      for (int e = 0; e < V; ++e) f(i * V + e, a.v[e]);
+#pragma unroll
+      for (int e = 0; e < V; ++e) f((i + TPR) * V + e, b.v[e]);
+    }
+    for (; i < n; i += TPR) {
+      const Vec<T, V> a = packs[i];
+#pragma unroll
+      for (int e = 0; e < V; ++e) f(i * V + e, a.v[e]);
+    }
+  } else {
+    for (int64_t c = lane; c < cols; c += TPR) f(c, row[c * stride]);
+  }
+}
+
+/// Stores value_at(index) for the elements of a row this thread owns, with
+/// the same ownership as for_row.
+template <int TPR, class T, class F>
+__device__ __forceinline__ void store_row(T* row, int64_t stride, int64_t cols, bool vector, int lane, F&& value_at) {
+  constexpr int V = kVecOf<T>;
+  if (vector) {
+    auto* packs = reinterpret_cast<Vec<T, V>*>(row);
+    for (int64_t i = lane; i < cols / V; i += TPR) {
+      Vec<T, V> out;
+#pragma unroll
+      for (int e = 0; e < V; ++e) out.v[e] = value_at(i * V + e);
+      packs[i] = out;
+    }
+  } else {
+    for (int64_t c = lane; c < cols; c += TPR) row[c * stride] = value_at(c);
+  }
+}
+
+/// True when `p` can be read in 16-byte vectors of T over `cols` elements.
+template <class T>
+__device__ __forceinline__ bool vector_ok(const void* p, int64_t stride, int64_t cols) {
+  return stride == 1 && reinterpret_cast<uintptr_t>(p) % 16 == 0 && cols % kVecOf<T> == 0;
+}
+
+}  // namespace baracuda::rows

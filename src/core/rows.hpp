@@ -1,0 +1,80 @@
+// Row problems for the row-wise families (softmax, normalization): operands
+// split into independent rows (the outer dims, any strides) of `cols`
+// elements (the inner dims). Operands that are per-row statistics (mean,
+// rstd) or per-column parameters (weight, bias) get stride 0 along the dims
+// they do not have.
+#pragma once
+
+#include <array>
+
+#include "elementwise/prepare.hpp"
+
+namespace baracuda::rows {
+
+using ew::OffsetCalc;
+using ew::Problem;
+
+inline constexpr int kMaxOperands = 6;
+
+struct RowLaunch {
+  int n_operands = 0;
+  char* data[kMaxOperands] = {};
+  Problem outer;  ///< the rows: one index per row
+  Problem inner;  ///< the columns of one row
+  int64_t rows = 0, cols = 0;
+  /// Every operand walks a row with stride 0 or 1 (inner coalesced to rank 1).
+  bool unit_inner = false;
+  void* workspace = nullptr;
+};
+
+/// Where an operand's dims sit in the full [outer..., inner...] shape.
+enum class Role : uint8_t {
+  full,      ///< the input's shape
+  per_row,   ///< the outer dims only (a statistic per row)
+  per_col,   ///< the inner dims only (a weight or bias)
+};
+
+/// `shape` is the full shape; its last `inner_dims` dims form a row.
+inline RowLaunch make_rows(std::span<const int64_t> shape, int inner_dims, std::span<const TensorView> views,
+                           std::span<const Role> roles) {
+  RowLaunch l;
+  const int rank = static_cast<int>(shape.size());
+  const int outer_dims = rank - inner_dims;
+  l.n_operands = static_cast<int>(views.size());
+  Problem& o = l.outer;
+  Problem& in = l.inner;
+  o.n_operands = in.n_operands = l.n_operands;
+  for (int k = 0; k < l.n_operands; ++k) o.data[k] = in.data[k] = l.data[k] = static_cast<char*>(views[k].data);
+  for (int a = rank - 1; a >= 0; --a) {  // innermost first
+    const bool is_inner = a >= outer_dims;
+    Problem& p = is_inner ? in : o;
+    p.shape[p.rank] = shape[a];
+    for (int k = 0; k < l.n_operands; ++k) {
+      const TensorView& v = views[k];
+      int64_t stride = 0;
+      if (roles[k] == Role::full) stride = v.stride[a];
+      else if (roles[k] == Role::per_row && !is_inner) stride = v.stride[a];
+      else if (roles[k] == Role::per_col && is_inner) stride = v.stride[a - outer_dims];
+      p.stride[k][p.rank] = shape[a] == 1 ? 0 : stride;
+    }
+    ++p.rank;
+  }
+  ew::drop_unit_dims(o);
+  ew::sort_dims(o);
+  ew::coalesce(o);
+  ew::drop_unit_dims(in);
+  ew::coalesce(in);  // keeps the logical column order
+  l.rows = o.numel();
+  l.cols = in.numel();
+  if (in.rank == 0) {  // one column
+    in.rank = 1;
+    in.shape[0] = 1;
+    for (int k = 0; k < l.n_operands; ++k) in.stride[k][0] = 0;
+  }
+  l.unit_inner = in.rank == 1;
+  for (int k = 0; k < l.n_operands && l.unit_inner; ++k)
+    l.unit_inner = in.stride[k][0] == 0 || in.stride[k][0] == 1 || in.shape[0] == 1;
+  return l;
+}
+
+}  // namespace baracuda::rows

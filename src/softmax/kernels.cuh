@@ -1,0 +1,153 @@
+// CUDA softmax family. Rows along `dim`:
+//  - rows kernel: TPR threads per row; the row is kept in shared memory (in
+//    its storage type) when it fits, so memory is read once and written once;
+//    otherwise each pass re-reads it (L2 usually holds it);
+//  - columns kernel: when the rows are adjacent in memory and a row is
+//    strided (softmax over a non-inner dim), one thread per row, so that a
+//    warp reads 32 neighbouring rows at once.
+#pragma once
+
+#include "core/cuda_check.hpp"
+#include "core/cuda_rows.cuh"
+#include "softmax/ops.hpp"
+
+namespace baracuda::smax {
+
+using rows::RowLaunch;
+
+/// Shared memory a block may use for cached rows (the opt-in limit on Hopper is 227 KiB).
+inline constexpr size_t kRowCacheBytes = 200 * 1024;
+
+/// Forward: operand 0 = out, 1 = input. Backward: 0 = grad_input, 1 = grad_output, 2 = output.
+template <class Op, class T, bool kBackward, int TPR, int RPB, bool kCache>
+__global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::OffsetCalc<3, int64_t> outer) {
+  using M = math_t<T, false>;
+  constexpr int kIn = kBackward ? 2 : 1;
+  extern __shared__ __align__(16) char cache_bytes[];
+  __shared__ M scratch[RPB * (TPR / 32)];
+  const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
+  const int lane = threadIdx.x % TPR;
+  const bool valid = row < l.rows;
+  const int64_t cols = l.cols;
+  int64_t off[3] = {0, 0, 0};
+  if (valid) outer.get(row, off);
+  T* out = reinterpret_cast<T*>(l.data[0]) + off[0];
+  const T* in[2] = {reinterpret_cast<const T*>(l.data[1]) + off[1],
+                    kBackward ? reinterpret_cast<const T*>(l.data[2]) + off[2] : nullptr};
+  const int64_t so = l.inner.stride[0][0], si[2] = {l.inner.stride[1][0], kBackward ? l.inner.stride[2][0] : 0};
+  T* cache[2] = {reinterpret_cast<T*>(cache_bytes) + (threadIdx.x / TPR) * cols * kIn, nullptr};
+  cache[1] = cache[0] + cols;
+  bool vec = rows::vector_ok<T>(out, so, cols);
+  for (int k = 0; k < kIn; ++k) vec = vec && rows::vector_ok<T>(in[k], si[k], cols);
+  auto value = [&](int k, int64_t c) -> M {
+    if constexpr (kCache) return convert<M>(cache[k][c]);
+    else return convert<M>(in[k][c * si[k]]);
+  };
+  if constexpr (!kBackward) {
+    const M sign = Op::template sign<M>();
+    M max = -INFINITY;
+    if (valid)
+      rows::for_row<TPR>(in[0], si[0], cols, vec, lane, [&](int64_t c, T x) {
+        if constexpr (kCache) cache[0][c] = x;
+        const M z = sign * convert<M>(x);
+        max = z > max || z != z ? z : max;
+      });
+    max = rows::row_all_reduce<TPR, RPB>(max, rows::MaxOp{}, scratch);
+    M sum = 0;
+    if (valid)
+      for (int64_t c = lane; c < cols; c += TPR) sum += exp(sign * value(0, c) - max);
+    sum = rows::row_all_reduce<TPR, RPB>(sum, rows::SumOp{}, scratch);
+    if (valid)
+      rows::store_row<TPR>(out, so, cols, vec, lane,
+                           [&](int64_t c) { return convert<T>(Op::out(sign * value(0, c), max, sum)); });
+  } else {
+    M t = 0;
+    if (valid) {
+      if (vec && kCache) {
+        rows::for_row<TPR>(in[0], 1, cols, true, lane, [&](int64_t c, T g) { cache[0][c] = g; });
+        rows::for_row<TPR>(in[1], 1, cols, true, lane, [&](int64_t c, T y) {
+          cache[1][c] = y;
+          t += Op::term(convert<M>(cache[0][c]), convert<M>(y));
+        });
+      } else {
+        for (int64_t c = lane; c < cols; c += TPR) {
+          const T g = in[0][c * si[0]], y = in[1][c * si[1]];
+          if constexpr (kCache) cache[0][c] = g, cache[1][c] = y;
+          t += Op::term(convert<M>(g), convert<M>(y));
+        }
+      }
+    }
+    t = rows::row_all_reduce<TPR, RPB>(t, rows::SumOp{}, scratch);
+    if (valid)
+      rows::store_row<TPR>(out, so, cols, vec, lane,
+                           [&](int64_t c) { return convert<T>(Op::grad(value(0, c), value(1, c), t)); });
+  }
+}
+
+/// One thread per row; rows adjacent in memory, elements of a row strided.
+template <class Op, class T, bool kBackward>
+__global__ void __launch_bounds__(256) columns_kernel(RowLaunch l, rows::OffsetCalc<3, int64_t> outer) {
+  using M = math_t<T, false>;
+  const int64_t row = int64_t(blockIdx.x) * 256 + threadIdx.x;
+  if (row >= l.rows) return;
+  int64_t off[3];
+  outer.get(row, off);
+  T* out = reinterpret_cast<T*>(l.data[0]) + off[0];
+  const T* a = reinterpret_cast<const T*>(l.data[1]) + off[1];
+  const T* b = kBackward ? reinterpret_cast<const T*>(l.data[2]) + off[2] : nullptr;
+  const int64_t so = l.inner.stride[0][0], sa = l.inner.stride[1][0], sb = kBackward ? l.inner.stride[2][0] : 0;
+  if constexpr (!kBackward) {
+    const M sign = Op::template sign<M>();
+    M max = -INFINITY, sum = 0;
+    for (int64_t c = 0; c < l.cols; ++c) {
+      const M z = sign * convert<M>(a[c * sa]);
+      max = z > max || z != z ? z : max;
+    }
+    for (int64_t c = 0; c < l.cols; ++c) sum += exp(sign * convert<M>(a[c * sa]) - max);
+    for (int64_t c = 0; c < l.cols; ++c) out[c * so] = convert<T>(Op::out(sign * convert<M>(a[c * sa]), max, sum));
+  } else {
+    M t = 0;
+    for (int64_t c = 0; c < l.cols; ++c) t += Op::term(convert<M>(a[c * sa]), convert<M>(b[c * sb]));
+    for (int64_t c = 0; c < l.cols; ++c)
+      out[c * so] = convert<T>(Op::grad(convert<M>(a[c * sa]), convert<M>(b[c * sb]), t));
+  }
+}
+
+template <class Op, class T, bool kBackward, int TPR, int RPB>
+Status launch_rows(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer, CUstream_st* stream) {
+  constexpr int kIn = kBackward ? 2 : 1;
+  const size_t cache = size_t(RPB) * size_t(l.cols) * kIn * sizeof(T);
+  const unsigned blocks = unsigned((l.rows + RPB - 1) / RPB);
+  if (cache <= kRowCacheBytes) {
+    auto kernel = rows_kernel<Op, T, kBackward, TPR, RPB, true>;
+    if (cache > 48 * 1024)
+      BARACUDA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cache)));
+    kernel<<<blocks, TPR * RPB, cache, stream>>>(l, outer);
+  } else {
+    rows_kernel<Op, T, kBackward, TPR, RPB, false><<<blocks, TPR * RPB, 0, stream>>>(l, outer);
+  }
+  return Status::ok();
+}
+
+template <class Op, class T, bool kBackward>
+Status softmax_on_cuda(const RowLaunch& l, CUstream_st* stream) {
+  const rows::OffsetCalc<3, int64_t> outer(l.outer);
+  const int64_t s = l.inner.stride[1][0];
+  if (s != 1 && l.outer.rank >= 1 && l.outer.stride[1][0] == 1 && l.rows >= 1024) {
+    columns_kernel<Op, T, kBackward><<<unsigned((l.rows + 255) / 256), 256, 0, stream>>>(l, outer);
+  } else if (l.cols <= 128) {
+    BARACUDA_TRY((launch_rows<Op, T, kBackward, 32, 8>(l, outer, stream)));
+  } else if (l.cols <= 1024) {
+    BARACUDA_TRY((launch_rows<Op, T, kBackward, 32, 4>(l, outer, stream)));
+  } else if (l.cols <= 4096) {
+    BARACUDA_TRY((launch_rows<Op, T, kBackward, 128, 1>(l, outer, stream)));
+  } else if (l.cols <= 16384) {
+    BARACUDA_TRY((launch_rows<Op, T, kBackward, 512, 1>(l, outer, stream)));
+  } else {
+    BARACUDA_TRY((launch_rows<Op, T, kBackward, 1024, 1>(l, outer, stream)));
+  }
+  BARACUDA_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
+}  // namespace baracuda::smax

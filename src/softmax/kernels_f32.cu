@@ -1,0 +1,13 @@
+// CUDA softmax family for dtypes: float (split so the build runs in parallel).
+#include "softmax/kernels.cuh"
+#include "softmax/register.hpp"
+
+namespace baracuda::smax {
+namespace {
+template <class Op, class T, bool kBackward>
+struct CudaSoftmax {
+  static Status run(const RowLaunch& l, CUstream_st* s) { return softmax_on_cuda<Op, T, kBackward>(l, s); }
+};
+[[maybe_unused]] const bool registered = register_softmax<CudaSoftmax, TypeList<float>>(cuda_softmax());
+}  // namespace
+}  // namespace baracuda::smax

@@ -1,0 +1,13 @@
+// CUDA softmax family for dtypes: double, __nv_fp8_e4m3, __nv_fp8_e5m2 (split so the build runs in parallel).
+#include "softmax/kernels.cuh"
+#include "softmax/register.hpp"
+
+namespace baracuda::smax {
+namespace {
+template <class Op, class T, bool kBackward>
+struct CudaSoftmax {
+  static Status run(const RowLaunch& l, CUstream_st* s) { return softmax_on_cuda<Op, T, kBackward>(l, s); }
+};
+[[maybe_unused]] const bool registered = register_softmax<CudaSoftmax, TypeList<double, __nv_fp8_e4m3, __nv_fp8_e5m2>>(cuda_softmax());
+}  // namespace
+}  // namespace baracuda::smax
