@@ -25,10 +25,12 @@ struct MaxOp {
   template <class M> __device__ __forceinline__ M operator()(M a, M b) const { return a > b || a != a ? a : b; }
 };
 
-/// Combines `v` over the TPR threads of a row. `scratch` holds RPB * (TPR / 32)
+/// Combines `v` over the TPR threads of a row, and makes the row's shared
+/// memory writes visible to the other threads of the row. `scratch` holds RPB * (TPR / 32)
 /// values; every thread of the block must call this (it synchronises).
 template <int TPR, int RPB, class M, class Op>
 __device__ __forceinline__ M row_all_reduce(M v, Op op, M* scratch) {
+  if constexpr (TPR == 32) __syncwarp();  // also orders the row's shared-memory cache between passes
 #pragma unroll
   for (int d = 16; d >= 1; d /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, d));
   if constexpr (TPR == 32) {

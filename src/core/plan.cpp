@@ -76,6 +76,7 @@ const std::vector<OpInfo>& registry() {
     register_elementwise_ops(all);
     register_reduce_ops(all);
     register_softmax_ops(all);
+    register_norm_ops(all);
     return all;
   }();
   return ops;

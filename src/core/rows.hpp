@@ -14,7 +14,7 @@ namespace baracuda::rows {
 using ew::OffsetCalc;
 using ew::Problem;
 
-inline constexpr int kMaxOperands = 6;
+inline constexpr int kMaxOperands = 8;
 
 struct RowLaunch {
   int n_operands = 0;

@@ -1,0 +1,261 @@
+// CUDA normalization. Forward and grad_input: TPR threads per row, the row
+// kept in shared memory when it fits (one read, one write), statistics by
+// fixed-order row reductions. grad_weight / grad_bias: a column pass over the
+// rows, split across blocks with partial sums merged in split order, so the
+// whole family is deterministic without atomics.
+#pragma once
+
+#include "core/cuda_check.hpp"
+#include "core/cuda_rows.cuh"
+#include "norm/ops.hpp"
+#include "reduce/engine.hpp"
+
+namespace baracuda::norm {
+
+using rows::RowLaunch;
+inline constexpr size_t kRowCacheBytes = 200 * 1024;
+
+template <class T>
+using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <class T>
+__device__ __forceinline__ const T* operand(const RowLaunch& l, int k, const int64_t* off) {
+  return reinterpret_cast<const T*>(l.data[k]) + off[k];
+}
+
+template <class S, class T, int TPR, int RPB, bool kCache>
+__global__ void __launch_bounds__(TPR * RPB)
+    forward_kernel(RowLaunch l, rows::OffsetCalc<S::kOperands, int64_t> outer, NormParams p) {
+  using M = math_t<T, false>;
+  extern __shared__ __align__(16) char cache_bytes[];
+  __shared__ M scratch[RPB * (TPR / 32)];
+  const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR, cols = l.cols;
+  const int lane = threadIdx.x % TPR;
+  const bool valid = row < l.rows;
+  int64_t off[S::kOperands] = {};
+  if (valid) outer.get(row, off);
+  const auto& st = l.inner.stride;
+  const T* x = operand<T>(l, S::kInput, off);
+  // The cached row: the input (storage type), or input + residual (math type).
+  using C = std::conditional_t<S::kResidual, M, T>;
+  C* cache = reinterpret_cast<C*>(cache_bytes) + (threadIdx.x / TPR) * cols;
+  T* out = const_cast<T*>(operand<T>(l, S::kOut, off));
+  bool vec = rows::vector_ok<T>(x, st[S::kInput][0], cols) && rows::vector_ok<T>(out, st[S::kOut][0], cols);
+  const T* r = S::kResidual ? operand<T>(l, S::kResidualIn, off) : nullptr;
+  const int64_t sr = S::kResidual ? st[S::kResidualIn][0] : 0;
+  // The normalised row h: the input, or input + residual in the math type.
+  auto h_at = [&](int64_t c) -> M {
+    if constexpr (kCache) return convert<M>(cache[c]);
+    else if constexpr (S::kResidual) return convert<M>(x[c * st[S::kInput][0]]) + convert<M>(r[c * sr]);
+    else return convert<M>(x[c * st[S::kInput][0]]);
+  };
+  M sum = 0;
+  if (valid) {
+    if constexpr (S::kResidual) {
+      for (int64_t c = lane; c < cols; c += TPR) {
+        const M h = convert<M>(x[c * st[S::kInput][0]]) + convert<M>(r[c * sr]);
+        if constexpr (kCache) cache[c] = h;
+        sum += S::kRms ? h * h : h;
+      }
+    } else {
+      rows::for_row<TPR>(x, st[S::kInput][0], cols, vec, lane, [&](int64_t c, T v) {
+        if constexpr (kCache) cache[c] = v;
+        const M h = convert<M>(v);
+        sum += S::kRms ? h * h : h;
+      });
+    }
+  }
+  sum = rows::row_all_reduce<TPR, RPB>(sum, rows::SumOp{}, scratch);
+  M mean = 0, sq = sum;
+  if constexpr (!S::kRms) {
+    mean = sum / M(cols);
+    sq = 0;
+    if (valid)
+      for (int64_t c = lane; c < cols; c += TPR) {
+        const M d = h_at(c) - mean;
+        sq += d * d;
+      }
+    sq = rows::row_all_reduce<TPR, RPB>(sq, rows::SumOp{}, scratch);
+  }
+  const M rstd = S::rstd(sq, cols, M(p.eps));
+  if (!valid) return;
+  if (lane == 0) {
+    if constexpr (!S::kRms) reinterpret_cast<stat_t<T>*>(l.data[S::kMean])[off[S::kMean]] = stat_t<T>(mean);
+    reinterpret_cast<stat_t<T>*>(l.data[S::kRstd])[off[S::kRstd]] = stat_t<T>(rstd);
+  }
+  const T* w = S::kWeight ? operand<T>(l, S::kWeightIn, off) : nullptr;
+  const T* b = S::kBias ? operand<T>(l, S::kBiasIn, off) : nullptr;
+  const int64_t sw = S::kWeight ? st[S::kWeightIn][0] : 0, sb = S::kBias ? st[S::kBiasIn][0] : 0;
+  // residual_out is written last: it may alias the residual input.
+  T* r_out = S::kResidual ? const_cast<T*>(operand<T>(l, S::kResidualOut, off)) : nullptr;
+  const int64_t sro = S::kResidual ? st[S::kResidualOut][0] : 0;
+  rows::store_row<TPR>(out, st[S::kOut][0], cols, vec, lane, [&](int64_t c) {
+    const M h = h_at(c);
+    if constexpr (S::kResidual) r_out[c * sro] = convert<T>(h);
+    M y = (h - mean) * rstd;
+    if constexpr (S::kWeight) y *= convert<M>(w[c * sw]);
+    if constexpr (S::kBias) y += convert<M>(b[c * sb]);
+    return convert<T>(y);
+  });
+}
+
+template <class S, class T, int TPR, int RPB, bool kCache>
+__global__ void __launch_bounds__(TPR * RPB)
+    grad_input_kernel(RowLaunch l, rows::OffsetCalc<S::kBackwardOperands, int64_t> outer) {
+  using M = math_t<T, false>;
+  extern __shared__ __align__(16) char cache_bytes[];
+  __shared__ M scratch[RPB * (TPR / 32)];
+  const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR, cols = l.cols;
+  const int lane = threadIdx.x % TPR;
+  const bool valid = row < l.rows;
+  int64_t off[S::kBackwardOperands] = {};
+  if (valid) outer.get(row, off);
+  const auto& st = l.inner.stride;
+  const T* g = operand<T>(l, S::kGradOutput, off);
+  const T* x = operand<T>(l, S::kSavedInput, off);
+  const T* w = S::kWeight ? operand<T>(l, S::kSavedWeight, off) : nullptr;
+  T* dx = const_cast<T*>(operand<T>(l, S::kGradInput, off));
+  T* cache_g = reinterpret_cast<T*>(cache_bytes) + (threadIdx.x / TPR) * cols * 2;
+  T* cache_x = cache_g + cols;
+  const int64_t sg = st[S::kGradOutput][0], sx = st[S::kSavedInput][0], sw = S::kWeight ? st[S::kSavedWeight][0] : 0;
+  M mean = 0, rstd = 0;
+  if (valid) {
+    if constexpr (!S::kRms) mean = M(reinterpret_cast<const stat_t<T>*>(l.data[S::kSavedMean])[off[S::kSavedMean]]);
+    rstd = M(reinterpret_cast<const stat_t<T>*>(l.data[S::kSavedRstd])[off[S::kSavedRstd]]);
+  }
+  auto wg_at = [&](int64_t c, T gv) {
+    M v = convert<M>(gv);
+    if constexpr (S::kWeight) v *= convert<M>(w[c * sw]);
+    return v;
+  };
+  M a = 0, b = 0;  // sum(wg), sum(wg * xhat)
+  if (valid)
+    for (int64_t c = lane; c < cols; c += TPR) {
+      const T gv = g[c * sg], xv = x[c * sx];
+      if constexpr (kCache) cache_g[c] = gv, cache_x[c] = xv;
+      const M wg = wg_at(c, gv), xhat = (convert<M>(xv) - mean) * rstd;
+      a += wg;
+      b += wg * xhat;
+    }
+  a = rows::row_all_reduce<TPR, RPB>(a, rows::SumOp{}, scratch);
+  b = rows::row_all_reduce<TPR, RPB>(b, rows::SumOp{}, scratch);
+  if (!valid) return;
+  const M mean_wg = a / M(cols), mean_wg_xhat = b / M(cols);
+  const bool vec = rows::vector_ok<T>(dx, st[S::kGradInput][0], cols);
+  rows::store_row<TPR>(dx, st[S::kGradInput][0], cols, vec, lane, [&](int64_t c) {
+    const T gv = kCache ? cache_g[c] : g[c * sg], xv = kCache ? cache_x[c] : x[c * sx];
+    const M xhat = (convert<M>(xv) - mean) * rstd;
+    return convert<T>(S::grad_input(wg_at(c, gv), xhat, mean_wg, mean_wg_xhat, rstd));
+  });
+}
+
+/// grad_weight / grad_bias: 32 columns x 8 lanes per block; lanes walk the
+/// rows of one split; partial sums (split > 1) go to the workspace.
+template <class S, class T>
+__global__ void __launch_bounds__(256)
+    grad_params_kernel(RowLaunch l, rows::OffsetCalc<S::kBackwardOperands, int64_t> outer, int splits, int64_t chunk) {
+  using M = math_t<T, false>;
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32, split = blockIdx.y;
+  const int64_t c = int64_t(blockIdx.x) * 32 + tx;
+  const auto& st = l.inner.stride;
+  M dw = 0, db = 0;
+  if (c < l.cols) {
+    const int64_t end = std::min(l.rows, (split + 1) * chunk);
+    for (int64_t r = split * chunk + ty; r < end; r += 8) {
+      int64_t off[S::kBackwardOperands];
+      outer.get(r, off);
+      const M gv = convert<M>(operand<T>(l, S::kGradOutput, off)[c * st[S::kGradOutput][0]]);
+      const M xv = convert<M>(operand<T>(l, S::kSavedInput, off)[c * st[S::kSavedInput][0]]);
+      M mean = 0;
+      if constexpr (!S::kRms) mean = M(reinterpret_cast<const stat_t<T>*>(l.data[S::kSavedMean])[off[S::kSavedMean]]);
+      const M rstd = M(reinterpret_cast<const stat_t<T>*>(l.data[S::kSavedRstd])[off[S::kSavedRstd]]);
+      dw += gv * (xv - mean) * rstd;
+      db += gv;
+    }
+  }
+  __shared__ M acc[2][8][33];
+  acc[0][ty][tx] = dw;
+  acc[1][ty][tx] = db;
+  __syncthreads();
+  if (ty != 0 || c >= l.cols) return;
+  for (int y = 1; y < 8; ++y) dw += acc[0][y][tx], db += acc[1][y][tx];
+  if (splits == 1) {
+    reinterpret_cast<T*>(l.data[S::kGradWeight])[c * st[S::kGradWeight][0]] = convert<T>(dw);
+    if constexpr (S::kBias) reinterpret_cast<T*>(l.data[S::kGradBias])[c * st[S::kGradBias][0]] = convert<T>(db);
+  } else {
+    M* partial = reinterpret_cast<M*>(l.workspace);
+    partial[(int64_t(split) * 2) * l.cols + c] = dw;
+    partial[(int64_t(split) * 2 + 1) * l.cols + c] = db;
+  }
+}
+
+template <class S, class T>
+__global__ void __launch_bounds__(256) merge_params_kernel(RowLaunch l, int splits) {
+  using M = math_t<T, false>;
+  const int64_t c = int64_t(blockIdx.x) * 256 + threadIdx.x;
+  if (c >= l.cols) return;
+  const M* partial = reinterpret_cast<const M*>(l.workspace);
+  M dw = 0, db = 0;
+  for (int s = 0; s < splits; ++s) dw += partial[(int64_t(s) * 2) * l.cols + c], db += partial[(int64_t(s) * 2 + 1) * l.cols + c];
+  const auto& st = l.inner.stride;
+  reinterpret_cast<T*>(l.data[S::kGradWeight])[c * st[S::kGradWeight][0]] = convert<T>(dw);
+  if constexpr (S::kBias) reinterpret_cast<T*>(l.data[S::kGradBias])[c * st[S::kGradBias][0]] = convert<T>(db);
+}
+
+/// Row-kernel shape for a row length: (threads per row, rows per block).
+template <class F>
+Status by_row_length(int64_t cols, F&& f) {
+  if (cols <= 128) return f.template operator()<32, 8>();
+  if (cols <= 1024) return f.template operator()<32, 4>();
+  if (cols <= 4096) return f.template operator()<128, 1>();
+  if (cols <= 16384) return f.template operator()<512, 1>();
+  return f.template operator()<1024, 1>();
+}
+
+template <class Kernel, class... Args>
+Status launch_cached(Kernel cached, Kernel uncached, size_t cache, unsigned blocks, unsigned threads,
+                     CUstream_st* stream, const Args&... args) {
+  if (cache <= kRowCacheBytes) {
+    if (cache > 48 * 1024)
+      BARACUDA_CUDA_TRY(cudaFuncSetAttribute(cached, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cache)));
+    cached<<<blocks, threads, cache, stream>>>(args...);
+  } else {
+    uncached<<<blocks, threads, 0, stream>>>(args...);
+  }
+  BARACUDA_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
+template <class S, class T>
+Status norm_forward_on_cuda(const RowLaunch& l, const NormParams& p, int, CUstream_st* stream) {
+  const rows::OffsetCalc<S::kOperands, int64_t> outer(l.outer);
+  return by_row_length(l.cols, [&]<int TPR, int RPB>() {
+    using C = std::conditional_t<S::kResidual, math_t<T, false>, T>;
+    return launch_cached(forward_kernel<S, T, TPR, RPB, true>, forward_kernel<S, T, TPR, RPB, false>,
+                         size_t(RPB) * size_t(l.cols) * sizeof(C), unsigned((l.rows + RPB - 1) / RPB), TPR * RPB,
+                         stream, l, outer, p);
+  });
+}
+
+template <class S, class T>
+Status norm_backward_on_cuda(const RowLaunch& l, const NormParams&, int splits, CUstream_st* stream) {
+  const rows::OffsetCalc<S::kBackwardOperands, int64_t> outer(l.outer);
+  // Parameter gradients first: grad_input may overwrite grad_output (in place).
+  if constexpr (S::kWeight) {
+    const int64_t chunk = (l.rows + splits - 1) / splits;
+    grad_params_kernel<S, T><<<dim3(unsigned((l.cols + 31) / 32), unsigned(splits)), 256, 0, stream>>>(l, outer, splits, chunk);
+    BARACUDA_CUDA_TRY(cudaGetLastError());
+    if (splits > 1) {
+      merge_params_kernel<S, T><<<unsigned((l.cols + 255) / 256), 256, 0, stream>>>(l, splits);
+      BARACUDA_CUDA_TRY(cudaGetLastError());
+    }
+  }
+  BARACUDA_TRY(by_row_length(l.cols, [&]<int TPR, int RPB>() {
+    return launch_cached(grad_input_kernel<S, T, TPR, RPB, true>, grad_input_kernel<S, T, TPR, RPB, false>,
+                         size_t(RPB) * size_t(l.cols) * 2 * sizeof(T), unsigned((l.rows + RPB - 1) / RPB), TPR * RPB,
+                         stream, l, outer);
+  }));
+  return Status::ok();
+}
+
+}  // namespace baracuda::norm

@@ -1,0 +1,371 @@
+// Normalization family: layer_norm and rms_norm (with and without affine
+// parameters), the fused residual-add forms, and their backward plans.
+#include <algorithm>
+
+#include "core/errors.hpp"
+#include "core/registry_internal.hpp"
+#include "core/rows.hpp"
+#include "core/tensor_util.hpp"
+#include "norm/register.hpp"
+#include "reduce/engine.hpp"
+
+#ifdef BARACUDA_HAS_CUDA
+#include "core/cuda_check.hpp"
+#endif
+
+namespace baracuda {
+namespace norm {
+
+std::string kernel_key(std::string_view op, DType dtype) { return cat(op, ':', dtype_name(dtype)); }
+NormTable& host_norms() {
+  static NormTable table;
+  return table;
+}
+NormTable& cuda_norms() {
+  static NormTable table;
+  return table;
+}
+
+namespace {
+
+template <class T>
+using host_stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+/// The host reference: each row in f64, parameter gradients summed in row order.
+template <class S, class T, bool kBackward>
+Status norm_on_host(const RowLaunch& l, const NormParams& p, int, CUstream_st*) {
+  using M = math_t<T, true>;
+  using Stat = host_stat_t<T>;
+  const auto& st = l.inner.stride;
+  auto at = [&](int k, const int64_t* off, int64_t c) -> T& {
+    return reinterpret_cast<T*>(l.data[k])[off[k] + c * st[k][0]];
+  };
+  auto stat = [&](int k, const int64_t* off) -> Stat& { return reinterpret_cast<Stat*>(l.data[k])[off[k]]; };
+  std::vector<M> h(l.cols);
+  if constexpr (!kBackward) {
+    const rows::OffsetCalc<S::kOperands, int64_t> outer(l.outer);
+    for (int64_t r = 0; r < l.rows; ++r) {
+      int64_t off[S::kOperands];
+      outer.get(r, off);
+      M sum = 0;
+      for (int64_t c = 0; c < l.cols; ++c) {
+        h[c] = convert<M>(at(S::kInput, off, c));
+        if constexpr (S::kResidual) h[c] += convert<M>(at(S::kResidualIn, off, c));
+        sum += S::kRms ? h[c] * h[c] : h[c];
+      }
+      M mean = 0, sq = sum;
+      if constexpr (!S::kRms) {
+        mean = sum / M(l.cols);
+        sq = 0;
+        for (int64_t c = 0; c < l.cols; ++c) sq += (h[c] - mean) * (h[c] - mean);
+        stat(S::kMean, off) = Stat(mean);
+      }
+      const M rstd = S::rstd(sq, l.cols, M(p.eps));
+      stat(S::kRstd, off) = Stat(rstd);
+      for (int64_t c = 0; c < l.cols; ++c) {
+        M y = (h[c] - mean) * rstd;
+        if constexpr (S::kWeight) y *= convert<M>(at(S::kWeightIn, off, c));
+        if constexpr (S::kBias) y += convert<M>(at(S::kBiasIn, off, c));
+        at(S::kOut, off, c) = convert<T>(y);
+        if constexpr (S::kResidual) at(S::kResidualOut, off, c) = convert<T>(h[c]);
+      }
+    }
+  } else {
+    const rows::OffsetCalc<S::kBackwardOperands, int64_t> outer(l.outer);
+    std::vector<M> dw(S::kWeight ? l.cols : 0, M(0)), db(S::kBias ? l.cols : 0, M(0));
+    for (int64_t r = 0; r < l.rows; ++r) {
+      int64_t off[S::kBackwardOperands];
+      outer.get(r, off);
+      const M mean = S::kRms ? M(0) : M(stat(S::kSavedMean, off)), rstd = M(stat(S::kSavedRstd, off));
+      M a = 0, b = 0;
+      for (int64_t c = 0; c < l.cols; ++c) {
+        const M g = convert<M>(at(S::kGradOutput, off, c));
+        const M wg = S::kWeight ? g * convert<M>(at(S::kSavedWeight, off, c)) : g;
+        h[c] = (convert<M>(at(S::kSavedInput, off, c)) - mean) * rstd;  // xhat
+        a += wg;
+        b += wg * h[c];
+        if constexpr (S::kWeight) dw[c] += g * h[c];
+        if constexpr (S::kBias) db[c] += g;
+      }
+      for (int64_t c = 0; c < l.cols; ++c) {
+        const M g = convert<M>(at(S::kGradOutput, off, c));
+        const M wg = S::kWeight ? g * convert<M>(at(S::kSavedWeight, off, c)) : g;
+        at(S::kGradInput, off, c) = convert<T>(S::grad_input(wg, h[c], a / M(l.cols), b / M(l.cols), rstd));
+      }
+    }
+    const int64_t zero[S::kBackwardOperands] = {};
+    for (int64_t c = 0; c < l.cols; ++c) {
+      if constexpr (S::kWeight) at(S::kGradWeight, zero, c) = convert<T>(dw[c]);
+      if constexpr (S::kBias) at(S::kGradBias, zero, c) = convert<T>(db[c]);
+    }
+  }
+  return Status::ok();
+}
+
+template <class S, class T, bool kBackward>
+struct HostNorm {
+  static Status run(const RowLaunch& l, const NormParams& p, int splits, CUstream_st* s) {
+    return norm_on_host<S, T, kBackward>(l, p, splits, s);
+  }
+};
+[[maybe_unused]] const bool host_registered = register_norms<HostNorm, NormTypes>(host_norms());
+
+struct Def {
+  std::string name;
+  bool backward, rms, weight, bias, residual;
+  std::vector<std::string> inputs, outputs;
+  std::vector<rows::Role> input_roles, output_roles;
+};
+
+std::vector<Def>& defs() {
+  static std::vector<Def> all;
+  return all;
+}
+
+DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+/// Trailing dims normalised: the weight's rank, else the `normalized_dims` attribute.
+int normalized_dims(const Def& def, const OpDesc& d) {
+  if (def.weight) {
+    const size_t w = def.backward ? d.inputs.size() - 1 : (def.residual ? 2 : 1);
+    return static_cast<int>(d.inputs[w].shape.size());
+  }
+  return static_cast<int>(d.attrs.get("normalized_dims", 1));
+}
+
+Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
+  OpDesc d = partial;
+  const std::string& op = def.name;
+  if (d.inputs.size() != def.inputs.size()) return invalid(op, ": expected ", def.inputs.size(), " inputs, got ", d.inputs.size());
+  const size_t x_index = def.backward ? 1 : 0;
+  const TensorSpec& x = d.inputs[x_index];
+  const int rank = static_cast<int>(x.shape.size());
+  if (rank > kMaxRank) return invalid(op, ": '", def.inputs[x_index], "' has rank ", rank, ", the maximum is ", kMaxRank);
+  BARACUDA_TRY(checked_numel(x.shape, cat(op, ": '", def.inputs[x_index], "'")).status());
+  if (x.dtype != DType::f32 && x.dtype != DType::f16 && x.dtype != DType::bf16 && x.dtype != DType::f64)
+    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64)");
+  const int k = normalized_dims(def, d);
+  if (k < 1 || k > rank)
+    return invalid(op, ": normalized shape must cover 1 to ", rank, " trailing dims of '", def.inputs[x_index], "' ",
+                   shape_str(x.shape), ", got ", k, def.weight ? " (the weight's rank)" : "");
+  const Shape inner(x.shape.end() - k, x.shape.end()), outer(x.shape.begin(), x.shape.end() - k);
+  auto expected = [&](rows::Role role, bool is_stat) {
+    return TensorSpec{is_stat ? stat_dtype(x.dtype) : x.dtype,
+                      role == rows::Role::full ? x.shape : role == rows::Role::per_row ? outer : inner};
+  };
+  auto is_stat_name = [](const std::string& n) { return n == "mean" || n == "rstd"; };
+  for (size_t i = 0; i < d.inputs.size(); ++i) {
+    const TensorSpec want = expected(def.input_roles[i], is_stat_name(def.inputs[i]));
+    if (d.inputs[i].dtype != want.dtype)
+      return invalid(op, ": '", def.inputs[i], "' dtype ", dtype_name(d.inputs[i].dtype), ", expected ", dtype_name(want.dtype));
+    if (d.inputs[i].shape != want.shape)
+      return invalid(op, ": '", def.inputs[i], "' shape ", shape_str(d.inputs[i].shape), ", expected ", shape_str(want.shape),
+                     def.input_roles[i] == rows::Role::per_col ? " (the normalized shape)" : "");
+  }
+  std::vector<TensorSpec> outs;
+  for (size_t j = 0; j < def.outputs.size(); ++j)
+    outs.push_back(expected(def.output_roles[j], is_stat_name(def.outputs[j])));
+  if (d.outputs.empty()) {
+    d.outputs = outs;
+  } else {
+    if (d.outputs.size() != outs.size()) return invalid(op, ": expected ", outs.size(), " outputs, got ", d.outputs.size());
+    for (size_t j = 0; j < outs.size(); ++j)
+      if (d.outputs[j].dtype != outs[j].dtype || d.outputs[j].shape != outs[j].shape)
+        return invalid(op, ": output '", def.outputs[j], "' must be ", dtype_name(outs[j].dtype), shape_str(outs[j].shape),
+                       ", got ", dtype_name(d.outputs[j].dtype), shape_str(d.outputs[j].shape));
+  }
+  return d;
+}
+
+class NormPlan final : public Plan {
+ public:
+  NormPlan(const Def& def, const OpInfo& info, OpDesc desc, Backend backend, NormFn fn)
+      : def_(def), info_(info), desc_(std::move(desc)), fn_(fn) {
+    const DType t = desc_.inputs[def.backward ? 1 : 0].dtype;
+    sku_.category = OpCategory::norm;
+    sku_.op = info.name.c_str();
+    sku_.element = t;
+    sku_.aux_element = stat_dtype(t);
+    sku_.layout = Layout::any_strided;
+    sku_.backend = backend;
+    sku_.precision.math = backend == Backend::host_reference || t == DType::f64 ? MathPrecision::f64 : MathPrecision::f32;
+    sku_.precision.accumulator = sku_.precision.math == MathPrecision::f64 ? DType::f64 : DType::f32;
+    sku_.precision.bit_stable_on_same_hardware = true;
+    sku_.precision.deterministic = true;  // fixed reduction orders; parameter gradients merged in split order
+    params_.eps = desc_.attrs.get("eps", def.rms ? -1 : 1e-5);
+    if (params_.eps < 0)  // torch's rms_norm default: the dtype's machine epsilon
+      params_.eps = t == DType::f64 ? 2.220446049250313e-16 : t == DType::f16 ? 9.765625e-4 : t == DType::bf16 ? 7.8125e-3 : 1.1920928955078125e-7;
+    const Shape& x = desc_.inputs[def.backward ? 1 : 0].shape;
+    const int k = normalized_dims(def, desc_);
+    for (size_t a = 0; a < x.size(); ++a) (a + k < x.size() ? rows_ : cols_) *= x[a];
+#ifdef BARACUDA_HAS_CUDA
+    if (backend != Backend::host_reference) {
+      sku_.arch = current_sm_version();
+      if (def.backward && def.weight) {
+        splits_ = red::choose_splits(cols_, rows_, current_sm_count());
+        if (splits_ > 1) workspace_ = size_t(splits_) * 2 * size_t(cols_) * (t == DType::f64 ? 8 : 4);
+      }
+    }
+#endif
+  }
+
+  const OpDesc& desc() const override { return desc_; }
+  size_t workspace_size() const override { return workspace_; }
+  KernelSku sku() const override { return sku_; }
+
+  Status can_implement(const OpArgs& args) const override {
+    const std::string& op = def_.name;
+    if (args.inputs.size() != desc_.inputs.size() || args.outputs.size() != desc_.outputs.size())
+      return invalid(op, ": expected ", desc_.inputs.size(), " inputs and ", desc_.outputs.size(), " outputs, got ",
+                     args.inputs.size(), " and ", args.outputs.size());
+    auto check = [&](const TensorView& v, const TensorSpec& spec, const std::string& name) -> Status {
+      if (v.rank < 0 || v.rank > kMaxRank) return invalid(op, ": '", name, "' has rank ", v.rank);
+      if (v.dtype != spec.dtype)
+        return invalid(op, ": '", name, "' dtype ", dtype_name(v.dtype), " != descriptor dtype ", dtype_name(spec.dtype));
+      if (v.shape_vec() != spec.shape)
+        return invalid(op, ": '", name, "' shape ", shape_str(v.shape_vec()), " != descriptor shape ", shape_str(spec.shape));
+      if (!v.data && v.numel() > 0) return invalid(op, ": '", name, "' has null data and ", v.numel(), " elements");
+      return Status::ok();
+    };
+    for (size_t i = 0; i < args.inputs.size(); ++i) BARACUDA_TRY(check(args.inputs[i], desc_.inputs[i], def_.inputs[i]));
+    for (size_t j = 0; j < args.outputs.size(); ++j) {
+      const TensorView& out = args.outputs[j];
+      BARACUDA_TRY(check(out, desc_.outputs[j], def_.outputs[j]));
+      if (has_internal_overlap(out)) return invalid(op, ": output '", def_.outputs[j], "' has overlapping elements");
+      for (size_t k = 0; k < j; ++k)
+        if (memory_overlaps(out, args.outputs[k]))
+          return invalid(op, ": outputs '", def_.outputs[k], "' and '", def_.outputs[j], "' overlap in memory");
+      // In place is fine with equal layouts: each element is read before it is written.
+      for (size_t i = 0; i < args.inputs.size(); ++i)
+        if (memory_overlaps(out, args.inputs[i]) && !(same_layout(out, args.inputs[i])))
+          return invalid(op, ": output '", def_.outputs[j], "' overlaps input '", def_.inputs[i],
+                         "' with a different layout (in-place needs equal shape and strides)");
+    }
+    return Status::ok();
+  }
+
+  Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
+    BARACUDA_TRY(can_implement(args));
+    if (rows_ == 0 || cols_ == 0) return Status::ok();
+    if (workspace.bytes < workspace_)
+      return Status::too_small(ErrorKind::workspace_too_small, workspace_, workspace.bytes,
+                               cat(def_.name, ": workspace of ", workspace.bytes, " bytes, needs ", workspace_));
+    std::array<TensorView, rows::kMaxOperands> views;
+    std::array<rows::Role, rows::kMaxOperands> roles;
+    size_t n = 0;
+    for (size_t j = 0; j < args.outputs.size(); ++j) views[n] = args.outputs[j], roles[n++] = def_.output_roles[j];
+    for (size_t i = 0; i < args.inputs.size(); ++i) views[n] = args.inputs[i], roles[n++] = def_.input_roles[i];
+    const Shape& x = desc_.inputs[def_.backward ? 1 : 0].shape;
+    RowLaunch l = rows::make_rows(x, normalized_dims(def_, desc_), std::span(views.data(), n), std::span(roles.data(), n));
+    if (l.inner.rank != 1)
+      return unsupported(def_.name, ": the normalized dims of some operand cannot be walked as one (make them contiguous)");
+    l.workspace = workspace.data;
+    return fn_(l, params_, splits_, stream.cuda_stream()).with_context(def_.name);
+  }
+
+ private:
+  const Def& def_;
+  const OpInfo& info_;
+  OpDesc desc_;
+  NormFn fn_;
+  NormParams params_;
+  KernelSku sku_;
+  int64_t rows_ = 1, cols_ = 1;
+  int splits_ = 1;
+  size_t workspace_ = 0;
+};
+
+template <class S>
+void add_ops(std::vector<OpInfo>& ops) {
+  using rows::Role;
+  for (bool backward : {false, true}) {
+    if (backward && !S::kHasBackward) continue;
+    Def def{backward ? cat(S::name, "_backward") : std::string(S::name), backward, S::kRms, S::kWeight, S::kBias,
+            S::kResidual, {}, {}, {}, {}};
+    auto in = [&](const char* n, Role r) { def.inputs.push_back(n), def.input_roles.push_back(r); };
+    auto out = [&](const char* n, Role r) { def.outputs.push_back(n), def.output_roles.push_back(r); };
+    if (!backward) {
+      out("out", Role::full);
+      if (S::kResidual) out("residual_out", Role::full);
+      if (!S::kRms) out("mean", Role::per_row);
+      out("rstd", Role::per_row);
+      in("input", Role::full);
+      if (S::kResidual) in("residual", Role::full);
+      if (S::kWeight) in("weight", Role::per_col);
+      if (S::kBias) in("bias", Role::per_col);
+    } else {
+      out("grad_input", Role::full);
+      if (S::kWeight) out("grad_weight", Role::per_col);
+      if (S::kBias) out("grad_bias", Role::per_col);
+      in("grad_output", Role::full);
+      in("input", Role::full);
+      if (!S::kRms) in("mean", Role::per_row);
+      in("rstd", Role::per_row);
+      if (S::kWeight) in("weight", Role::per_col);
+    }
+    defs().push_back(std::move(def));
+    const Def& stored = defs().back();
+    OpInfo info;
+    info.name = stored.name;
+    info.category = OpCategory::norm;
+    info.family = "norm";
+    info.direction = backward ? Direction::backward : Direction::forward;
+    if (S::kHasBackward) info.gradient = backward ? std::string(S::name) : cat(S::name, "_backward");
+    info.input_names = stored.inputs;
+    info.output_names = stored.outputs;
+    info.dtypes = dtypes_of<NormTypes>();
+    info.attrs = {{"eps", S::kRms ? -1.0 : 1e-5, S::kRms ? "added to the mean square (-1: the dtype's epsilon, as torch)"
+                                                        : "added to the variance"}};
+    if (!S::kWeight) info.attrs.push_back({"normalized_dims", 1, "how many trailing dims are normalised"});
+    info.backends = {Backend::bespoke_cuda, Backend::host_reference};
+    info.doc = backward ? cat("gradients of ", S::name) : S::kResidual ? cat("residual add then ", S::kRms ? "rms_norm" : "layer_norm")
+                                                                       : cat(S::kRms ? "RMS" : "layer", " normalization over the trailing dims");
+    info.input_dtypes = [&stored](DType primary) {
+      std::vector<DType> v;
+      for (const auto& n : stored.inputs) v.push_back(n == "mean" || n == "rstd" ? stat_dtype(primary) : primary);
+      return v;
+    };
+    // Inputs: x in [-2, 2]; saved statistics drawn where they are plausible.
+    info.domains.clear();
+    for (const auto& n : stored.inputs)
+      info.domains.push_back(n == "rstd" ? Domain{0.5, 2} : n == "mean" ? Domain{-0.5, 0.5} : Domain{-2, 2});
+    info.tolerance_scale = backward ? 8 : 4;
+    // rms_norm's default eps depends on the dtype, so the f64 reference would differ: pin it.
+    info.sample_attrs = {S::kRms ? Attrs{{"eps", 1e-6}} : Attrs{}};
+    info.sample_shapes = [&stored](DType, const Shape& shape, const Attrs&) -> std::optional<SampleShapes> {
+      if (shape.empty()) return std::nullopt;
+      const Shape outer(shape.begin(), shape.end() - 1), inner{shape.back()};
+      SampleShapes s;
+      for (size_t i = 0; i < stored.inputs.size(); ++i)
+        s.inputs.push_back(stored.input_roles[i] == Role::full ? shape : stored.input_roles[i] == Role::per_row ? outer : inner);
+      return s;
+    };
+    const size_t index = ops.size();
+    info.infer = [&stored](const OpDesc& partial) { return infer_desc(stored, partial); };
+    info.make_plan = [&stored, index](Backend backend, const Stream&, const OpDesc& desc) -> Result<PlanPtr> {
+      auto full = infer_desc(stored, desc);
+      if (!full) return full.status();
+      const DType t = full->inputs[stored.backward ? 1 : 0].dtype;
+      const NormTable& table = backend == Backend::host_reference ? host_norms() : cuda_norms();
+      NormFn fn = table.find(kernel_key(stored.name, t));
+      if (!fn) return unsupported("no ", backend_name(backend), " kernel for ", stored.name, " ", dtype_name(t));
+      return PlanPtr(std::make_unique<NormPlan>(stored, registry()[index], std::move(*full), backend, fn));
+    };
+    ops.push_back(std::move(info));
+  }
+}
+
+template <class... Ss>
+void add_all(std::vector<OpInfo>& ops, SpecList<Ss...>) {
+  (add_ops<Ss>(ops), ...);
+}
+
+}  // namespace
+}  // namespace norm
+
+void register_norm_ops(std::vector<OpInfo>& ops) {
+  norm::defs().reserve(16);
+  norm::add_all(ops, norm::NormSpecs{});
+}
+
+}  // namespace baracuda
