@@ -28,18 +28,19 @@ step() {  # name, command...
   return $rc
 }
 : > "$OUT/steps.txt"
-STEPS=${STEPS:-gpu_tests capi memcheck pytest suite bench}
+STEPS=${STEPS:-gpu_tests capi memcheck pytest suite bench bench_rows}
 for name in $STEPS; do
   case $name in
     gpu_tests) step gpu_tests "$BUILD_DIR/tests/baracuda_tests" --gtest_filter="${GTEST_FILTER:-*}" ;;
     capi) step capi "$BUILD_DIR/tests/baracuda_capi_test" ;;
     memcheck)  # every CUDA plan at the quick sizes (each launcher path), plus graph capture and misaligned
-      filter="Ops/Elementwise.CudaMatchesReference/*:CudaElementwise.Graph*:CudaElementwise.Misaligned*"
+      filter="Ops/*.CudaMatchesReference/*:CudaElementwise.Graph*:CudaElementwise.Misaligned*:CudaReduce.*"
       BARACUDA_TEST_QUICK=1 step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 \
         "$BUILD_DIR/tests/baracuda_tests" --gtest_filter="${MEMCHECK_FILTER:-$filter}" ;;
     pytest) PYTHONPATH="$BUILD_DIR/python" step pytest python3 -m pytest -q python/tests ;;
     suite) step suite "$BUILD_DIR/baracuda" suite ;;
     bench) PYTHONPATH="$BUILD_DIR/python" step bench python3 bench/bench_elementwise.py ${BENCH_ARGS:-} ;;
+    bench_rows) PYTHONPATH="$BUILD_DIR/python" step bench_rows python3 bench/bench_rows.py ${BENCH_ROWS_ARGS:-} ;;
   esac
 done
 
@@ -51,3 +52,4 @@ echo "--- memcheck";   grep -E "ERROR SUMMARY|tests? ran|FAILED" "$OUT/memcheck.
 echo "--- pytest";     tail -3 "$OUT/pytest.log"
 echo "--- suite";      grep -E "FAIL|^suite:" "$OUT/suite.log" | tail -15
 echo "--- bench";      tail -32 "$OUT/bench.log"
+echo "--- bench_rows"; tail -40 "$OUT/bench_rows.log"

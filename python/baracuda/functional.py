@@ -59,7 +59,7 @@ def _call(op, args, attrs, out=None, out_specs=None):
     exported = [adapter.export(a, spec[0]) for adapter, a, spec in ins + given]
     dtypes = [d for _, d in exported]
     _C.run(op, [a for a, _ in exported[:len(ins)]], [a for a, _ in exported[len(ins):]], attrs,
-           ref_adapter.stream(ref), dtypes if any(dtypes) else None)
+           ref_adapter.stream(ref), dtypes if _builtins.any(dtypes) else None)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -256,6 +256,184 @@ def full(size, fill_value, *, dtype=None, device=None):
         import torch
         adapter, like = _adapt(torch.empty(0, device=device))
     return fill_(adapter.empty(_dtype_name(dtype), size, like), fill_value)
+
+
+# ---------------------------------------------------------------- reductions
+
+def _dims(op, input, dim):
+    """torch's dim (None, an int or a sequence; negative from the end) as the 'dims' bitmask."""
+    rank = len(_spec(input)[1])
+    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):
+        return -1
+    mask = 0
+    for d in ((dim,) if isinstance(dim, int) else tuple(dim)):
+        if not -max(rank, 1) <= d < max(rank, 1):
+            raise IndexError(f"{op}: dim {d} is out of range for a tensor of rank {rank}")
+        mask |= 1 << (d % rank if rank else 0)
+    return mask
+
+
+def _reduction(op, doc, extra=()):
+    """Defines `op(input, dim=None, keepdim=False, *extra, out=None)` with torch's conventions."""
+    def fn(input, dim=None, keepdim=False, *, out=None, **kwargs):
+        attrs = {"dims": _dims(op, input, dim), "keepdim": 1 if keepdim else 0}
+        for name, default in extra:
+            attrs[name] = kwargs.pop(name, default)
+        if kwargs:
+            raise TypeError(f"{op}: unexpected arguments {sorted(kwargs)}")
+        return _call(op, (input,), attrs, out)
+    fn.__name__ = fn.__qualname__ = op
+    fn.__doc__ = doc
+    return fn
+
+
+sum = _reduction("sum", "torch.sum over dim (None: all); ints and bool sum to i64.")
+mean = _reduction("mean", "torch.mean over dim (None: all); floats only.")
+prod = _reduction("prod", "torch.prod over dim (None: all); ints and bool multiply in i64.")
+amax = _reduction("amax", "torch.amax: maximum over dim (None: all); NaN propagates.")
+amin = _reduction("amin", "torch.amin: minimum over dim (None: all); NaN propagates.")
+logsumexp = _reduction("logsumexp", "torch.logsumexp over dim, computed stably.")
+any = _reduction("any", "torch.any over dim: bool.")
+all = _reduction("all", "torch.all over dim: bool.")
+_var = _reduction("var", "", (("correction", 1),))
+_std = _reduction("std", "", (("correction", 1),))
+_norm = _reduction("norm", "", (("p", 2.0),))
+
+
+def var(input, dim=None, *, correction=1, keepdim=False, out=None):
+    """torch.var: sum((x - mean)^2) / (N - correction) over dim (None: all)."""
+    return _var(input, dim, keepdim, correction=correction, out=out)
+
+
+def std(input, dim=None, *, correction=1, keepdim=False, out=None):
+    """torch.std: sqrt(var(input, dim, correction))."""
+    return _std(input, dim, keepdim, correction=correction, out=out)
+
+
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, out=None):
+    """torch.linalg.vector_norm: ord 2, 1, inf, -inf, 0 (non-zero count) or any real."""
+    return _norm(x, dim, keepdim, p=float(ord), out=out)
+
+
+def norm(input, p=2, dim=None, keepdim=False, *, out=None):
+    """torch.norm for vector norms (p a number)."""
+    return vector_norm(input, p, dim, keepdim, out=out)
+
+
+def _arg(op):
+    def fn(input, dim=None, keepdim=False, *, out=None):
+        return _call(op, (input,), {"dims": _dims(op, input, dim), "keepdim": 1 if keepdim else 0}, out)
+    fn.__name__ = fn.__qualname__ = op
+    fn.__doc__ = f"torch.{op}: i64 index of the first extreme over dim (None: the flattened input); NaN wins."
+    return fn
+
+
+argmax, argmin = _arg("argmax"), _arg("argmin")
+
+
+def count_nonzero(input, dim=None, *, out=None):
+    """torch.count_nonzero over dim (None: all): i64."""
+    return _call("count_nonzero", (input,), {"dims": _dims("count_nonzero", input, dim), "keepdim": 0}, out)
+
+
+def sum_to_size(input, *size, out=None):
+    """torch.Tensor.sum_to_size: sums the input down to a shape it broadcasts from."""
+    size = tuple(size[0]) if len(size) == 1 and not isinstance(size[0], int) else tuple(size)
+    dtype = _spec(input)[0]
+    out_dtype = dtype if dtype in ("f32", "f16", "bf16", "f64", "fp8_e4m3", "fp8_e5m2") else "i64"
+    return _call("sum_to", (input,), {}, out, out_specs=((out_dtype, size),))
+
+
+def trace(input, *, out=None):
+    """torch.trace: the sum of the diagonal of a matrix."""
+    return _call("trace", (input,), {}, out)
+
+
+# ---------------------------------------------------------------- softmax family
+
+def _softmax_fn(op):
+    def fn(input, dim=-1, *, out=None):
+        return _call(op, (input,), {"dim": dim}, out)
+
+    def backward(grad_output, output, dim=-1, *, out=None):
+        return _call(op + "_backward", (grad_output, output), {"dim": dim}, out)
+    fn.__name__ = fn.__qualname__ = op
+    backward.__name__ = backward.__qualname__ = op + "_backward"
+    fn.__doc__ = f"torch.nn.functional.{op} along dim (default -1)."
+    backward.__doc__ = f"Gradient of {op} from grad_output and the forward output (torch's _{op}_backward_data)."
+    return fn, backward
+
+
+softmax, softmax_backward = _softmax_fn("softmax")
+log_softmax, log_softmax_backward = _softmax_fn("log_softmax")
+softmin, softmin_backward = _softmax_fn("softmin")
+
+
+# ---------------------------------------------------------------- normalization
+
+def _normalized(op, input, normalized_shape, weight):
+    shape = tuple(_spec(input)[1])
+    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if len(ns) == 0 or shape[len(shape) - len(ns):] != ns:
+        raise ValueError(f"{op}: normalized_shape {list(ns)} must be the trailing dims of input shape {list(shape)}")
+    if weight is not None and tuple(_spec(weight)[1]) != ns:
+        raise ValueError(f"{op}: weight shape {list(_spec(weight)[1])} != normalized_shape {list(ns)}")
+    return len(ns)
+
+
+def native_layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """(out, mean, rstd) like torch.native_layer_norm (statistics shaped like the leading dims, f32 for halves)."""
+    k = _normalized("layer_norm", input, normalized_shape, weight)
+    if weight is None and bias is None:
+        return _call("layer_norm_noaffine", (input,), {"eps": eps, "normalized_dims": k})
+    if weight is None or bias is None:
+        raise ValueError("layer_norm: give both weight and bias, or neither")
+    return _call("layer_norm", (input, weight, bias), {"eps": eps})
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """torch.nn.functional.layer_norm."""
+    return native_layer_norm(input, normalized_shape, weight, bias, eps)[0]
+
+
+def layer_norm_backward(grad_output, input, mean, rstd, weight=None, *, normalized_dims=None):
+    """(grad_input, grad_weight, grad_bias) with weight, else grad_input."""
+    if weight is None:
+        k = 1 if normalized_dims is None else normalized_dims
+        return _call("layer_norm_noaffine_backward", (grad_output, input, mean, rstd), {"normalized_dims": k})
+    return _call("layer_norm_backward", (grad_output, input, mean, rstd, weight), {})
+
+
+def native_rms_norm(input, normalized_shape, weight=None, eps=None):
+    """(out, rstd); eps None is the dtype's machine epsilon, as torch.nn.functional.rms_norm."""
+    k = _normalized("rms_norm", input, normalized_shape, weight)
+    e = -1.0 if eps is None else eps
+    if weight is None:
+        return _call("rms_norm_noaffine", (input,), {"eps": e, "normalized_dims": k})
+    return _call("rms_norm", (input, weight), {"eps": e})
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    """torch.nn.functional.rms_norm."""
+    return native_rms_norm(input, normalized_shape, weight, eps)[0]
+
+
+def rms_norm_backward(grad_output, input, rstd, weight=None, *, normalized_dims=None):
+    """(grad_input, grad_weight) with weight, else grad_input."""
+    if weight is None:
+        k = 1 if normalized_dims is None else normalized_dims
+        return _call("rms_norm_noaffine_backward", (grad_output, input, rstd), {"normalized_dims": k})
+    return _call("rms_norm_backward", (grad_output, input, rstd, weight), {})
+
+
+def add_rms_norm(input, residual, weight, eps=None):
+    """Fused residual add + rms_norm: (out, residual_out, rstd); residual_out = input + residual."""
+    return _call("add_rms_norm", (input, residual, weight), {"eps": -1.0 if eps is None else eps})
+
+
+def add_layer_norm(input, residual, weight, bias, eps=1e-5):
+    """Fused residual add + layer_norm: (out, residual_out, mean, rstd)."""
+    return _call("add_layer_norm", (input, residual, weight, bias), {"eps": eps})
 
 
 # ---------------------------------------------------------------- torch aliases

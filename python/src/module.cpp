@@ -325,10 +325,23 @@ void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& 
   check(plan->can_implement(args));
   Workspace ws;
   std::vector<OutArray> ws_keep;
-  if (size_t needed = plan->workspace_size()) {
-    if (workspace.is_none())
-      throw Error(Status::too_small(ErrorKind::workspace_too_small, needed, 0,
-                                    cat(op, ": the plan needs ", needed, " workspace bytes: pass workspace=")));
+  std::vector<char> host_scratch;
+  void* device_scratch = nullptr;
+  if (size_t needed = plan->workspace_size(); needed && workspace.is_none()) {
+    // A convenience of the binding (plans never allocate): stream-ordered
+    // scratch on the device, freed on the same stream after the run.
+    if (placement.cuda) {
+#ifdef BARACUDA_HAS_CUDA
+      if (cudaError_t e = cudaMallocAsync(&device_scratch, needed, reinterpret_cast<cudaStream_t>(stream)); e != cudaSuccess)
+        throw Error(Status::backend("cudart", e, cat(op, ": cudaMallocAsync of ", needed, " workspace bytes: ",
+                                                     cudaGetErrorString(e))));
+#endif
+      ws = {device_scratch, needed};
+    } else {
+      host_scratch.resize(needed);
+      ws = {host_scratch.data(), needed};
+    }
+  } else if (needed) {
     TensorView w = import_array(info, workspace, "workspace", nb::none(), placement, ws_keep);
     ws = {w.data, ws_keep[0].nbytes()};
     if (ws.bytes < needed)
@@ -339,6 +352,9 @@ void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& 
   {
     nb::gil_scoped_release release;
     status = plan->run(s, ws, args);
+#ifdef BARACUDA_HAS_CUDA
+    if (device_scratch) cudaFreeAsync(device_scratch, reinterpret_cast<cudaStream_t>(stream));
+#endif
   }
   check(status);
 }

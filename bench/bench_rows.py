@@ -1,0 +1,88 @@
+"""Reductions, softmax and normalization against PyTorch on one GPU, side by
+side in one run. Bandwidth = minimum bytes (inputs read once, outputs written
+once; parameters and per-row statistics counted too) / median time, with the
+same back-to-back CUDA-event timing for both libraries (bench_elementwise)."""
+import argparse
+
+import torch
+
+import baracuda.functional as F
+from bench_elementwise import median_ms
+
+aten = torch.ops.aten
+
+
+def row(name, dtype, ours, theirs, nbytes, check=None):
+    t_ours, t_torch = median_ms(ours), median_ms(theirs)
+    ok = "" if check is None else ("" if check() else "  MISMATCH")
+    print(f"{name:<34} {str(dtype).replace('torch.', ''):<9} {nbytes / t_ours / 1e9:9.3f} {nbytes / t_torch / 1e9:11.3f}"
+          f" {t_torch / t_ours:7.2f}{ok}", flush=True)
+
+
+def close(a, b, tol):
+    return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", default="", help="substring of row names to run")
+    args = parser.parse_args()
+    want = lambda name: args.only in name  # noqa: E731
+    print(f"{'op':<34} {'dtype':<9} {'ours TB/s':>9} {'torch TB/s':>11} {'ratio':>7}")
+    for dtype in (torch.bfloat16, torch.float32):
+        es = torch.finfo(dtype).bits // 8
+        tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+        for rows, cols in ((32768, 4096), (8192, 32768)):
+            n = rows * cols
+            x = torch.randn(rows, cols, device="cuda", dtype=dtype)
+            g = torch.randn_like(x)
+            o1, o2 = torch.empty_like(x), torch.empty_like(x)
+            shape = f"{rows}x{cols}"
+            if want("softmax"):
+                row(f"softmax {shape}", dtype, lambda: F.softmax(x, -1, out=o1),
+                    lambda: aten._softmax.out(x, -1, False, out=o2), 2 * n * es,
+                    lambda: close(F.softmax(x, -1), torch.softmax(x, -1), tol))
+                row(f"log_softmax {shape}", dtype, lambda: F.log_softmax(x, -1, out=o1),
+                    lambda: aten._log_softmax.out(x, -1, False, out=o2), 2 * n * es)
+                y = torch.softmax(x, -1)
+                row(f"softmax_backward {shape}", dtype, lambda: F.softmax_backward(g, y, -1, out=o1),
+                    lambda: aten._softmax_backward_data.out(g, y, -1, dtype, grad_input=o2), 3 * n * es,
+                    lambda: close(F.softmax_backward(g, y, -1), aten._softmax_backward_data(g, y, -1, dtype), tol))
+                del y
+            w = torch.randn(cols, device="cuda", dtype=dtype)
+            b = torch.randn(cols, device="cuda", dtype=dtype)
+            stats = rows * 4 * 2
+            if want("layer_norm"):
+                row(f"layer_norm {shape}", dtype, lambda: F.native_layer_norm(x, (cols,), w, b),
+                    lambda: aten.native_layer_norm(x, (cols,), w, b, 1e-5), 2 * n * es + stats,
+                    lambda: close(F.layer_norm(x, (cols,), w, b), torch.nn.functional.layer_norm(x, (cols,), w, b), tol * 4))
+                _, mean, rstd = F.native_layer_norm(x, (cols,), w, b)
+                _, tmean, trstd = aten.native_layer_norm(x, (cols,), w, b, 1e-5)
+                row(f"layer_norm_backward {shape}", dtype, lambda: F.layer_norm_backward(g, x, mean, rstd, w),
+                    lambda: aten.native_layer_norm_backward(g, x, (cols,), tmean, trstd, w, b, [True, True, True]),
+                    3 * n * es + stats)
+            if want("rms_norm"):
+                row(f"rms_norm {shape}", dtype, lambda: F.native_rms_norm(x, (cols,), w, eps=1e-6),
+                    lambda: torch.nn.functional.rms_norm(x, (cols,), w, eps=1e-6), 2 * n * es + stats // 2,
+                    lambda: close(F.rms_norm(x, (cols,), w, eps=1e-6), torch.nn.functional.rms_norm(x, (cols,), w, eps=1e-6), tol * 4))
+                _, rstd = F.native_rms_norm(x, (cols,), w, eps=1e-6)
+                xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+                yr = torch.nn.functional.rms_norm(xr, (cols,), wr, eps=1e-6)
+                row(f"rms_norm_backward {shape}", dtype, lambda: F.rms_norm_backward(g, x, rstd, w),
+                    lambda: torch.autograd.grad(yr, (xr, wr), g, retain_graph=True), 3 * n * es + stats // 2)
+                del xr, wr, yr
+            del x, g, o1, o2
+        if want("sum") or want("mean"):
+            x = torch.randn(8192, 8192, device="cuda", dtype=dtype)
+            for dim in (-1, 0):
+                o1 = torch.empty(8192, device="cuda", dtype=dtype)
+                o2 = torch.empty_like(o1)
+                for name in ("sum", "mean"):
+                    row(f"{name} dim={dim} 8192x8192", dtype, lambda: getattr(F, name)(x, dim, out=o1),
+                        lambda: getattr(torch, name)(x, dim, out=o2), x.numel() * es + 8192 * es,
+                        lambda: close(getattr(F, name)(x, dim), getattr(torch, name)(x, dim), tol * 10))
+            del x
+
+
+if __name__ == "__main__":
+    main()

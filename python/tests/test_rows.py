@@ -1,0 +1,165 @@
+"""Reductions, softmax and normalization through baracuda.functional: on
+numpy arrays (host backend) against numpy in float64, and on CUDA tensors
+against torch (skipped without torch + CUDA)."""
+import numpy as np
+import pytest
+
+import baracuda
+import baracuda.functional as F
+
+RNG = np.random.default_rng(0)
+
+
+def _x(shape, dtype=np.float64, lo=-2, hi=2):
+    return RNG.uniform(lo, hi, size=shape).astype(dtype)
+
+
+# ---------------------------------------------------------------- host backend vs numpy
+
+@pytest.mark.parametrize("dim", [None, 0, 1, -1, (0, 2)])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_reductions_match_numpy(dim, keepdim):
+    x = _x((3, 5, 7))
+    axis = dim if not isinstance(dim, list) else tuple(dim)
+    cases = {
+        "sum": np.sum, "mean": np.mean, "prod": np.prod, "amax": np.max, "amin": np.min,
+        "logsumexp": lambda a, axis, keepdims: np.log(np.sum(np.exp(a), axis=axis, keepdims=keepdims)),
+    }
+    for name, ref in cases.items():
+        got = getattr(F, name)(x, dim, keepdim)
+        np.testing.assert_allclose(got, ref(x, axis=axis, keepdims=keepdim), rtol=1e-12, atol=1e-12, err_msg=name)
+    np.testing.assert_allclose(F.var(x, dim, keepdim=keepdim), np.var(x, axis=axis, ddof=1, keepdims=keepdim), rtol=1e-12)
+    np.testing.assert_allclose(F.std(x, dim, correction=0, keepdim=keepdim), np.std(x, axis=axis, keepdims=keepdim),
+                               rtol=1e-12)
+    np.testing.assert_allclose(F.vector_norm(x, 3, dim, keepdim),
+                               np.sum(np.abs(x) ** 3, axis=axis, keepdims=keepdim) ** (1 / 3), rtol=1e-12)
+
+
+def test_arg_and_truth_reductions():
+    x = np.array([[1.0, 5.0, 5.0], [7.0, -1.0, 0.0]])
+    assert F.argmax(x).item() == 3
+    np.testing.assert_array_equal(F.argmax(x, 1), [1, 0])  # ties: the first index
+    np.testing.assert_array_equal(F.argmin(x, 0, keepdim=True), [[0, 1, 1]])
+    np.testing.assert_array_equal(F.any(x == 0, 1), [False, True])
+    np.testing.assert_array_equal(F.all(x != 0, 1), [True, False])
+    assert F.count_nonzero(x).item() == 5
+    assert F.sum(np.arange(10, dtype=np.int32)).dtype == np.int64
+    np.testing.assert_array_equal(F.sum_to_size(x, (1, 3)), x.sum(0, keepdims=True))
+    assert F.trace(x).item() == 1.0 + -1.0
+
+
+def test_softmax_family_matches_numpy():
+    x = _x((4, 9), lo=-6, hi=6)
+    for dim in (-1, 0):
+        e = np.exp(x - x.max(dim, keepdims=True))
+        sm = e / e.sum(dim, keepdims=True)
+        np.testing.assert_allclose(F.softmax(x, dim), sm, rtol=1e-13)
+        np.testing.assert_allclose(F.log_softmax(x, dim), np.log(sm), rtol=1e-12, atol=1e-13)
+        g = _x(x.shape)
+        np.testing.assert_allclose(F.softmax_backward(g, sm, dim), sm * (g - (g * sm).sum(dim, keepdims=True)),
+                                   rtol=1e-12, atol=1e-14)
+
+
+def test_norms_match_numpy():
+    x, w, b = _x((6, 16)), _x(16), _x(16)
+    mean = x.mean(-1, keepdims=True)
+    rstd = 1 / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(F.layer_norm(x, (16,), w, b), (x - mean) * rstd * w + b, rtol=1e-12, atol=1e-12)
+    out, m, r = F.native_layer_norm(x, 16, w, b)
+    np.testing.assert_allclose(m, mean[:, 0], rtol=1e-13)
+    np.testing.assert_allclose(r, rstd[:, 0], rtol=1e-12)
+    rr = 1 / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(F.rms_norm(x, (16,), w, eps=1e-6), x * rr * w, rtol=1e-12)
+    y, res, _ = F.add_rms_norm(x, x, w, eps=1e-6)
+    np.testing.assert_allclose(res, 2 * x)
+    np.testing.assert_allclose(y, F.rms_norm(2 * x, (16,), w, eps=1e-6), rtol=1e-13)
+    with pytest.raises(ValueError, match="trailing dims"):
+        F.layer_norm(x, (8,), None, None)
+
+
+# ---------------------------------------------------------------- CUDA vs torch
+
+try:
+    import torch
+except ImportError:  # the host tests above still run
+    torch = None
+CUDA = torch is not None and torch.cuda.is_available() and baracuda.cuda_available()
+gpu = pytest.mark.skipif(not CUDA, reason="needs torch with CUDA and a CUDA build of baracuda")
+DTYPES = ["float32", "float16", "bfloat16", "float64"]
+TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2, "float64": 1e-11}
+
+
+def _close(got, want, dtype, scale=1.0, msg=""):
+    tol = TOL[str(dtype).replace("torch.", "")] * scale
+    torch.testing.assert_close(got.double(), want.double(), rtol=tol, atol=tol, msg=msg)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dim", [((64, 1000), -1), ((64, 1000), 0), ((3, 7, 129), (0, 2)), ((1 << 20,), None)])
+def test_reductions_match_torch(dtype, shape, dim):
+    dtype = getattr(torch, dtype)
+    x = torch.empty(shape, device="cuda", dtype=dtype).uniform_(-2, 2)
+    xd = x.double()
+    n = xd.numel() if dim is None else int(np.prod([shape[d] for d in ((dim,) if isinstance(dim, int) else dim)]))
+    for name, ref in [("sum", lambda t: t.sum(dim) if dim is not None else t.sum()),
+                      ("mean", lambda t: t.mean(dim) if dim is not None else t.mean()),
+                      ("amax", lambda t: t.amax(dim) if dim is not None else t.amax()),
+                      ("logsumexp", lambda t: torch.logsumexp(t, dim if dim is not None else tuple(range(t.ndim))))]:
+        got = getattr(F, name)(x, dim)
+        want = ref(xd)
+        scale = 4 * max(1.0, float(np.sqrt(n)) / 64) if name == "sum" else 4
+        _close(got, want.to(dtype), dtype, scale, name)
+    got = F.var(x, dim)
+    want = xd.var(dim) if dim is not None else xd.var()
+    _close(got, want.to(dtype), dtype, 8, "var")
+    if isinstance(dim, int) or dim is None:
+        assert torch.equal(F.argmax(x, dim), torch.argmax(x, dim)), "argmax"
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dim", [((8, 100), -1), ((32, 4096), -1), ((4, 70000), -1), ((300, 5), 0),
+                                       ((2, 3, 2000), 1)])
+def test_softmax_matches_torch(dtype, shape, dim):
+    dtype = getattr(torch, dtype)
+    x = torch.randn(shape, device="cuda", dtype=dtype) * 3
+    for name in ("softmax", "log_softmax", "softmin"):
+        y = getattr(F, name)(x, dim)
+        want = getattr(torch.nn.functional, name)(x.double(), dim)
+        _close(y, want.to(dtype), dtype, 2, name)
+        g = torch.randn_like(x)
+        xd = x.double().requires_grad_()
+        yd = getattr(torch.nn.functional, name)(xd, dim)
+        (gx,) = torch.autograd.grad(yd, xd, g.double())
+        got = getattr(F, name + "_backward")(g, yd.detach().to(dtype), dim)
+        _close(got, gx.to(dtype), dtype, 8, name + "_backward")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(8, 64), (33, 4096), (4, 20000), (2, 3, 768)])
+def test_norms_match_torch(dtype, shape):
+    dtype = getattr(torch, dtype)
+    n = shape[-1]
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    b = torch.randn(n, device="cuda", dtype=dtype)
+    g = torch.randn_like(x)
+    xd, wd, bd = (t.double().requires_grad_() for t in (x, w, b))
+    yd = torch.nn.functional.layer_norm(xd, (n,), wd, bd)
+    out, mean, rstd = F.native_layer_norm(x, (n,), w, b)
+    _close(out, yd.detach().to(dtype), dtype, 4, "layer_norm")
+    gx, gw, gb = torch.autograd.grad(yd, (xd, wd, bd), g.double())
+    dx, dw, db = F.layer_norm_backward(g, x, mean, rstd, w)
+    _close(dx, gx.to(dtype), dtype, 8, "layer_norm dx")
+    rows = x.numel() // n
+    _close(dw, gw.to(dtype), dtype, 8 * max(1.0, rows ** 0.5 / 8), "layer_norm dw")
+    _close(db, gb.to(dtype), dtype, 8 * max(1.0, rows ** 0.5 / 8), "layer_norm db")
+    yr = torch.nn.functional.rms_norm(xd, (n,), wd, eps=1e-6)
+    out, rstd = F.native_rms_norm(x, (n,), w, eps=1e-6)
+    _close(out, yr.detach().to(dtype), dtype, 4, "rms_norm")
+    gx, gw = torch.autograd.grad(yr, (xd, wd), g.double())
+    dx, dw = F.rms_norm_backward(g, x, rstd, w)
+    _close(dx, gx.to(dtype), dtype, 8, "rms_norm dx")
+    _close(dw, gw.to(dtype), dtype, 8 * max(1.0, rows ** 0.5 / 8), "rms_norm dw")
