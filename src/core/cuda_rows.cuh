@@ -50,27 +50,70 @@ __device__ __forceinline__ M row_all_reduce(M v, Op op, M* scratch) {
 
 /// Calls f(index, value) for the elements of a row this thread owns: 16-byte
 /// vectors when `vector` (unit stride, aligned, cols % V == 0), else scalars.
+/// With `cache` (16-byte aligned shared memory), also stores the row there,
+/// whole vectors at a time (no bank conflicts).
 template <int TPR, class T, class F>
-__device__ __forceinline__ void for_row(const T* row, int64_t stride, int64_t cols, bool vector, int lane, F&& f) {
+__device__ __forceinline__ void for_row(const T* row, int64_t stride, int64_t cols, bool vector, int lane, F&& f,
+                                        T* cache = nullptr) {
   constexpr int V = kVecOf<T>;
+  using P = Vec<T, V>;
   if (vector) {
-    const auto* packs = reinterpret_cast<const Vec<T, V>*>(row);
+    const auto* packs = reinterpret_cast<const P*>(row);
+    auto* cached = reinterpret_cast<P*>(cache);
     const int64_t n = cols / V;
     int64_t i = lane;
     for (; i + TPR < n; i += 2 * TPR) {  // two vectors in flight
-      const Vec<T, V> a = packs[i], b = packs[i + TPR];
+      const P a = packs[i], b = packs[i + TPR];
+      if (cached) cached[i] = a, cached[i + TPR] = b;
 #pragma unroll
       for (int e = 0; e < V; ++e) f(i * V + e, a.v[e]);
 #pragma unroll
       for (int e = 0; e < V; ++e) f((i + TPR) * V + e, b.v[e]);
     }
     for (; i < n; i += TPR) {
-      const Vec<T, V> a = packs[i];
+      const P a = packs[i];
+      if (cached) cached[i] = a;
 #pragma unroll
       for (int e = 0; e < V; ++e) f(i * V + e, a.v[e]);
     }
   } else {
-    for (int64_t c = lane; c < cols; c += TPR) f(c, row[c * stride]);
+    for (int64_t c = lane; c < cols; c += TPR) {
+      const T x = row[c * stride];
+      if (cache) cache[c] = x;
+      f(c, x);
+    }
+  }
+}
+
+/// dst[c] = f(c, {src_k[c]...}) over the elements of a row this thread owns
+/// (the ownership of for_row): whole vectors from every source and to dst
+/// when `vector` (every source unit-stride and 16-byte aligned).
+template <int TPR, int NS, class T, class F>
+__device__ __forceinline__ void map_row(const T* const (&src)[NS], const int64_t (&src_stride)[NS], T* dst,
+                                        int64_t dst_stride, int64_t cols, bool vector, int lane, F&& f) {
+  constexpr int V = kVecOf<T>;
+  using P = Vec<T, V>;
+  if (vector) {
+    for (int64_t i = lane; i < cols / V; i += TPR) {
+      P in[NS], out;
+#pragma unroll
+      for (int k = 0; k < NS; ++k) in[k] = reinterpret_cast<const P*>(src[k])[i];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        T x[NS];
+#pragma unroll
+        for (int k = 0; k < NS; ++k) x[k] = in[k].v[e];
+        out.v[e] = f(i * V + e, x);
+      }
+      reinterpret_cast<P*>(dst)[i] = out;
+    }
+  } else {
+    for (int64_t c = lane; c < cols; c += TPR) {
+      T x[NS];
+#pragma unroll
+      for (int k = 0; k < NS; ++k) x[k] = src[k][c * src_stride[k]];
+      dst[c * dst_stride] = f(c, x);
+    }
   }
 }
 

@@ -23,6 +23,12 @@ __device__ __forceinline__ const T* operand(const RowLaunch& l, int k, const int
   return reinterpret_cast<const T*>(l.data[k]) + off[k];
 }
 
+/// Element c of the normalised row straight from the inputs.
+template <class M, class T>
+__device__ __forceinline__ M h_at_input(const T* x, const T* r, int64_t sx, int64_t sr, int64_t c) {
+  return r ? convert<M>(x[c * sx]) + convert<M>(r[c * sr]) : convert<M>(x[c * sx]);
+}
+
 template <class S, class T, int TPR, int RPB, bool kCache>
 __global__ void __launch_bounds__(TPR * RPB)
     forward_kernel(RowLaunch l, rows::OffsetCalc<S::kOperands, int64_t> outer, NormParams p) {
@@ -49,26 +55,30 @@ __global__ void __launch_bounds__(TPR * RPB)
     else if constexpr (S::kResidual) return convert<M>(x[c * st[S::kInput][0]]) + convert<M>(r[c * sr]);
     else return convert<M>(x[c * st[S::kInput][0]]);
   };
+  // layer: sums of h - h[0], so that a constant row has exactly zero deviation.
+  const M shift = S::kRms || !valid ? M(0) : h_at_input<M>(x, r, st[S::kInput][0], sr, 0);
   M sum = 0;
   if (valid) {
     if constexpr (S::kResidual) {
       for (int64_t c = lane; c < cols; c += TPR) {
         const M h = convert<M>(x[c * st[S::kInput][0]]) + convert<M>(r[c * sr]);
         if constexpr (kCache) cache[c] = h;
-        sum += S::kRms ? h * h : h;
+        sum += S::kRms ? h * h : h - shift;
       }
     } else {
-      rows::for_row<TPR>(x, st[S::kInput][0], cols, vec, lane, [&](int64_t c, T v) {
-        if constexpr (kCache) cache[c] = v;
-        const M h = convert<M>(v);
-        sum += S::kRms ? h * h : h;
-      });
+      rows::for_row<TPR>(
+          x, st[S::kInput][0], cols, vec, lane,
+          [&](int64_t, T v) {
+            const M h = convert<M>(v);
+            sum += S::kRms ? h * h : h - shift;
+          },
+          kCache ? reinterpret_cast<T*>(cache) : nullptr);
     }
   }
   sum = rows::row_all_reduce<TPR, RPB>(sum, rows::SumOp{}, scratch);
   M mean = 0, sq = sum;
   if constexpr (!S::kRms) {
-    mean = sum / M(cols);
+    mean = shift + sum / M(cols);
     sq = 0;
     if (valid)
       for (int64_t c = lane; c < cols; c += TPR) {
@@ -89,14 +99,33 @@ __global__ void __launch_bounds__(TPR * RPB)
   // residual_out is written last: it may alias the residual input.
   T* r_out = S::kResidual ? const_cast<T*>(operand<T>(l, S::kResidualOut, off)) : nullptr;
   const int64_t sro = S::kResidual ? st[S::kResidualOut][0] : 0;
-  rows::store_row<TPR>(out, st[S::kOut][0], cols, vec, lane, [&](int64_t c) {
-    const M h = h_at(c);
-    if constexpr (S::kResidual) r_out[c * sro] = convert<T>(h);
-    M y = (h - mean) * rstd;
-    if constexpr (S::kWeight) y *= convert<M>(w[c * sw]);
-    if constexpr (S::kBias) y += convert<M>(b[c * sb]);
-    return convert<T>(y);
-  });
+  if constexpr (S::kResidual) {
+    rows::store_row<TPR>(out, st[S::kOut][0], cols, vec, lane, [&](int64_t c) {
+      const M h = h_at(c);
+      r_out[c * sro] = convert<T>(h);
+      M y = (h - mean) * rstd;
+      if constexpr (S::kWeight) y *= convert<M>(w[c * sw]);
+      if constexpr (S::kBias) y += convert<M>(b[c * sb]);
+      return convert<T>(y);
+    });
+  } else {
+    // Sources: the row (cached or not), then weight and bias.
+    constexpr int NS = 1 + S::kWeight + S::kBias;
+    const T* src[NS];
+    int64_t ss[NS];
+    src[0] = kCache ? reinterpret_cast<const T*>(cache) : x;
+    ss[0] = kCache ? 1 : st[S::kInput][0];
+    if constexpr (S::kWeight) src[1] = w, ss[1] = sw;
+    if constexpr (S::kBias) src[2] = b, ss[2] = sb;
+    bool all_vec = vec;
+    for (int k = 1; k < NS; ++k) all_vec = all_vec && rows::vector_ok<T>(src[k], ss[k], cols);
+    rows::map_row<TPR>(src, ss, out, st[S::kOut][0], cols, all_vec, lane, [&](int64_t, const T (&v)[NS]) {
+      M y = (convert<M>(v[0]) - mean) * rstd;
+      if constexpr (S::kWeight) y *= convert<M>(v[1]);
+      if constexpr (S::kBias) y += convert<M>(v[2]);
+      return convert<T>(y);
+    });
+  }
 }
 
 template <class S, class T, int TPR, int RPB, bool kCache>
@@ -141,29 +170,37 @@ __global__ void __launch_bounds__(TPR * RPB)
   b = rows::row_all_reduce<TPR, RPB>(b, rows::SumOp{}, scratch);
   if (!valid) return;
   const M mean_wg = a / M(cols), mean_wg_xhat = b / M(cols);
-  const bool vec = rows::vector_ok<T>(dx, st[S::kGradInput][0], cols);
-  rows::store_row<TPR>(dx, st[S::kGradInput][0], cols, vec, lane, [&](int64_t c) {
-    const T gv = kCache ? cache_g[c] : g[c * sg], xv = kCache ? cache_x[c] : x[c * sx];
-    const M xhat = (convert<M>(xv) - mean) * rstd;
-    return convert<T>(S::grad_input(wg_at(c, gv), xhat, mean_wg, mean_wg_xhat, rstd));
+  const T* src[2] = {kCache ? cache_g : g, kCache ? cache_x : x};
+  const int64_t ss[2] = {kCache ? 1 : sg, kCache ? 1 : sx};
+  const bool vec = rows::vector_ok<T>(dx, st[S::kGradInput][0], cols) && rows::vector_ok<T>(src[0], ss[0], cols) &&
+                   rows::vector_ok<T>(src[1], ss[1], cols);
+  rows::map_row<TPR>(src, ss, dx, st[S::kGradInput][0], cols, vec, lane, [&](int64_t c, const T (&v)[2]) {
+    const M xhat = (convert<M>(v[1]) - mean) * rstd;
+    return convert<T>(S::grad_input(wg_at(c, v[0]), xhat, mean_wg, mean_wg_xhat, rstd));
   });
 }
 
 /// grad_weight / grad_bias: 32 columns x 8 lanes per block; lanes walk the
 /// rows of one split; partial sums (split > 1) go to the workspace.
-template <class S, class T>
+template <class S, class T, bool kRank1>
 __global__ void __launch_bounds__(256)
     grad_params_kernel(RowLaunch l, rows::OffsetCalc<S::kBackwardOperands, int64_t> outer, int splits, int64_t chunk) {
   using M = math_t<T, false>;
+  constexpr int N = S::kBackwardOperands, kUnroll = 4;
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32, split = blockIdx.y;
   const int64_t c = int64_t(blockIdx.x) * 32 + tx;
   const auto& st = l.inner.stride;
   M dw = 0, db = 0;
   if (c < l.cols) {
     const int64_t end = std::min(l.rows, (split + 1) * chunk);
-    for (int64_t r = split * chunk + ty; r < end; r += 8) {
-      int64_t off[S::kBackwardOperands];
-      outer.get(r, off);
+    auto accumulate = [&](int64_t r) {
+      int64_t off[N];
+      if constexpr (kRank1) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) off[k] = r * outer.stride[k][0];
+      } else {
+        outer.get(r, off);
+      }
       const M gv = convert<M>(operand<T>(l, S::kGradOutput, off)[c * st[S::kGradOutput][0]]);
       const M xv = convert<M>(operand<T>(l, S::kSavedInput, off)[c * st[S::kSavedInput][0]]);
       M mean = 0;
@@ -171,7 +208,12 @@ __global__ void __launch_bounds__(256)
       const M rstd = M(reinterpret_cast<const stat_t<T>*>(l.data[S::kSavedRstd])[off[S::kSavedRstd]]);
       dw += gv * (xv - mean) * rstd;
       db += gv;
-    }
+    };
+    int64_t r = split * chunk + ty;
+    for (; r + 8 * (kUnroll - 1) < end; r += 8 * kUnroll)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) accumulate(r + 8 * u);
+    for (; r < end; r += 8) accumulate(r);
   }
   __shared__ M acc[2][8][33];
   acc[0][ty][tx] = dw;
@@ -243,7 +285,9 @@ Status norm_backward_on_cuda(const RowLaunch& l, const NormParams&, int splits, 
   // Parameter gradients first: grad_input may overwrite grad_output (in place).
   if constexpr (S::kWeight) {
     const int64_t chunk = (l.rows + splits - 1) / splits;
-    grad_params_kernel<S, T><<<dim3(unsigned((l.cols + 31) / 32), unsigned(splits)), 256, 0, stream>>>(l, outer, splits, chunk);
+    const dim3 grid(unsigned((l.cols + 31) / 32), unsigned(splits));
+    if (l.outer.rank <= 1) grad_params_kernel<S, T, true><<<grid, 256, 0, stream>>>(l, outer, splits, chunk);
+    else grad_params_kernel<S, T, false><<<grid, 256, 0, stream>>>(l, outer, splits, chunk);
     BARACUDA_CUDA_TRY(cudaGetLastError());
     if (splits > 1) {
       merge_params_kernel<S, T><<<unsigned((l.cols + 255) / 256), 256, 0, stream>>>(l, splits);

@@ -51,11 +51,12 @@ Status norm_on_host(const RowLaunch& l, const NormParams& p, int, CUstream_st*) 
       for (int64_t c = 0; c < l.cols; ++c) {
         h[c] = convert<M>(at(S::kInput, off, c));
         if constexpr (S::kResidual) h[c] += convert<M>(at(S::kResidualIn, off, c));
-        sum += S::kRms ? h[c] * h[c] : h[c];
       }
+      const M shift = S::kRms ? M(0) : h[0];  // a constant row has exactly zero deviation
+      for (int64_t c = 0; c < l.cols; ++c) sum += S::kRms ? h[c] * h[c] : h[c] - shift;
       M mean = 0, sq = sum;
       if constexpr (!S::kRms) {
-        mean = sum / M(l.cols);
+        mean = shift + sum / M(l.cols);
         sq = 0;
         for (int64_t c = 0; c < l.cols; ++c) sq += (h[c] - mean) * (h[c] - mean);
         stat(S::kMean, off) = Stat(mean);

@@ -47,28 +47,33 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
     const M sign = Op::template sign<M>();
     M max = -INFINITY;
     if (valid)
-      rows::for_row<TPR>(in[0], si[0], cols, vec, lane, [&](int64_t c, T x) {
-        if constexpr (kCache) cache[0][c] = x;
-        const M z = sign * convert<M>(x);
-        max = z > max || z != z ? z : max;
-      });
+      rows::for_row<TPR>(
+          in[0], si[0], cols, vec, lane,
+          [&](int64_t, T x) {
+            const M z = sign * convert<M>(x);
+            max = z > max || z != z ? z : max;
+          },
+          kCache ? cache[0] : nullptr);
     max = rows::row_all_reduce<TPR, RPB>(max, rows::MaxOp{}, scratch);
     M sum = 0;
     if (valid)
       for (int64_t c = lane; c < cols; c += TPR) sum += exp(sign * value(0, c) - max);
     sum = rows::row_all_reduce<TPR, RPB>(sum, rows::SumOp{}, scratch);
-    if (valid)
-      rows::store_row<TPR>(out, so, cols, vec, lane,
-                           [&](int64_t c) { return convert<T>(Op::out(sign * value(0, c), max, sum)); });
+    if (valid) {
+      const T* src[1] = {kCache ? cache[0] : in[0]};
+      const int64_t ss[1] = {kCache ? 1 : si[0]};
+      rows::map_row<TPR>(src, ss, out, so, cols, vec, lane,
+                         [&](int64_t, const T (&x)[1]) { return convert<T>(Op::out(sign * convert<M>(x[0]), max, sum)); });
+    }
   } else {
     M t = 0;
     if (valid) {
       if (vec && kCache) {
-        rows::for_row<TPR>(in[0], 1, cols, true, lane, [&](int64_t c, T g) { cache[0][c] = g; });
-        rows::for_row<TPR>(in[1], 1, cols, true, lane, [&](int64_t c, T y) {
-          cache[1][c] = y;
-          t += Op::term(convert<M>(cache[0][c]), convert<M>(y));
-        });
+        rows::for_row<TPR>(in[0], 1, cols, true, lane, [&](int64_t, T) {}, cache[0]);
+        // The same thread stored element c of grad_output just above.
+        rows::for_row<TPR>(
+            in[1], 1, cols, true, lane,
+            [&](int64_t c, T y) { t += Op::term(convert<M>(cache[0][c]), convert<M>(y)); }, cache[1]);
       } else {
         for (int64_t c = lane; c < cols; c += TPR) {
           const T g = in[0][c * si[0]], y = in[1][c * si[1]];
@@ -78,9 +83,13 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
       }
     }
     t = rows::row_all_reduce<TPR, RPB>(t, rows::SumOp{}, scratch);
-    if (valid)
-      rows::store_row<TPR>(out, so, cols, vec, lane,
-                           [&](int64_t c) { return convert<T>(Op::grad(value(0, c), value(1, c), t)); });
+    if (valid) {
+      const T* src[2] = {kCache ? cache[0] : in[0], kCache ? cache[1] : in[1]};
+      const int64_t ss[2] = {kCache ? 1 : si[0], kCache ? 1 : si[1]};
+      rows::map_row<TPR>(src, ss, out, so, cols, vec, lane, [&](int64_t, const T (&x)[2]) {
+        return convert<T>(Op::grad(convert<M>(x[0]), convert<M>(x[1]), t));
+      });
+    }
   }
 }
 
