@@ -121,6 +121,55 @@ TEST(ReduceKnownValues, TorchSemantics) {
   EXPECT_EQ(host_reduce("argmax", y, {2, 3, 2}, {{"dims", 3}}, DType::i64), (std::vector<double>{4, 5}));
 }
 
+/// Every reduction gradient against central differences of sum(g * forward(x)) on the host.
+TEST(ReduceFiniteDifferences, BackwardMatchesForward) {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> u(-2, 2);
+  const Shape s{3, 4};
+  for (const OpInfo& op : registry()) {
+    if (op.category != OpCategory::reduce || op.direction != Direction::backward) continue;
+    for (const Attrs& attrs : op.sample_attrs) {
+      auto shapes = op.sample_shapes(DType::f64, s, attrs);
+      if (!shapes) continue;
+      const Shape& ys = shapes->inputs[0];
+      const bool sum_to = op.gradient == "sum_to";
+      std::vector<double> x(12), g(std::max<int64_t>(TensorSpec{DType::f64, ys}.numel(), 1));
+      for (auto& v : x) v = u(rng);
+      for (auto& v : g) v = u(rng);
+      auto forward = [&](const std::vector<double>& xs) {
+        return host_reduce(op.gradient, xs, s, attrs, DType::f64, ys, sum_to);
+      };
+      std::vector<std::vector<double>> in{g, x};
+      if (op.input_names.size() > 2) in.push_back(forward(x));
+      // Run the backward plan.
+      std::vector<TensorSpec> specs{{DType::f64, ys}, {DType::f64, s}};
+      if (in.size() > 2) specs.push_back({DType::f64, ys});
+      auto desc = infer(op.name, specs, attrs);
+      ASSERT_TRUE(desc) << op.name << ": " << desc.status().to_string();
+      std::vector<double> dx(12, NAN);
+      std::vector<TensorView> views;
+      for (size_t i = 0; i < in.size(); ++i) views.push_back(*TensorView::contiguous(in[i].data(), DType::f64, specs[i].shape));
+      auto out = *TensorView::contiguous(dx.data(), DType::f64, s);
+      auto plan = select(Stream::host(), *desc);
+      ASSERT_TRUE(plan) << plan.status().to_string();
+      std::vector<char> ws((*plan)->workspace_size() + 1);
+      ASSERT_TRUE((*plan)->run(Stream::host(), Workspace{ws.data(), ws.size()}, OpArgs{views, std::span(&out, 1)}));
+      auto loss = [&](const std::vector<double>& xs) {
+        auto y = forward(xs);
+        double l = 0;
+        for (size_t i = 0; i < y.size(); ++i) l += g[i] * y[i];
+        return l;
+      };
+      for (int i : {0, 5, 11}) {
+        const double h = 1e-6;
+        auto xp = x, xm = x;
+        xp[i] += h, xm[i] -= h;
+        EXPECT_NEAR(dx[i], (loss(xp) - loss(xm)) / (2 * h), 1e-5) << op.name << " " << i;
+      }
+    }
+  }
+}
+
 TEST(ReduceErrors, BadDescriptorsAreNamed) {
   auto err = [](const std::string& op, Shape shape, Attrs attrs) {
     auto d = infer(op, {{DType::f32, shape}}, attrs);

@@ -423,7 +423,8 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
     host_pref.backend = Backend::host_reference;
     auto ref_plan = select(Stream::host(), ref_desc, host_pref);
     if (!ref_plan) return fail("reference select: " + ref_plan.status().to_string());
-    Status s = (*ref_plan)->run(Stream::host(), {}, OpArgs{ref_in, ref_out});
+    Memory ref_ws = Memory::host((*ref_plan)->workspace_size());
+    Status s = (*ref_plan)->run(Stream::host(), Workspace{ref_ws.data(), ref_ws.bytes()}, OpArgs{ref_in, ref_out});
     if (!s) return fail("reference run: " + s.to_string());
   }
 

@@ -349,6 +349,37 @@ def trace(input, *, out=None):
     return _call("trace", (input,), {}, out)
 
 
+def _reduction_grad(op, with_output, extra=()):
+    """`op`_backward(grad_output, input, [output,] dim=None, keepdim=False, **extra): grad_input."""
+    def fn(grad_output, input, *args, dim=None, keepdim=False, out=None, **kwargs):
+        operands = (grad_output, input) + tuple(args[:1] if with_output else ())
+        if len(args) != (1 if with_output else 0):
+            raise TypeError(f"{op}_backward: expected grad_output, input{', output' if with_output else ''}")
+        attrs = {"dims": _dims(op, input, dim), "keepdim": 1 if keepdim else 0}
+        for name, default in extra:
+            attrs[name] = kwargs.pop(name, default)
+        if kwargs:
+            raise TypeError(f"{op}_backward: unexpected arguments {sorted(kwargs)}")
+        return _call(op + "_backward", operands, attrs, out)
+    fn.__name__ = fn.__qualname__ = op + "_backward"
+    fn.__doc__ = (f"Gradient of {op} with respect to input; grad_output{' and output' if with_output else ''} "
+                  f"shaped like {op}'s result for the same dim and keepdim.")
+    return fn
+
+
+sum_backward = _reduction_grad("sum", False)
+mean_backward = _reduction_grad("mean", False)
+logsumexp_backward = _reduction_grad("logsumexp", True)
+var_backward = _reduction_grad("var", False, (("correction", 1),))
+std_backward = _reduction_grad("std", True, (("correction", 1),))
+_norm_backward = _reduction_grad("norm", True, (("p", 2.0),))
+
+
+def vector_norm_backward(grad_output, x, output, ord=2, dim=None, keepdim=False, *, out=None):
+    """Gradient of vector_norm for finite ord (0 where the norm is 0)."""
+    return _norm_backward(grad_output, x, output, dim=dim, keepdim=keepdim, p=float(ord), out=out)
+
+
 # ---------------------------------------------------------------- softmax family
 
 def _softmax_fn(op):

@@ -35,6 +35,18 @@ def test_reductions_match_numpy(dim, keepdim):
                                np.sum(np.abs(x) ** 3, axis=axis, keepdims=keepdim) ** (1 / 3), rtol=1e-12)
 
 
+def test_reduction_gradients_match_numpy():
+    x, g = _x((3, 5)), _x((5,))
+    np.testing.assert_allclose(F.sum_backward(g, x, dim=0), np.broadcast_to(g, x.shape))
+    np.testing.assert_allclose(F.mean_backward(g, x, dim=0), np.broadcast_to(g / 3, x.shape))
+    y = F.logsumexp(x, 0)
+    np.testing.assert_allclose(F.logsumexp_backward(g, x, y, dim=0), g * np.exp(x - y), rtol=1e-13)
+    v = F.var_backward(g, x, dim=0)
+    np.testing.assert_allclose(v, g * 2 * (x - x.mean(0)) / 2, rtol=1e-12)
+    n = F.vector_norm(x, 2, 0)
+    np.testing.assert_allclose(F.vector_norm_backward(g, x, n, 2, 0), g * x / n, rtol=1e-13)
+
+
 def test_arg_and_truth_reductions():
     x = np.array([[1.0, 5.0, 5.0], [7.0, -1.0, 0.0]])
     assert F.argmax(x).item() == 3
@@ -113,6 +125,16 @@ def test_reductions_match_torch(dtype, shape, dim):
     got = F.var(x, dim)
     want = xd.var(dim) if dim is not None else xd.var()
     _close(got, want.to(dtype), dtype, 8, "var")
+    # Gradients against torch.autograd (float64 on the same inputs).
+    xg = xd.clone().requires_grad_()
+    for name, fwd in [("sum", lambda t: t.sum(dim) if dim is not None else t.sum()),
+                      ("mean", lambda t: t.mean(dim) if dim is not None else t.mean()),
+                      ("var", lambda t: t.var(dim) if dim is not None else t.var())]:
+        yd = fwd(xg)
+        gy = torch.randn_like(yd)
+        (gx,) = torch.autograd.grad(yd, xg, gy)
+        got = getattr(F, name + "_backward")(gy.to(dtype), x, dim=dim)
+        _close(got, gx.to(dtype), dtype, 8, name + "_backward")
     if isinstance(dim, int) or dim is None:
         assert torch.equal(F.argmax(x, dim), torch.argmax(x, dim)), "argmax"
 

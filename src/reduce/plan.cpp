@@ -6,6 +6,7 @@
 #include "core/errors.hpp"
 #include "core/registry_internal.hpp"
 #include "core/tensor_util.hpp"
+#include "elementwise/host_launcher.hpp"
 #include "elementwise/prepare.hpp"
 #include "reduce/register.hpp"
 
@@ -28,7 +29,19 @@ ReduceTable& cuda_reducers() {
   return table;
 }
 
+GradTable& host_gradients() {
+  static GradTable table;
+  return table;
+}
+GradTable& cuda_gradients() {
+  static GradTable table;
+  return table;
+}
+
 namespace {
+
+[[maybe_unused]] const bool host_gradients_registered =
+    register_gradients<ew::HostLauncher, true, GradTypes>(host_gradients());
 
 template <class R, class T, class Out>
 struct HostReduce {
@@ -211,6 +224,73 @@ PrecisionGuarantee precision_of(DType in, const RMeta& meta, Backend backend) {
   return bytes;
 }
 
+/// The output as a broadcast view over the input's shape: its stride along
+/// each input axis, 0 on the reduced axes (not for trace).
+TensorView broadcast_over_input(Form form, uint32_t mask, const TensorView& in, const TensorView& out) {
+  TensorView b = in;
+  b.data = out.data;
+  b.dtype = out.dtype;
+  const int lead = in.rank - out.rank;  // sum_to: leading axes absent from the output
+  const bool squeezed = form == Form::dims && out.rank < in.rank;
+  for (int a = 0, k = 0; a < in.rank; ++a) {
+    const bool reduced = mask >> a & 1u;
+    b.stride[a] = 0;
+    if (form == Form::sum_to) {
+      if (a >= lead && !reduced) b.stride[a] = out.stride[a - lead];
+    } else if (squeezed) {
+      if (!reduced) b.stride[a] = out.stride[k++];
+    } else if (!reduced) {
+      b.stride[a] = out.stride[a];
+    }
+  }
+  return b;
+}
+
+/// Kept dims: sorted and coalesced (the order of outputs is free). Reduced
+/// dims: logical order (innermost first) for the arg reducers, whose index
+/// is the row-major position over the reduced dims; sorted by input stride
+/// for the others.
+ReduceLaunch make_reduce_launch(Form form, const Reduction& reduction, bool index_order, TensorView in,
+                              const TensorView& out) {
+  const uint32_t mask = reduction.mask;
+  if (form == Form::trace) {  // the diagonal as a rank-1 view
+    in.shape[0] = reduction.count;
+    in.stride[0] = in.stride[0] + in.stride[1];
+    in.rank = 1;
+  }
+  const int in_rank = in.rank;
+  int64_t out_stride[kMaxRank] = {};
+  if (form != Form::trace) {
+    const TensorView b = broadcast_over_input(form, mask, in, out);
+    for (int a = 0; a < in_rank; ++a) out_stride[a] = b.stride[a];
+  }
+  ReduceLaunch l;
+  Problem& kept = l.kept;
+  Problem& red = l.reduced;
+  kept.n_operands = red.n_operands = 2;
+  kept.data[0] = red.data[0] = static_cast<char*>(out.data);
+  kept.data[1] = red.data[1] = static_cast<char*>(in.data);
+  for (int a = in_rank - 1; a >= 0; --a) {  // innermost first
+    Problem& p = (mask >> a & 1u) ? red : kept;
+    p.shape[p.rank] = in.shape[a];
+    p.stride[0][p.rank] = (mask >> a & 1u) ? 0 : out_stride[a];
+    p.stride[1][p.rank] = in.stride[a];
+    ++p.rank;
+  }
+  const size_t bytes[2] = {dtype_size(out.dtype), dtype_size(in.dtype)};
+  ew::drop_unit_dims(kept);
+  ew::flip_negative_dims(kept, bytes);
+  ew::sort_dims(kept);
+  ew::coalesce(kept);
+  ew::drop_unit_dims(red);
+  if (!index_order) ew::sort_dims(red);
+  ew::coalesce(red);
+  l.outputs = kept.numel();
+  l.count = red.numel();
+  return l;
+}
+
+
 class ReducePlan final : public Plan {
  public:
   ReducePlan(const Def& def, const OpInfo& info, OpDesc desc, Reduction r, Backend backend, ReduceFn fn)
@@ -270,7 +350,8 @@ class ReducePlan final : public Plan {
     if (workspace.bytes < workspace_)
       return Status::too_small(ErrorKind::workspace_too_small, workspace_, workspace.bytes,
                                cat(def_.name, ": workspace of ", workspace.bytes, " bytes, needs ", workspace_));
-    ReduceLaunch l = launch_for(args.inputs[0], args.outputs[0]);
+    ReduceLaunch l = make_reduce_launch(def_.form, reduction_, def_.meta->out == OutRule::index, args.inputs[0],
+                                        args.outputs[0]);
     l.splits = splits_;
     l.chunk = (l.count + splits_ - 1) / splits_;
     l.workspace = workspace.data;
@@ -278,62 +359,6 @@ class ReducePlan final : public Plan {
   }
 
  private:
-  /// Kept dims: sorted and coalesced (the order of outputs is free). Reduced
-  /// dims: logical order (innermost first) for the arg reducers, whose index
-  /// is the row-major position over the reduced dims; sorted by input stride
-  /// for the others.
-  ReduceLaunch launch_for(TensorView in, const TensorView& out) const {
-    const int rank = in.rank;
-    uint32_t mask = reduction_.mask;
-    if (def_.form == Form::trace) {  // the diagonal as a rank-1 view
-      in.shape[0] = reduction_.count;
-      in.stride[0] = in.stride[0] + in.stride[1];
-      in.rank = 1;
-    }
-    const int in_rank = in.rank;
-    // Output stride per input axis (0 on reduced axes).
-    int64_t out_stride[kMaxRank] = {};
-    if (def_.form != Form::trace) {
-      const int lead = in_rank - out.rank;  // sum_to: leading axes absent from the output
-      const bool squeezed = def_.form == Form::dims && out.rank < in_rank;
-      for (int a = 0, k = 0; a < in_rank; ++a) {
-        const bool reduced = mask >> a & 1u;
-        if (def_.form == Form::sum_to) {
-          if (a >= lead && !reduced) out_stride[a] = out.stride[a - lead];
-        } else if (squeezed) {
-          if (!reduced) out_stride[a] = out.stride[k++];
-        } else if (!reduced) {
-          out_stride[a] = out.stride[a];
-        }
-      }
-    }
-    ReduceLaunch l;
-    Problem& kept = l.kept;
-    Problem& red = l.reduced;
-    kept.n_operands = red.n_operands = 2;
-    kept.data[0] = red.data[0] = static_cast<char*>(out.data);
-    kept.data[1] = red.data[1] = static_cast<char*>(in.data);
-    for (int a = in_rank - 1; a >= 0; --a) {  // innermost first
-      Problem& p = (mask >> a & 1u) ? red : kept;
-      p.shape[p.rank] = in.shape[a];
-      p.stride[0][p.rank] = (mask >> a & 1u) ? 0 : out_stride[a];
-      p.stride[1][p.rank] = in.stride[a];
-      ++p.rank;
-    }
-    (void)rank;
-    const size_t bytes[2] = {dtype_size(out.dtype), dtype_size(in.dtype)};
-    ew::drop_unit_dims(kept);
-    ew::flip_negative_dims(kept, bytes);
-    ew::sort_dims(kept);
-    ew::coalesce(kept);
-    ew::drop_unit_dims(red);
-    if (def_.meta->out != OutRule::index) ew::sort_dims(red);
-    ew::coalesce(red);
-    l.outputs = kept.numel();
-    l.count = red.numel();
-    return l;
-  }
-
   const Def& def_;
   const OpInfo& info_;
   OpDesc desc_;
@@ -374,6 +399,28 @@ std::vector<Attrs> samples_for(const Def& def) {
   return s;
 }
 
+/// Test shapes for a forward reduction case (see OpInfo::sample_shapes).
+std::optional<SampleShapes> sample_shapes(const Def& def, DType primary, const Shape& shape, const Attrs& attrs) {
+  const int rank = static_cast<int>(shape.size());
+  if (def.form == Form::trace) {
+    if (rank != 2) return std::nullopt;
+    return SampleShapes{{shape}, {}};
+  }
+  if (def.form == Form::sum_to) {  // sum over the first axis and any inner size-1 target
+    if (rank == 0) return std::nullopt;
+    Shape target(shape.begin() + 1, shape.end());
+    if (!target.empty()) target.back() = 1;
+    return SampleShapes{{shape}, {TensorSpec{is_floating(primary) ? primary : DType::i64, target}}};
+  }
+  auto mask = reduced_mask(def, attrs, rank);
+  if (!mask) return std::nullopt;
+  int64_t count = 1;
+  for (int a = 0; a < rank; ++a)
+    if (*mask >> a & 1u) count *= shape[a];
+  if (count == 0 && !def.meta->has_identity) return std::nullopt;  // an error, tested apart
+  return SampleShapes{{shape}, {}};
+}
+
 void add_op(std::vector<OpInfo>& ops, Def def_in) {
   defs().push_back(std::move(def_in));
   const Def& def = defs().back();
@@ -396,25 +443,8 @@ void add_op(std::vector<OpInfo>& ops, Def def_in) {
   info.integer_valued_inputs = def.meta->out == OutRule::index;  // ties: the first index must win
   info.tolerance_scale = def.meta->tolerance;
   info.sample_attrs = samples_for(def);
-  info.sample_shapes = [&def](DType primary, const Shape& shape, const Attrs& attrs) -> std::optional<SampleShapes> {
-    const int rank = static_cast<int>(shape.size());
-    if (def.form == Form::trace) {
-      if (rank != 2) return std::nullopt;
-      return SampleShapes{{shape}, {}};
-    }
-    if (def.form == Form::sum_to) {  // sum over the first axis and any inner size-1 target
-      if (rank == 0) return std::nullopt;
-      Shape target(shape.begin() + 1, shape.end());
-      if (!target.empty()) target.back() = 1;
-      return SampleShapes{{shape}, {TensorSpec{is_floating(primary) ? primary : DType::i64, target}}};
-    }
-    auto mask = reduced_mask(def, attrs, rank);
-    if (!mask) return std::nullopt;
-    int64_t count = 1;
-    for (int a = 0; a < rank; ++a)
-      if (*mask >> a & 1u) count *= shape[a];
-    if (count == 0 && !def.meta->has_identity) return std::nullopt;  // an error, tested apart
-    return SampleShapes{{shape}, {}};
+  info.sample_shapes = [&def](DType primary, const Shape& shape, const Attrs& attrs) {
+    return sample_shapes(def, primary, shape, attrs);
   };
   const size_t index = ops.size();
   info.infer = [&def](const OpDesc& partial) { return infer_desc(def, partial); };
@@ -434,6 +464,194 @@ void add_op(std::vector<OpInfo>& ops, Def def_in) {
   ops.push_back(std::move(info));
 }
 
+// ---------------------------------------------------------------- gradients
+
+/// The forward op's descriptor behind a gradient descriptor (sum_to: its
+/// output is grad_output's shape).
+OpDesc forward_desc(const Def& fwd, const OpDesc& d) {
+  OpDesc f{fwd.name, {d.inputs[1]}, {}, d.attrs};
+  if (fwd.form == Form::sum_to) f.outputs = {d.inputs[0]};
+  return f;
+}
+
+/// grad_output (and output) must be what the forward op returns for `input`.
+Result<OpDesc> infer_grad(const Def& fwd, const OpInfo& info, const OpDesc& partial) {
+  OpDesc d = partial;
+  const std::string op = cat(fwd.name, "_backward");
+  if (d.inputs.size() != info.input_names.size())
+    return invalid(op, ": expected ", info.input_names.size(), " inputs, got ", d.inputs.size());
+  if (!is_floating(d.inputs[1].dtype) || dtype_size(d.inputs[1].dtype) == 1)
+    return unsupported(op, ": dtype ", dtype_name(d.inputs[1].dtype), " is not supported (f32 f16 bf16 f64)");
+  if (fwd.meta == &Norm::meta && std::isinf(d.attrs.get("p", 2)))
+    return unsupported(op, ": p = +-inf has no gradient here (ties need an even split); use finite p");
+  auto f = infer_desc(fwd, forward_desc(fwd, d));
+  if (!f) return f.status();
+  const TensorSpec& y = f->outputs[0];
+  for (size_t i = 0; i < d.inputs.size(); ++i) {
+    if (i == 1) continue;
+    if (d.inputs[i].dtype != y.dtype || d.inputs[i].shape != y.shape)
+      return invalid(op, ": '", info.input_names[i], "' must be ", dtype_name(y.dtype), shape_str(y.shape),
+                     " (the forward output), got ", dtype_name(d.inputs[i].dtype), shape_str(d.inputs[i].shape));
+  }
+  const TensorSpec expected = d.inputs[1];
+  if (d.outputs.empty()) d.outputs.push_back(expected);
+  else if (d.outputs.size() != 1 || d.outputs[0].dtype != expected.dtype || d.outputs[0].shape != expected.shape)
+    return invalid(op, ": output 'grad_input' must be ", dtype_name(expected.dtype), shape_str(expected.shape));
+  return d;
+}
+
+/// grad_input = G(grad_output, input, output, mean) over the input's shape,
+/// every per-output operand broadcast back over the reduced axes; var/std
+/// first reduce the mean into the workspace (f32, f64 for f64 and on the host).
+class ReduceGradPlan final : public Plan {
+ public:
+  ReduceGradPlan(const Def& fwd, const OpInfo& info, OpDesc desc, Reduction r, Backend backend, ew::LaunchFn fn,
+                 ReduceFn mean_fn)
+      : fwd_(fwd), info_(info), desc_(std::move(desc)), reduction_(std::move(r)), fn_(fn), mean_fn_(mean_fn) {
+    const DType t = desc_.inputs[1].dtype;
+    sku_.category = OpCategory::reduce;
+    sku_.op = info.name.c_str();
+    sku_.element = t;
+    sku_.layout = Layout::any_strided;
+    sku_.backend = backend;
+    sku_.precision = precision_of(t, *fwd.meta, backend);
+#ifdef BARACUDA_HAS_CUDA
+    if (backend != Backend::host_reference) sku_.arch = current_sm_version();
+#endif
+    params_.v[0] = double(reduction_.count);
+    params_.v[1] = desc_.attrs.get("p", 2);
+    params_.v[2] = desc_.attrs.get("correction", 1);
+    mean_dtype_ = backend == Backend::host_reference || t == DType::f64 ? DType::f64 : DType::f32;
+    if (mean_fn_) workspace_ = size_t(std::max<int64_t>(desc_.inputs[0].numel(), 1)) * dtype_size(mean_dtype_);
+  }
+
+  const OpDesc& desc() const override { return desc_; }
+  size_t workspace_size() const override { return workspace_; }
+  KernelSku sku() const override { return sku_; }
+
+  Status can_implement(const OpArgs& args) const override {
+    const std::string& op = info_.name;
+    if (args.inputs.size() != desc_.inputs.size() || args.outputs.size() != 1)
+      return invalid(op, ": expected ", desc_.inputs.size(), " inputs and 1 output, got ", args.inputs.size(), " and ",
+                     args.outputs.size());
+    auto check = [&](const TensorView& v, const TensorSpec& spec, const std::string& name) -> Status {
+      if (v.rank < 0 || v.rank > kMaxRank) return invalid(op, ": '", name, "' has rank ", v.rank);
+      if (v.dtype != spec.dtype)
+        return invalid(op, ": '", name, "' dtype ", dtype_name(v.dtype), " != descriptor dtype ", dtype_name(spec.dtype));
+      if (v.shape_vec() != spec.shape)
+        return invalid(op, ": '", name, "' shape ", shape_str(v.shape_vec()), " != descriptor shape ", shape_str(spec.shape));
+      if (!v.data && v.numel() > 0) return invalid(op, ": '", name, "' has null data and ", v.numel(), " elements");
+      return Status::ok();
+    };
+    for (size_t i = 0; i < args.inputs.size(); ++i) BARACUDA_TRY(check(args.inputs[i], desc_.inputs[i], info_.input_names[i]));
+    const TensorView& out = args.outputs[0];
+    BARACUDA_TRY(check(out, desc_.outputs[0], "grad_input"));
+    if (has_internal_overlap(out)) return invalid(op, ": output 'grad_input' has overlapping elements");
+    for (size_t i = 0; i < args.inputs.size(); ++i)
+      if (memory_overlaps(out, args.inputs[i]) && !same_layout(out, args.inputs[i]))
+        return invalid(op, ": output 'grad_input' overlaps input '", info_.input_names[i],
+                       "' with a different layout (in-place needs equal shape and strides)");
+    return Status::ok();
+  }
+
+  Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
+    BARACUDA_TRY(can_implement(args));
+    const TensorView& x = args.inputs[1];
+    if (x.numel() == 0) return Status::ok();
+    if (workspace.bytes < workspace_)
+      return Status::too_small(ErrorKind::workspace_too_small, workspace_, workspace.bytes,
+                               cat(info_.name, ": workspace of ", workspace.bytes, " bytes, needs ", workspace_));
+    const TensorView& g = args.inputs[0];
+    const TensorView& y = args.inputs.size() > 2 ? args.inputs[2] : g;
+    TensorView mean = g;  // unused unless var/std
+    if (mean_fn_) {
+      const Shape& out_shape = desc_.inputs[0].shape;
+      auto m = TensorView::contiguous(workspace.data, mean_dtype_, out_shape);
+      if (!m) return m.status();
+      mean = *m;
+      ReduceLaunch l = make_reduce_launch(fwd_.form, reduction_, false, x, mean);
+      l.splits = 1;
+      l.chunk = l.count;
+      BARACUDA_TRY(mean_fn_(l, RParams{}, stream.cuda_stream()).with_context(info_.name));
+    }
+    const TensorView in[4] = {broadcast_over_input(fwd_.form, reduction_.mask, x, g), x,
+                              broadcast_over_input(fwd_.form, reduction_.mask, x, y),
+                              broadcast_over_input(fwd_.form, reduction_.mask, x, mean)};
+    const ew::LaunchList list = ew::plan_launches(desc_.inputs[1].shape, std::span(&args.outputs[0], 1), in);
+    return fn_(list.launches[0], params_, stream.cuda_stream()).with_context(info_.name);
+  }
+
+ private:
+  const Def& fwd_;
+  const OpInfo& info_;
+  OpDesc desc_;
+  Reduction reduction_;
+  ew::LaunchFn fn_;
+  ReduceFn mean_fn_;
+  ew::Params params_;
+  DType mean_dtype_ = DType::f32;
+  KernelSku sku_;
+  size_t workspace_ = 0;
+};
+
+/// Registers `<forward>_backward` for a differentiable reduction.
+void add_grad_op(std::vector<OpInfo>& ops, const Def& fwd, size_t fwd_index, const char* grad_name, bool needs_output) {
+  OpInfo info;
+  info.name = cat(fwd.name, "_backward");
+  info.category = OpCategory::reduce;
+  info.family = "reduce_backward";
+  info.direction = Direction::backward;
+  info.gradient = fwd.name;
+  info.input_names = needs_output ? std::vector<std::string>{"grad_output", "input", "output"}
+                                  : std::vector<std::string>{"grad_output", "input"};
+  info.output_names = {"grad_input"};
+  info.dtypes = dtypes_of<GradTypes>();
+  info.attrs = attrs_for(fwd);
+  info.backends = {Backend::bespoke_cuda, Backend::host_reference};
+  info.doc = cat("gradient of ", fwd.name, " (grad_output and output shaped like the forward output)");
+  info.input_dtypes = [n = info.input_names.size()](DType primary) { return std::vector<DType>(n, primary); };
+  info.domains = {Domain{-1, 1}, Domain{-2, 2}, Domain{0.5, 3}};
+  info.tolerance_scale = 4;
+  for (const Attrs& a : samples_for(fwd))
+    if (!std::isinf(a.get("p", 2))) info.sample_attrs.push_back(a);
+  info.sample_shapes = [&fwd, needs_output](DType primary, const Shape& shape,
+                                            const Attrs& attrs) -> std::optional<SampleShapes> {
+    auto f = sample_shapes(fwd, primary, shape, attrs);
+    if (!f) return std::nullopt;
+    OpDesc d{fwd.name, {{primary, shape}}, f->outputs, attrs};
+    auto full = infer_desc(fwd, d);
+    if (!full) return std::nullopt;
+    const Shape& y = full->outputs[0].shape;
+    SampleShapes s{{y, shape}, {}};
+    if (needs_output) s.inputs.push_back(y);
+    return s;
+  };
+  const size_t index = ops.size();
+  info.infer = [&fwd, index](const OpDesc& partial) { return infer_grad(fwd, registry()[index], partial); };
+  info.make_plan = [&fwd, index, grad_name](Backend backend, const Stream&, const OpDesc& desc) -> Result<PlanPtr> {
+    const OpInfo& self = registry()[index];
+    auto full = infer_grad(fwd, self, desc);
+    if (!full) return full.status();
+    auto f = infer_desc(fwd, forward_desc(fwd, *full));
+    if (!f) return f.status();
+    auto r = describe(fwd, *f);
+    if (!r) return r.status();
+    const DType t = full->inputs[1].dtype;
+    const bool host = backend == Backend::host_reference;
+    ew::LaunchFn fn = (host ? host_gradients() : cuda_gradients()).find(cat(grad_name, ':', dtype_name(t)));
+    if (!fn) return unsupported("no ", backend_name(backend), " kernel for ", self.name, " ", dtype_name(t));
+    ReduceFn mean_fn = nullptr;
+    if (fwd.meta == &Var::meta || fwd.meta == &Std::meta) {
+      const DType m = host || t == DType::f64 ? DType::f64 : DType::f32;
+      mean_fn = (host ? host_reducers() : cuda_reducers()).find(reducer_key("mean", t, m));
+      if (!mean_fn) return unsupported("no ", backend_name(backend), " mean kernel for ", self.name);
+    }
+    return PlanPtr(std::make_unique<ReduceGradPlan>(fwd, self, std::move(*full), std::move(*r), backend, fn, mean_fn));
+  };
+  ops[fwd_index].gradient = info.name;
+  ops.push_back(std::move(info));
+}
+
 template <class R>
 std::vector<DType> input_dtypes_of() {
   return R::meta.inputs == InSet::real ? dtypes_of<RealInputs>() : dtypes_of<FloatInputs>();
@@ -450,6 +668,19 @@ void register_reduce_ops(std::vector<OpInfo>& ops) {
   }(Reducers{});
   add_op(ops, Def{"sum_to", Form::sum_to, &Sum::meta, input_dtypes_of<Sum>()});
   add_op(ops, Def{"trace", Form::trace, &Sum::meta, input_dtypes_of<Sum>()});
+  // Gradients: (forward, gradient functor, whether it reads the forward output).
+  const std::tuple<const char*, const char*, bool> differentiable[] = {
+      {"sum", "sum", false},        {"mean", "mean", false}, {"logsumexp", "logsumexp", true},
+      {"norm", "norm", true},       {"var", "var", false},   {"std", "std", true},
+      {"sum_to", "sum", false}};
+  for (const auto& [name, grad, needs_output] : differentiable) {
+    size_t index = 0;
+    while (ops[index].name != name) ++index;
+    const Def* fwd = nullptr;
+    for (const Def& d : defs())
+      if (d.name == name) fwd = &d;
+    add_grad_op(ops, *fwd, index, grad, needs_output);
+  }
 }
 
 }  // namespace baracuda

@@ -5,7 +5,10 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/errors.hpp"
+
 #include "reduce/engine.hpp"
+#include "reduce/gradients.hpp"
 
 namespace baracuda::red {
 
@@ -37,10 +40,16 @@ auto output_types() {
 
 template <template <class, class, class> class Launch, class T, class R>
 void register_reducer(ReduceTable& table) {
-  if constexpr (accepts<R, T>)
+  if constexpr (accepts<R, T>) {
     for_each_type<decltype(output_types<R, T>())>([&]<class Out>(TypeTag<Out>) {
       table.add(reducer_key(R::meta.name, dtype_of<T>, dtype_of<Out>), &Launch<R, T, Out>::run);
     });
+    // The mean in f32/f64 whatever the input: var/std gradients need it unrounded.
+    if constexpr (std::is_same_v<R, Mean>) {
+      table.add(reducer_key("mean", dtype_of<T>, DType::f32), &Launch<R, T, float>::run);
+      table.add(reducer_key("mean", dtype_of<T>, DType::f64), &Launch<R, T, double>::run);
+    }
+  }
 }
 
 template <template <class, class, class> class Launch, class T, class... Rs>
@@ -53,6 +62,36 @@ void register_reducers_for(ReduceTable& table, ReducerList<Rs...>) {
 template <template <class, class, class> class Launch, class Types>
 bool register_reducers(ReduceTable& table) {
   for_each_type<Types>([&]<class T>(TypeTag<T>) { register_reducers_for<Launch, T>(table, Reducers{}); });
+  return true;
+}
+
+/// Gradient launchers of the reductions, under "op:dtype" (op: the forward name).
+class GradTable {
+ public:
+  void add(std::string key, ew::LaunchFn fn) { fns_[std::move(key)] = fn; }
+  ew::LaunchFn find(const std::string& key) const {
+    auto it = fns_.find(key);
+    return it == fns_.end() ? nullptr : it->second;
+  }
+
+ private:
+  std::unordered_map<std::string, ew::LaunchFn> fns_;
+};
+GradTable& host_gradients();
+GradTable& cuda_gradients();
+
+template <class L, bool Host, class T, class... Gs>
+void register_gradients_for(GradTable& table, GradList<Gs...>) {
+  (table.add(cat(Gs::name, ':', dtype_name(dtype_of<T>)),
+             &L::template launch<T, 1, GradFn<Gs, Host, T>, T, T, T, mean_operand_t<Gs, Host, T>>),
+   ...);
+}
+
+/// `L::launch<Out, 1, Fn, Ins...>` (an elementwise launcher) for every
+/// gradient and every T of `Types`.
+template <class L, bool Host, class Types>
+bool register_gradients(GradTable& table) {
+  for_each_type<Types>([&]<class T>(TypeTag<T>) { register_gradients_for<L, Host, T>(table, ReductionGrads{}); });
   return true;
 }
 
