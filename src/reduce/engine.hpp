@@ -32,7 +32,7 @@ inline int choose_splits(int64_t outputs, int64_t count, int sm_count) {
   if (outputs <= 0 || count <= 0) return 1;
   const int64_t resident_threads = int64_t(sm_count) * 2048;
   int64_t by_parallelism = (resident_threads + outputs - 1) / outputs;
-  int64_t by_work = (count + 4095) / 4096;  // at least 4096 elements per split
+  int64_t by_work = (count + 1023) / 1024;  // at least 1024 elements per split
   int64_t s = std::min(by_parallelism, by_work);
   return int(std::clamp<int64_t>(s, 1, 1024));
 }

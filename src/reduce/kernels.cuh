@@ -148,6 +148,54 @@ __global__ void __launch_bounds__(kBlock)
   if (o < l.outputs) emit<R, T, Out>(l, r, o, split, acc, base[0]);
 }
 
+/// Columns with vectors: the outputs are the input's unit-stride dim; each
+/// thread owns V adjacent outputs and loads them as one 16-byte vector per
+/// reduced element (32 x V outputs x 8 lanes per block).
+template <class R, class T, class Out, int V>
+__global__ void __launch_bounds__(kBlock) vector_columns_kernel(ReduceLaunch l, RParams r) {
+  using A = typename R::template Acc<T, false>;
+  constexpr int kLanes = kBlock / 32;
+  struct alignas(16) Pack {
+    T v[V];
+  };
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32, split = blockIdx.y;
+  const int64_t o0 = (int64_t(blockIdx.x) * 32 + tx) * V;
+  A acc[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) acc[e] = R::template init<A>(r);
+  if (o0 < l.outputs) {
+    const T* in = reinterpret_cast<const T*>(l.kept.data[1]) + o0;
+    const int64_t begin = int64_t(split) * l.chunk, end = std::min(l.count, begin + l.chunk);
+    const int64_t stride = l.reduced.stride[1][0];
+    int64_t i = begin + ty;
+    for (; i + kLanes < end; i += 2 * kLanes) {  // two vectors in flight
+      const Pack a = *reinterpret_cast<const Pack*>(in + i * stride);
+      const Pack b = *reinterpret_cast<const Pack*>(in + (i + kLanes) * stride);
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] = R::step(acc[e], load_value<T, false>(a.v[e]), i, r);
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] = R::step(acc[e], load_value<T, false>(b.v[e]), i + kLanes, r);
+    }
+    for (; i < end; i += kLanes) {
+      const Pack a = *reinterpret_cast<const Pack*>(in + i * stride);
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] = R::step(acc[e], load_value<T, false>(a.v[e]), i, r);
+    }
+  }
+  __shared__ A accs[kLanes][32 * V + 1];
+#pragma unroll
+  for (int e = 0; e < V; ++e) accs[ty][tx * V + e] = acc[e];
+  __syncthreads();
+  if (ty != 0 || o0 >= l.outputs) return;
+  const int64_t out_stride = l.kept.stride[0][0];
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    A a = acc[e];
+    for (int y = 1; y < kLanes; ++y) a = R::merge(a, accs[y][tx * V + e], r);
+    emit<R, T, Out>(l, r, o0 + e, split, a, (o0 + e) * out_stride);
+  }
+}
+
 /// Merges the partial accumulators of every split, in split order.
 template <class R, class T, class Out>
 __global__ void __launch_bounds__(kBlock) merge_splits_kernel(ReduceLaunch l, RParams r, OffsetCalc<2, int64_t> kept) {
@@ -167,10 +215,22 @@ Status reduce_on_cuda(const ReduceLaunch& l, const RParams& r, CUstream_st* stre
   const OffsetCalc<2, int64_t> kept(l.kept), reduced(l.reduced);
   const bool contiguous = l.reduced.rank == 1 && l.reduced.stride[1][0] == 1;
   const unsigned splits = unsigned(l.splits);
+  // Vector columns where the per-thread accumulators stay small.
+  constexpr int V = sizeof(T) >= 16 ? 1 : int(16 / sizeof(T));
+  constexpr bool kVectorColumns = V > 1 && sizeof(typename R::template Acc<T, false>) * V <= 64;
+  bool vector_columns = false;
+  if constexpr (kVectorColumns)
+    vector_columns = l.kept.rank == 1 && l.kept.stride[1][0] == 1 && l.reduced.rank == 1 && l.outputs % V == 0 &&
+                     reinterpret_cast<uintptr_t>(l.kept.data[1]) % 16 == 0 &&
+                     (l.reduced.stride[1][0] * int64_t(sizeof(T))) % 16 == 0;
   if (contiguous && l.chunk <= 2048) {
     rows_kernel<R, T, Out, 32><<<dim3(unsigned((l.outputs + 7) / 8), splits), kBlock, 0, stream>>>(l, r, kept);
   } else if (contiguous) {
     rows_kernel<R, T, Out, kBlock><<<dim3(unsigned(l.outputs), splits), kBlock, 0, stream>>>(l, r, kept);
+  } else if (vector_columns) {
+    if constexpr (kVectorColumns)
+      vector_columns_kernel<R, T, Out, V>
+          <<<dim3(unsigned((l.outputs / V + 31) / 32), splits), kBlock, 0, stream>>>(l, r);
   } else if (l.reduced.rank <= 1) {
     columns_kernel<R, T, Out, true>
         <<<dim3(unsigned((l.outputs + 31) / 32), splits), kBlock, 0, stream>>>(l, r, kept, reduced);
