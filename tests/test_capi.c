@@ -64,6 +64,48 @@ int main(void) {
     baracuda_plan_destroy(plan);
   }
 
+  /* A reduction (sum over axis 0 of the [2, 3] matrix a) and a row op (softmax
+     along the last axis), with the output inferred; then layer_norm's three outputs. */
+  {
+    baracuda_attr dims = {"dims", 1};
+    int64_t shape_s[1] = {3};
+    float s_out[3] = {0, 0, 0};
+    baracuda_tensor x = {a, BARACUDA_F32, 2, shape_a, NULL};
+    baracuda_tensor so = {s_out, BARACUDA_F32, 1, shape_s, NULL};
+    CHECK(baracuda_plan_create(&plan, host, "sum", &x, 1, NULL, 0, &dims, 1) == BARACUDA_OK);
+    if (plan) {
+      size_t ws = 1;
+      CHECK(baracuda_plan_workspace_size(plan, &ws) == BARACUDA_OK && ws == 0);
+      CHECK(baracuda_plan_run(plan, host, NULL, 0, &x, 1, &so, 1) == BARACUDA_OK);
+      for (int j = 0; j < 3; ++j) CHECK(fabsf(s_out[j] - (a[j] + a[3 + j])) < 1e-6f);
+      baracuda_plan_destroy(plan);
+    }
+    baracuda_attr last = {"dim", -1};
+    float sm[6];
+    baracuda_tensor smo = {sm, BARACUDA_F32, 2, shape_a, NULL};
+    CHECK(baracuda_plan_create(&plan, host, "softmax", &x, 1, NULL, 0, &last, 1) == BARACUDA_OK);
+    if (plan) {
+      CHECK(baracuda_plan_run(plan, host, NULL, 0, &x, 1, &smo, 1) == BARACUDA_OK);
+      CHECK(fabsf(sm[0] + sm[1] + sm[2] - 1.0f) < 1e-6f && fabsf(sm[3] + sm[4] + sm[5] - 1.0f) < 1e-6f);
+      baracuda_plan_destroy(plan);
+    }
+    float w[3] = {1, 1, 1}, bias[3] = {0, 0, 0}, y[6], mean[2], rstd[2];
+    int64_t shape_w[1] = {3}, shape_r[1] = {2};
+    baracuda_tensor ln_in[3] = {x, {w, BARACUDA_F32, 1, shape_w, NULL}, {bias, BARACUDA_F32, 1, shape_w, NULL}};
+    baracuda_tensor ln_out[3] = {{y, BARACUDA_F32, 2, shape_a, NULL}, {mean, BARACUDA_F32, 1, shape_r, NULL},
+                                 {rstd, BARACUDA_F32, 1, shape_r, NULL}};
+    CHECK(baracuda_plan_create(&plan, host, "layer_norm", ln_in, 3, NULL, 0, NULL, 0) == BARACUDA_OK);
+    if (plan) {
+      CHECK(baracuda_plan_run(plan, host, NULL, 0, ln_in, 3, ln_out, 3) == BARACUDA_OK);
+      CHECK(fabsf(mean[0] - (a[0] + a[1] + a[2]) / 3) < 1e-6f && fabsf(y[0] + y[1] + y[2]) < 1e-5f);
+      baracuda_plan_destroy(plan);
+    }
+    /* A bad axis names the problem. */
+    baracuda_attr bad_dims = {"dims", 4};
+    CHECK(baracuda_plan_create(&plan, host, "sum", &x, 1, NULL, 0, &bad_dims, 1) == BARACUDA_ERROR_INVALID_PROBLEM);
+    CHECK(strstr(baracuda_last_error(), "names axis 2 but the input has rank 2") != NULL);
+  }
+
   /* Errors: unknown op, broadcast mismatch, rank too large. */
   CHECK(baracuda_plan_create(&plan, host, "no_such_op", in, 2, NULL, 0, NULL, 0) == BARACUDA_ERROR_INVALID_PROBLEM);
   CHECK(strstr(baracuda_last_error(), "no_such_op") != NULL);
