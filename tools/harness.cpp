@@ -159,6 +159,8 @@ std::string CaseSpec::to_string() const {
 
 Shape default_shape(const OpInfo& op, int64_t elements) {
   if (op.family == "gated" && elements >= 4096) return {elements / 4096, 4096};
+  // Row-wise and reducing families: a matrix, so that every axis attribute fits.
+  if (op.category != OpCategory::elementwise && elements >= 1024) return {elements / 1024, 1024};
   return {elements};
 }
 
