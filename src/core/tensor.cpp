@@ -153,4 +153,40 @@ bool same_layout(const TensorView& a, const TensorView& b) {
   return true;
 }
 
+Status check_args(std::string_view op, const OpArgs& args, const OpDesc& desc, std::span<const std::string> input_names,
+                  std::span<const std::string> output_names) {
+  if (args.inputs.size() != desc.inputs.size() || args.outputs.size() != desc.outputs.size())
+    return invalid(op, ": expected ", desc.inputs.size(), " inputs and ", desc.outputs.size(), " outputs, got ",
+                   args.inputs.size(), " and ", args.outputs.size());
+  auto check = [&](const TensorView& v, const TensorSpec& spec, const std::string& name) -> Status {
+    if (v.rank < 0 || v.rank > kMaxRank)
+      return invalid(op, ": '", name, "' has rank ", v.rank, ", the maximum is ", kMaxRank);
+    if (v.dtype != spec.dtype)
+      return invalid(op, ": '", name, "' dtype ", dtype_name(v.dtype), " != descriptor dtype ", dtype_name(spec.dtype));
+    if (v.shape_vec() != spec.shape)
+      return invalid(op, ": '", name, "' shape ", shape_str(v.shape_vec()), " != descriptor shape ",
+                     shape_str(spec.shape));
+    if (!v.data && v.numel() > 0) return invalid(op, ": '", name, "' has null data and ", v.numel(), " elements");
+    return Status::ok();
+  };
+  for (size_t i = 0; i < args.inputs.size(); ++i) BARACUDA_TRY(check(args.inputs[i], desc.inputs[i], input_names[i]));
+  for (size_t j = 0; j < args.outputs.size(); ++j) {
+    const TensorView& out = args.outputs[j];
+    const std::string& name = output_names[j];
+    BARACUDA_TRY(check(out, desc.outputs[j], name));
+    if (has_internal_overlap(out))
+      return invalid(op, ": output '", name, "' has overlapping elements (strides ",
+                     shape_str(std::span<const int64_t>(out.stride.data(), out.rank)), " for shape ",
+                     shape_str(out.shape_vec()), ")");
+    for (size_t k = 0; k < j; ++k)
+      if (memory_overlaps(out, args.outputs[k]))
+        return invalid(op, ": outputs '", output_names[k], "' and '", name, "' overlap in memory");
+    for (size_t i = 0; i < args.inputs.size(); ++i)
+      if (memory_overlaps(out, args.inputs[i]) && !same_layout(out, args.inputs[i]))
+        return invalid(op, ": output '", name, "' overlaps input '", input_names[i],
+                       "' with a different layout (in-place needs equal shape, strides and element size)");
+  }
+  return Status::ok();
+}
+
 }  // namespace baracuda

@@ -22,4 +22,11 @@ bool memory_overlaps(const TensorView& a, const TensorView& b);
 /// Same data pointer, dtype, shape and strides.
 bool same_layout(const TensorView& a, const TensorView& b);
 
+/// The checks every plan's can_implement makes, with messages naming the op
+/// and operand: argument counts; each view's rank, dtype and shape against
+/// the descriptor; null data; outputs that overlap themselves or each other;
+/// outputs that overlap an input other than in place (an equal layout).
+Status check_args(std::string_view op, const OpArgs& args, const OpDesc& desc, std::span<const std::string> input_names,
+                  std::span<const std::string> output_names);
+
 }  // namespace baracuda

@@ -273,41 +273,7 @@ class ElementwisePlan final : public Plan {
   KernelSku sku() const override { return sku_; }
 
   Status can_implement(const OpArgs& args) const override {
-    const std::string& op = def_.name;
-    if (args.inputs.size() != desc_.inputs.size() || args.outputs.size() != desc_.outputs.size())
-      return invalid(op, ": expected ", desc_.inputs.size(), " inputs and ", desc_.outputs.size(),
-                     " outputs, got ", args.inputs.size(), " and ", args.outputs.size());
-    auto check = [&](const TensorView& v, const TensorSpec& spec, const std::string& name) -> Status {
-      if (v.rank < 0 || v.rank > kMaxRank)
-        return invalid(op, ": '", name, "' has rank ", v.rank, ", the maximum is ", kMaxRank);
-      if (v.dtype != spec.dtype)
-        return invalid(op, ": '", name, "' dtype ", dtype_name(v.dtype), " != descriptor dtype ", dtype_name(spec.dtype));
-      if (v.shape_vec() != spec.shape)
-        return invalid(op, ": '", name, "' shape ", shape_str(v.shape_vec()), " != descriptor shape ",
-                       shape_str(spec.shape));
-      if (!v.data && v.numel() > 0) return invalid(op, ": '", name, "' has null data and ", v.numel(), " elements");
-      return Status::ok();
-    };
-    for (size_t i = 0; i < args.inputs.size(); ++i) BARACUDA_TRY(check(args.inputs[i], desc_.inputs[i], info_.input_names[i]));
-    for (size_t j = 0; j < args.outputs.size(); ++j) {
-      const TensorView& out = args.outputs[j];
-      const std::string& name = info_.output_names[j];
-      BARACUDA_TRY(check(out, desc_.outputs[j], name));
-      if (has_internal_overlap(out))
-        return invalid(op, ": output '", name, "' has overlapping elements (strides ",
-                       shape_str(std::span<const int64_t>(out.stride.data(), out.rank)),
-                       " for shape ", shape_str(out.shape_vec()), ")");
-      for (size_t k = 0; k < j; ++k)
-        if (memory_overlaps(out, args.outputs[k]))
-          return invalid(op, ": outputs '", info_.output_names[k], "' and '", name, "' overlap in memory");
-      for (size_t i = 0; i < args.inputs.size(); ++i) {
-        const TensorView& in = args.inputs[i];
-        if (memory_overlaps(out, in) && !(same_layout(out, in) && dtype_size(out.dtype) == dtype_size(in.dtype)))
-          return invalid(op, ": output '", name, "' overlaps input '", info_.input_names[i],
-                         "' with a different layout (in-place needs equal shape, strides and element size)");
-      }
-    }
-    return Status::ok();
+    return check_args(def_.name, args, desc_, info_.input_names, info_.output_names);
   }
 
   Status run(const Stream& stream, Workspace, const OpArgs& args) const override {

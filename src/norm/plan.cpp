@@ -215,34 +215,7 @@ class NormPlan final : public Plan {
   KernelSku sku() const override { return sku_; }
 
   Status can_implement(const OpArgs& args) const override {
-    const std::string& op = def_.name;
-    if (args.inputs.size() != desc_.inputs.size() || args.outputs.size() != desc_.outputs.size())
-      return invalid(op, ": expected ", desc_.inputs.size(), " inputs and ", desc_.outputs.size(), " outputs, got ",
-                     args.inputs.size(), " and ", args.outputs.size());
-    auto check = [&](const TensorView& v, const TensorSpec& spec, const std::string& name) -> Status {
-      if (v.rank < 0 || v.rank > kMaxRank) return invalid(op, ": '", name, "' has rank ", v.rank);
-      if (v.dtype != spec.dtype)
-        return invalid(op, ": '", name, "' dtype ", dtype_name(v.dtype), " != descriptor dtype ", dtype_name(spec.dtype));
-      if (v.shape_vec() != spec.shape)
-        return invalid(op, ": '", name, "' shape ", shape_str(v.shape_vec()), " != descriptor shape ", shape_str(spec.shape));
-      if (!v.data && v.numel() > 0) return invalid(op, ": '", name, "' has null data and ", v.numel(), " elements");
-      return Status::ok();
-    };
-    for (size_t i = 0; i < args.inputs.size(); ++i) BARACUDA_TRY(check(args.inputs[i], desc_.inputs[i], def_.inputs[i]));
-    for (size_t j = 0; j < args.outputs.size(); ++j) {
-      const TensorView& out = args.outputs[j];
-      BARACUDA_TRY(check(out, desc_.outputs[j], def_.outputs[j]));
-      if (has_internal_overlap(out)) return invalid(op, ": output '", def_.outputs[j], "' has overlapping elements");
-      for (size_t k = 0; k < j; ++k)
-        if (memory_overlaps(out, args.outputs[k]))
-          return invalid(op, ": outputs '", def_.outputs[k], "' and '", def_.outputs[j], "' overlap in memory");
-      // In place is fine with equal layouts: each element is read before it is written.
-      for (size_t i = 0; i < args.inputs.size(); ++i)
-        if (memory_overlaps(out, args.inputs[i]) && !(same_layout(out, args.inputs[i])))
-          return invalid(op, ": output '", def_.outputs[j], "' overlaps input '", def_.inputs[i],
-                         "' with a different layout (in-place needs equal shape and strides)");
-    }
-    return Status::ok();
+    return check_args(def_.name, args, desc_, def_.inputs, def_.outputs);
   }
 
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {

@@ -322,26 +322,8 @@ class ReducePlan final : public Plan {
   KernelSku sku() const override { return sku_; }
 
   Status can_implement(const OpArgs& args) const override {
-    const std::string& op = def_.name;
-    if (args.inputs.size() != 1 || args.outputs.size() != 1)
-      return invalid(op, ": expected 1 input and 1 output, got ", args.inputs.size(), " and ", args.outputs.size());
-    auto check = [&](const TensorView& v, const TensorSpec& spec, const char* name) -> Status {
-      if (v.rank < 0 || v.rank > kMaxRank) return invalid(op, ": '", name, "' has rank ", v.rank, ", the maximum is ", kMaxRank);
-      if (v.dtype != spec.dtype)
-        return invalid(op, ": '", name, "' dtype ", dtype_name(v.dtype), " != descriptor dtype ", dtype_name(spec.dtype));
-      if (v.shape_vec() != spec.shape)
-        return invalid(op, ": '", name, "' shape ", shape_str(v.shape_vec()), " != descriptor shape ", shape_str(spec.shape));
-      if (!v.data && v.numel() > 0) return invalid(op, ": '", name, "' has null data and ", v.numel(), " elements");
-      return Status::ok();
-    };
-    BARACUDA_TRY(check(args.inputs[0], desc_.inputs[0], "input"));
-    BARACUDA_TRY(check(args.outputs[0], desc_.outputs[0], "out"));
-    if (has_internal_overlap(args.outputs[0]))
-      return invalid(op, ": output 'out' has overlapping elements");
-    // Equal layouts (every reduced axis of size 1) read each element before writing it.
-    if (memory_overlaps(args.outputs[0], args.inputs[0]) && !same_layout(args.outputs[0], args.inputs[0]))
-      return invalid(op, ": output 'out' overlaps the input (a reduction cannot run in place)");
-    return Status::ok();
+    // In place only with an equal layout (every reduced axis of size 1).
+    return check_args(def_.name, args, desc_, info_.input_names, info_.output_names);
   }
 
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
@@ -530,28 +512,7 @@ class ReduceGradPlan final : public Plan {
   KernelSku sku() const override { return sku_; }
 
   Status can_implement(const OpArgs& args) const override {
-    const std::string& op = info_.name;
-    if (args.inputs.size() != desc_.inputs.size() || args.outputs.size() != 1)
-      return invalid(op, ": expected ", desc_.inputs.size(), " inputs and 1 output, got ", args.inputs.size(), " and ",
-                     args.outputs.size());
-    auto check = [&](const TensorView& v, const TensorSpec& spec, const std::string& name) -> Status {
-      if (v.rank < 0 || v.rank > kMaxRank) return invalid(op, ": '", name, "' has rank ", v.rank);
-      if (v.dtype != spec.dtype)
-        return invalid(op, ": '", name, "' dtype ", dtype_name(v.dtype), " != descriptor dtype ", dtype_name(spec.dtype));
-      if (v.shape_vec() != spec.shape)
-        return invalid(op, ": '", name, "' shape ", shape_str(v.shape_vec()), " != descriptor shape ", shape_str(spec.shape));
-      if (!v.data && v.numel() > 0) return invalid(op, ": '", name, "' has null data and ", v.numel(), " elements");
-      return Status::ok();
-    };
-    for (size_t i = 0; i < args.inputs.size(); ++i) BARACUDA_TRY(check(args.inputs[i], desc_.inputs[i], info_.input_names[i]));
-    const TensorView& out = args.outputs[0];
-    BARACUDA_TRY(check(out, desc_.outputs[0], "grad_input"));
-    if (has_internal_overlap(out)) return invalid(op, ": output 'grad_input' has overlapping elements");
-    for (size_t i = 0; i < args.inputs.size(); ++i)
-      if (memory_overlaps(out, args.inputs[i]) && !same_layout(out, args.inputs[i]))
-        return invalid(op, ": output 'grad_input' overlaps input '", info_.input_names[i],
-                       "' with a different layout (in-place needs equal shape and strides)");
-    return Status::ok();
+    return check_args(info_.name, args, desc_, info_.input_names, info_.output_names);
   }
 
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {

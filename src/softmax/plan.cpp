@@ -136,28 +136,7 @@ class SoftmaxPlan final : public Plan {
   KernelSku sku() const override { return sku_; }
 
   Status can_implement(const OpArgs& args) const override {
-    const std::string& op = def_.name;
-    if (args.inputs.size() != desc_.inputs.size() || args.outputs.size() != 1)
-      return invalid(op, ": expected ", desc_.inputs.size(), " inputs and 1 output, got ", args.inputs.size(), " and ",
-                     args.outputs.size());
-    auto check = [&](const TensorView& v, const TensorSpec& spec, const std::string& name) -> Status {
-      if (v.rank < 0 || v.rank > kMaxRank) return invalid(op, ": '", name, "' has rank ", v.rank);
-      if (v.dtype != spec.dtype)
-        return invalid(op, ": '", name, "' dtype ", dtype_name(v.dtype), " != descriptor dtype ", dtype_name(spec.dtype));
-      if (v.shape_vec() != spec.shape)
-        return invalid(op, ": '", name, "' shape ", shape_str(v.shape_vec()), " != descriptor shape ", shape_str(spec.shape));
-      if (!v.data && v.numel() > 0) return invalid(op, ": '", name, "' has null data and ", v.numel(), " elements");
-      return Status::ok();
-    };
-    for (size_t i = 0; i < args.inputs.size(); ++i) BARACUDA_TRY(check(args.inputs[i], desc_.inputs[i], info_.input_names[i]));
-    const TensorView& out = args.outputs[0];
-    BARACUDA_TRY(check(out, desc_.outputs[0], info_.output_names[0]));
-    if (has_internal_overlap(out)) return invalid(op, ": output '", info_.output_names[0], "' has overlapping elements");
-    for (size_t i = 0; i < args.inputs.size(); ++i)
-      if (memory_overlaps(out, args.inputs[i]) && !same_layout(out, args.inputs[i]))
-        return invalid(op, ": output '", info_.output_names[0], "' overlaps input '", info_.input_names[i],
-                       "' with a different layout (in-place needs equal shape and strides)");
-    return Status::ok();
+    return check_args(def_.name, args, desc_, info_.input_names, info_.output_names);
   }
 
   Status run(const Stream& stream, Workspace, const OpArgs& args) const override {
