@@ -300,6 +300,8 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
     out.message = std::move(msg);
     return out;
   };
+  if (std::find(op.backends.begin(), op.backends.end(), opt.backend) == op.backends.end())
+    return skip(cat("no ", backend_name(opt.backend), " backend for this op yet"));
   const bool backward = op.direction == Direction::backward;
   const bool gated = op.family == "gated";
   const size_t rank = spec.shape.size();
@@ -319,7 +321,7 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
   if (op.family == "fill") desc.outputs = {{spec.dtype, spec.shape}};
   if (op.sample_shapes) {
     auto shapes = op.sample_shapes(spec.dtype, spec.shape, spec.attrs);
-    if (!shapes) return skip("the attributes do not fit this shape");
+    if (!shapes) return skip("no sample for this shape and these attributes");
     in_shapes = shapes->inputs;
     desc.outputs = shapes->outputs;
     if (spec.layout == LayoutKind::broadcast) std::fill(expand.begin(), expand.end(), true);

@@ -380,6 +380,38 @@ def vector_norm_backward(grad_output, x, output, ord=2, dim=None, keepdim=False,
     return _norm_backward(grad_output, x, output, dim=dim, keepdim=keepdim, p=float(ord), out=out)
 
 
+# ---------------------------------------------------------------- scans (host backend only so far)
+
+def cumsum(input, dim, *, out=None):
+    """torch.cumsum along dim (ints and bool accumulate in i64)."""
+    return _call("cumsum", (input,), {"dim": dim}, out)
+
+
+def cumprod(input, dim, *, out=None):
+    """torch.cumprod along dim (ints and bool multiply in i64)."""
+    return _call("cumprod", (input,), {"dim": dim}, out)
+
+
+def logcumsumexp(input, dim, *, out=None):
+    """torch.logcumsumexp along dim, computed stably."""
+    return _call("logcumsumexp", (input,), {"dim": dim}, out)
+
+
+def cummax(input, dim, *, out=None):
+    """torch.cummax: (values, indices); ties take the later index, NaN propagates."""
+    return _call("cummax", (input,), {"dim": dim}, out)
+
+
+def cummin(input, dim, *, out=None):
+    """torch.cummin: (values, indices); ties take the later index, NaN propagates."""
+    return _call("cummin", (input,), {"dim": dim}, out)
+
+
+def cumsum_backward(grad_output, input, dim, *, out=None):
+    """Gradient of cumsum: the reversed running sum of grad_output."""
+    return _call("cumsum_backward", (grad_output, input), {"dim": dim}, out)
+
+
 # ---------------------------------------------------------------- softmax family
 
 def _softmax_fn(op):

@@ -60,6 +60,21 @@ def test_arg_and_truth_reductions():
     assert F.trace(x).item() == 1.0 + -1.0
 
 
+def test_scans_match_numpy():
+    x = _x((3, 6))
+    for dim in (0, 1, -1):
+        np.testing.assert_allclose(F.cumsum(x, dim), np.cumsum(x, dim), rtol=1e-13)
+        np.testing.assert_allclose(F.cumprod(x, dim), np.cumprod(x, dim), rtol=1e-13)
+        np.testing.assert_allclose(F.logcumsumexp(x, dim), np.log(np.cumsum(np.exp(x), dim)), rtol=1e-12)
+        values, indices = F.cummax(x, dim)
+        np.testing.assert_allclose(values, np.maximum.accumulate(x, dim))
+        assert indices.dtype == np.int64
+        g = _x(x.shape)
+        np.testing.assert_allclose(F.cumsum_backward(g, x, dim), np.flip(np.cumsum(np.flip(g, dim), dim), dim),
+                                   rtol=1e-13)
+    assert F.cumsum(np.arange(5, dtype=np.int32), 0).dtype == np.int64
+
+
 def test_softmax_family_matches_numpy():
     x = _x((4, 9), lo=-6, hi=6)
     for dim in (-1, 0):

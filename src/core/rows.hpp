@@ -34,6 +34,25 @@ enum class Role : uint8_t {
   per_col,   ///< the inner dims only (a weight or bias)
 };
 
+/// The view with axis `dim` moved last (a row along `dim`); rank 0 unchanged.
+inline TensorView move_axis_last(TensorView v, int dim) {
+  if (v.rank == 0) return v;
+  const TensorView src = v;
+  for (int a = 0, k = 0; a < src.rank; ++a)
+    if (a != dim) v.shape[k] = src.shape[a], v.stride[k] = src.stride[a], ++k;
+  v.shape[src.rank - 1] = src.shape[dim];
+  v.stride[src.rank - 1] = src.stride[dim];
+  return v;
+}
+
+inline Shape move_axis_last(Shape shape, int dim) {
+  if (shape.empty()) return shape;
+  const int64_t n = shape[dim];
+  shape.erase(shape.begin() + dim);
+  shape.push_back(n);
+  return shape;
+}
+
 /// `shape` is the full shape; its last `inner_dims` dims form a row.
 inline RowLaunch make_rows(std::span<const int64_t> shape, int inner_dims, std::span<const TensorView> views,
                            std::span<const Role> roles) {

@@ -153,6 +153,30 @@ bool same_layout(const TensorView& a, const TensorView& b) {
   return true;
 }
 
+Status check_inputs(std::string_view op, const OpDesc& d, std::span<const std::string> input_names, size_t primary) {
+  if (d.inputs.size() != input_names.size())
+    return invalid(op, ": expected ", input_names.size(), " inputs, got ", d.inputs.size());
+  const TensorSpec& x = d.inputs[primary];
+  if (x.shape.size() > static_cast<size_t>(kMaxRank))
+    return invalid(op, ": '", input_names[primary], "' has rank ", x.shape.size(), ", the maximum is ", kMaxRank);
+  return checked_numel(x.shape, cat(op, ": '", input_names[primary], "'")).status();
+}
+
+Status set_outputs(std::string_view op, OpDesc& d, const std::vector<TensorSpec>& expected,
+                   std::span<const std::string> output_names) {
+  if (d.outputs.empty()) {
+    d.outputs = expected;
+    return Status::ok();
+  }
+  if (d.outputs.size() != expected.size())
+    return invalid(op, ": expected ", expected.size(), " outputs, got ", d.outputs.size());
+  for (size_t j = 0; j < expected.size(); ++j)
+    if (d.outputs[j].dtype != expected[j].dtype || d.outputs[j].shape != expected[j].shape)
+      return invalid(op, ": output '", output_names[j], "' must be ", dtype_name(expected[j].dtype),
+                     shape_str(expected[j].shape), ", got ", dtype_name(d.outputs[j].dtype), shape_str(d.outputs[j].shape));
+  return Status::ok();
+}
+
 Status check_args(std::string_view op, const OpArgs& args, const OpDesc& desc, std::span<const std::string> input_names,
                   std::span<const std::string> output_names) {
   if (args.inputs.size() != desc.inputs.size() || args.outputs.size() != desc.outputs.size())

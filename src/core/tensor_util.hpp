@@ -22,6 +22,14 @@ bool memory_overlaps(const TensorView& a, const TensorView& b);
 /// Same data pointer, dtype, shape and strides.
 bool same_layout(const TensorView& a, const TensorView& b);
 
+/// The checks every family's shape inference starts with: the input count,
+/// then the rank and element count of input `primary`.
+Status check_inputs(std::string_view op, const OpDesc& desc, std::span<const std::string> input_names, size_t primary);
+
+/// Fills in the descriptor's outputs with `expected`, or checks the ones given.
+Status set_outputs(std::string_view op, OpDesc& desc, const std::vector<TensorSpec>& expected,
+                   std::span<const std::string> output_names);
+
 /// The checks every plan's can_implement makes, with messages naming the op
 /// and operand: argument counts; each view's rank, dtype and shape against
 /// the descriptor; null data; outputs that overlap themselves or each other;

@@ -137,12 +137,10 @@ int normalized_dims(const Def& def, const OpDesc& d) {
 Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   OpDesc d = partial;
   const std::string& op = def.name;
-  if (d.inputs.size() != def.inputs.size()) return invalid(op, ": expected ", def.inputs.size(), " inputs, got ", d.inputs.size());
   const size_t x_index = def.backward ? 1 : 0;
+  BARACUDA_TRY(check_inputs(op, d, def.inputs, x_index));
   const TensorSpec& x = d.inputs[x_index];
   const int rank = static_cast<int>(x.shape.size());
-  if (rank > kMaxRank) return invalid(op, ": '", def.inputs[x_index], "' has rank ", rank, ", the maximum is ", kMaxRank);
-  BARACUDA_TRY(checked_numel(x.shape, cat(op, ": '", def.inputs[x_index], "'")).status());
   if (x.dtype != DType::f32 && x.dtype != DType::f16 && x.dtype != DType::bf16 && x.dtype != DType::f64)
     return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64)");
   const int k = normalized_dims(def, d);
@@ -166,15 +164,7 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   std::vector<TensorSpec> outs;
   for (size_t j = 0; j < def.outputs.size(); ++j)
     outs.push_back(expected(def.output_roles[j], is_stat_name(def.outputs[j])));
-  if (d.outputs.empty()) {
-    d.outputs = outs;
-  } else {
-    if (d.outputs.size() != outs.size()) return invalid(op, ": expected ", outs.size(), " outputs, got ", d.outputs.size());
-    for (size_t j = 0; j < outs.size(); ++j)
-      if (d.outputs[j].dtype != outs[j].dtype || d.outputs[j].shape != outs[j].shape)
-        return invalid(op, ": output '", def.outputs[j], "' must be ", dtype_name(outs[j].dtype), shape_str(outs[j].shape),
-                       ", got ", dtype_name(d.outputs[j].dtype), shape_str(d.outputs[j].shape));
-  }
+  BARACUDA_TRY(set_outputs(op, d, outs, def.outputs));
   return d;
 }
 

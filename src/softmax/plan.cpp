@@ -147,25 +147,12 @@ class SoftmaxPlan final : public Plan {
     // Move `dim` last in every operand: rows are then the leading dims.
     const int rank = static_cast<int>(shape.size());
     const int dim = rank == 0 ? 0 : normalize_dim(desc_.attrs.get("dim", -1), rank);
+    const Shape moved = rows::move_axis_last(shape, dim);
     std::array<TensorView, 3> views;
     std::array<rows::Role, 3> roles;
-    Shape moved = shape;
-    if (rank > 0) {
-      moved.erase(moved.begin() + dim);
-      moved.push_back(shape[dim]);
-    }
-    auto move_dim = [&](TensorView v) {
-      if (rank == 0) return v;
-      TensorView m = v;
-      for (int a = 0, k = 0; a < rank; ++a)
-        if (a != dim) m.shape[k] = v.shape[a], m.stride[k] = v.stride[a], ++k;
-      m.shape[rank - 1] = v.shape[dim];
-      m.stride[rank - 1] = v.stride[dim];
-      return m;
-    };
     size_t n = 0;
-    views[n] = move_dim(args.outputs[0]), roles[n++] = rows::Role::full;
-    for (const auto& v : args.inputs) views[n] = move_dim(v), roles[n++] = rows::Role::full;
+    views[n] = rows::move_axis_last(args.outputs[0], dim), roles[n++] = rows::Role::full;
+    for (const auto& v : args.inputs) views[n] = rows::move_axis_last(v, dim), roles[n++] = rows::Role::full;
     const RowLaunch l = rows::make_rows(moved, rank == 0 ? 0 : 1, std::span(views.data(), n), std::span(roles.data(), n));
     return fn_(l, stream.cuda_stream()).with_context(def_.name);
   }
