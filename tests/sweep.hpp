@@ -59,4 +59,14 @@ inline void sweep(const OpInfo& op, Backend backend) {
   if (!zero_gradient(op.name)) EXPECT_GT(nonzero, 0) << op.name << ": every reference output was zero";
 }
 
+/// Registered op names of one category (the parameters of a family's sweep).
+inline std::vector<std::string> ops_of(OpCategory category) {
+  std::vector<std::string> names;
+  for (const OpInfo& op : registry())
+    if (op.category == category) names.push_back(op.name);
+  return names;
+}
+
+inline std::string param_name(const testing::TestParamInfo<std::string>& info) { return info.param; }
+
 }  // namespace baracuda::testing_support

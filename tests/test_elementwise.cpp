@@ -26,14 +26,6 @@ using namespace baracuda::testing_support;
 
 namespace {
 
-std::vector<std::string> elementwise_ops() {
-  std::vector<std::string> names;
-  for (const OpInfo& op : registry())
-    if (op.category == OpCategory::elementwise) names.push_back(op.name);
-  return names;
-}
-
-std::string param_name(const testing::TestParamInfo<std::string>& info) { return info.param; }
 
 class Elementwise : public testing::TestWithParam<std::string> {};
 
@@ -44,7 +36,7 @@ TEST_P(Elementwise, CudaMatchesReference) {
   sweep(*find_op(GetParam()), Backend::bespoke_cuda);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, Elementwise, testing::ValuesIn(elementwise_ops()), param_name);
+INSTANTIATE_TEST_SUITE_P(Ops, Elementwise, testing::ValuesIn(ops_of(OpCategory::elementwise)), param_name);
 
 // ---------------------------------------------------------------- finite differences
 

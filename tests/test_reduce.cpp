@@ -23,15 +23,6 @@ using namespace baracuda::testing_support;
 
 namespace {
 
-std::vector<std::string> ops_of(OpCategory category) {
-  std::vector<std::string> names;
-  for (const OpInfo& op : registry())
-    if (op.category == category) names.push_back(op.name);
-  return names;
-}
-
-std::string param_name(const testing::TestParamInfo<std::string>& info) { return info.param; }
-
 class Reduce : public testing::TestWithParam<std::string> {};
 
 TEST_P(Reduce, HostMatchesReference) { sweep(*find_op(GetParam()), Backend::host_reference); }

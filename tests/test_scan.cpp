@@ -22,8 +22,6 @@ std::vector<std::string> forward_scans() {
   return names;
 }
 
-std::string param_name(const testing::TestParamInfo<std::string>& info) { return info.param; }
-
 class Scan : public testing::TestWithParam<std::string> {};
 TEST_P(Scan, HostMatchesReference) { sweep(*find_op(GetParam()), Backend::host_reference); }
 INSTANTIATE_TEST_SUITE_P(Ops, Scan, testing::ValuesIn(forward_scans()), param_name);

@@ -4,8 +4,8 @@
 #pragma once
 
 #include <string>
-#include <unordered_map>
 
+#include "core/launch_table.hpp"
 #include "elementwise/engine.hpp"
 
 namespace baracuda::ew {
@@ -66,20 +66,8 @@ inline constexpr bool differentiable = HasUnaryGrad<Op> || HasBinaryGrad<Op> || 
 
 // ---------------------------------------------------------------- kernel tables
 
-std::string kernel_key(std::string_view op, DType primary, DType secondary);
 
-class KernelTable {
- public:
-  void add(std::string key, LaunchFn fn) { fns_[std::move(key)] = fn; }
-  LaunchFn find(const std::string& key) const {
-    auto it = fns_.find(key);
-    return it == fns_.end() ? nullptr : it->second;
-  }
-  size_t size() const { return fns_.size(); }
-
- private:
-  std::unordered_map<std::string, LaunchFn> fns_;
-};
+using KernelTable = LaunchTable<LaunchFn>;
 KernelTable& host_kernels();
 KernelTable& cuda_kernels();
 
@@ -92,7 +80,7 @@ enum class Group : uint8_t { unary, unary_bwd, binary, binary_bwd, misc, cast };
 template <class L, bool Host, Group G, class Types>
 bool register_group(KernelTable& table) {
   auto add = [&]<class Out, int NOut, class Fn, class... Ins>(const char* name, DType primary, DType secondary) {
-    table.add(kernel_key(name, primary, secondary), &L::template launch<Out, NOut, Fn, Ins...>);
+    table.add(launch_key(name, primary, secondary), &L::template launch<Out, NOut, Fn, Ins...>);
   };
   auto backward_name = [](const char* name) { return std::string(name) + "_backward"; };
   for_each_type<Types>([&]<class T>(TypeTag<T>) {

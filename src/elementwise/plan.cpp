@@ -16,9 +16,6 @@
 namespace baracuda {
 namespace ew {
 
-std::string kernel_key(std::string_view op, DType primary, DType secondary) {
-  return cat(op, ':', dtype_name(primary), ':', dtype_name(secondary));
-}
 KernelTable& host_kernels() {
   static KernelTable table;
   return table;
@@ -445,7 +442,7 @@ void add_op(std::vector<OpInfo>& ops, Kind kind) {
                                                                          : full->inputs[0].dtype;
       DType secondary = stored.kind == Kind::cast ? full->outputs[0].dtype : primary;
       const KernelTable& table = backend == Backend::host_reference ? host_kernels() : cuda_kernels();
-      LaunchFn fn = table.find(kernel_key(stored.name, primary, secondary));
+      LaunchFn fn = table.find(launch_key(stored.name, primary, secondary));
       if (!fn)
         return unsupported("no ", backend_name(backend), " kernel for ", stored.name, " with dtype ", dtype_name(primary),
                            secondary != primary ? cat(" -> ", dtype_name(secondary)) : std::string());

@@ -16,7 +16,6 @@
 namespace baracuda {
 namespace norm {
 
-std::string kernel_key(std::string_view op, DType dtype) { return cat(op, ':', dtype_name(dtype)); }
 NormTable& host_norms() {
   static NormTable table;
   return table;
@@ -311,7 +310,7 @@ void add_ops(std::vector<OpInfo>& ops) {
       if (!full) return full.status();
       const DType t = full->inputs[stored.backward ? 1 : 0].dtype;
       const NormTable& table = backend == Backend::host_reference ? host_norms() : cuda_norms();
-      NormFn fn = table.find(kernel_key(stored.name, t));
+      NormFn fn = table.find(launch_key(stored.name, t));
       if (!fn) return unsupported("no ", backend_name(backend), " kernel for ", stored.name, " ", dtype_name(t));
       return PlanPtr(std::make_unique<NormPlan>(stored, registry()[index], std::move(*full), backend, fn));
     };

@@ -3,8 +3,8 @@
 #pragma once
 
 #include <string>
-#include <unordered_map>
 
+#include "core/launch_table.hpp"
 #include "core/rows.hpp"
 #include "norm/ops.hpp"
 
@@ -16,25 +16,14 @@ using rows::RowLaunch;
 /// (launch, attributes, splits of the parameter-gradient pass, stream).
 using NormFn = Status (*)(const RowLaunch&, const NormParams&, int, CUstream_st*);
 
-class NormTable {
- public:
-  void add(std::string key, NormFn fn) { fns_[std::move(key)] = fn; }
-  NormFn find(const std::string& key) const {
-    auto it = fns_.find(key);
-    return it == fns_.end() ? nullptr : it->second;
-  }
-
- private:
-  std::unordered_map<std::string, NormFn> fns_;
-};
+using NormTable = LaunchTable<NormFn>;
 NormTable& host_norms();
 NormTable& cuda_norms();
-std::string kernel_key(std::string_view op, DType dtype);
 
 template <template <class, class, bool> class Launch, class T, class S>
 void register_norm(NormTable& table) {
-  table.add(kernel_key(S::name, dtype_of<T>), &Launch<S, T, false>::run);
-  if constexpr (S::kHasBackward) table.add(kernel_key(std::string(S::name) + "_backward", dtype_of<T>), &Launch<S, T, true>::run);
+  table.add(launch_key(S::name, dtype_of<T>), &Launch<S, T, false>::run);
+  if constexpr (S::kHasBackward) table.add(launch_key(std::string(S::name) + "_backward", dtype_of<T>), &Launch<S, T, true>::run);
 }
 
 template <template <class, class, bool> class Launch, class T, class... Ss>

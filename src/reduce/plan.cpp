@@ -17,9 +17,6 @@
 namespace baracuda {
 namespace red {
 
-std::string reducer_key(std::string_view op, DType in, DType out) {
-  return cat(op, ':', dtype_name(in), ':', dtype_name(out));
-}
 ReduceTable& host_reducers() {
   static ReduceTable table;
   return table;
@@ -437,7 +434,7 @@ void add_op(std::vector<OpInfo>& ops, Def def_in) {
     if (!r) return r.status();
     const ReduceTable& table = backend == Backend::host_reference ? host_reducers() : cuda_reducers();
     const DType in = full->inputs[0].dtype, out = full->outputs[0].dtype;
-    ReduceFn fn = table.find(reducer_key(def.meta->name, in, out));
+    ReduceFn fn = table.find(launch_key(def.meta->name, in, out));
     if (!fn)
       return unsupported("no ", backend_name(backend), " kernel for ", def.name, " ", dtype_name(in), " -> ",
                          dtype_name(out));
@@ -599,12 +596,12 @@ void add_grad_op(std::vector<OpInfo>& ops, const Def& fwd, size_t fwd_index, con
     if (!r) return r.status();
     const DType t = full->inputs[1].dtype;
     const bool host = backend == Backend::host_reference;
-    ew::LaunchFn fn = (host ? host_gradients() : cuda_gradients()).find(cat(grad_name, ':', dtype_name(t)));
+    ew::LaunchFn fn = (host ? host_gradients() : cuda_gradients()).find(launch_key(grad_name, t));
     if (!fn) return unsupported("no ", backend_name(backend), " kernel for ", self.name, " ", dtype_name(t));
     ReduceFn mean_fn = nullptr;
     if (fwd.meta == &Var::meta || fwd.meta == &Std::meta) {
       const DType m = host || t == DType::f64 ? DType::f64 : DType::f32;
-      mean_fn = (host ? host_reducers() : cuda_reducers()).find(reducer_key("mean", t, m));
+      mean_fn = (host ? host_reducers() : cuda_reducers()).find(launch_key("mean", t, m));
       if (!mean_fn) return unsupported("no ", backend_name(backend), " mean kernel for ", self.name);
     }
     return PlanPtr(std::make_unique<ReduceGradPlan>(fwd, self, std::move(*full), std::move(*r), backend, fn, mean_fn));

@@ -3,8 +3,8 @@
 #pragma once
 
 #include <string>
-#include <unordered_map>
 
+#include "core/launch_table.hpp"
 #include "core/errors.hpp"
 
 #include "reduce/engine.hpp"
@@ -12,21 +12,10 @@
 
 namespace baracuda::red {
 
-class ReduceTable {
- public:
-  void add(std::string key, ReduceFn fn) { fns_[std::move(key)] = fn; }
-  ReduceFn find(const std::string& key) const {
-    auto it = fns_.find(key);
-    return it == fns_.end() ? nullptr : it->second;
-  }
-
- private:
-  std::unordered_map<std::string, ReduceFn> fns_;
-};
+using ReduceTable = LaunchTable<ReduceFn>;
 ReduceTable& host_reducers();
 ReduceTable& cuda_reducers();
 
-std::string reducer_key(std::string_view op, DType in, DType out);
 
 /// Output types an op produces for input type T.
 template <class R, class T>
@@ -42,12 +31,12 @@ template <template <class, class, class> class Launch, class T, class R>
 void register_reducer(ReduceTable& table) {
   if constexpr (accepts<R, T>) {
     for_each_type<decltype(output_types<R, T>())>([&]<class Out>(TypeTag<Out>) {
-      table.add(reducer_key(R::meta.name, dtype_of<T>, dtype_of<Out>), &Launch<R, T, Out>::run);
+      table.add(launch_key(R::meta.name, dtype_of<T>, dtype_of<Out>), &Launch<R, T, Out>::run);
     });
     // The mean in f32/f64 whatever the input: var/std gradients need it unrounded.
     if constexpr (std::is_same_v<R, Mean>) {
-      table.add(reducer_key("mean", dtype_of<T>, DType::f32), &Launch<R, T, float>::run);
-      table.add(reducer_key("mean", dtype_of<T>, DType::f64), &Launch<R, T, double>::run);
+      table.add(launch_key("mean", dtype_of<T>, DType::f32), &Launch<R, T, float>::run);
+      table.add(launch_key("mean", dtype_of<T>, DType::f64), &Launch<R, T, double>::run);
     }
   }
 }
@@ -66,23 +55,13 @@ bool register_reducers(ReduceTable& table) {
 }
 
 /// Gradient launchers of the reductions, under "op:dtype" (op: the forward name).
-class GradTable {
- public:
-  void add(std::string key, ew::LaunchFn fn) { fns_[std::move(key)] = fn; }
-  ew::LaunchFn find(const std::string& key) const {
-    auto it = fns_.find(key);
-    return it == fns_.end() ? nullptr : it->second;
-  }
-
- private:
-  std::unordered_map<std::string, ew::LaunchFn> fns_;
-};
+using GradTable = LaunchTable<ew::LaunchFn>;
 GradTable& host_gradients();
 GradTable& cuda_gradients();
 
 template <class L, bool Host, class T, class... Gs>
 void register_gradients_for(GradTable& table, GradList<Gs...>) {
-  (table.add(cat(Gs::name, ':', dtype_name(dtype_of<T>)),
+  (table.add(launch_key(Gs::name, dtype_of<T>),
              &L::template launch<T, 1, GradFn<Gs, Host, T>, T, T, T, mean_operand_t<Gs, Host, T>>),
    ...);
 }

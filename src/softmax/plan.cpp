@@ -15,7 +15,6 @@
 namespace baracuda {
 namespace smax {
 
-std::string kernel_key(std::string_view op, DType dtype) { return cat(op, ':', dtype_name(dtype)); }
 SoftmaxTable& host_softmax() {
   static SoftmaxTable table;
   return table;
@@ -201,7 +200,7 @@ void add_ops(std::vector<OpInfo>& ops) {
       auto full = infer_desc(def, self, desc);
       if (!full) return full.status();
       const SoftmaxTable& table = backend == Backend::host_reference ? host_softmax() : cuda_softmax();
-      SoftmaxFn fn = table.find(kernel_key(def.name, full->inputs[0].dtype));
+      SoftmaxFn fn = table.find(launch_key(def.name, full->inputs[0].dtype));
       if (!fn) return unsupported("no ", backend_name(backend), " kernel for ", def.name, " ", dtype_name(full->inputs[0].dtype));
       return PlanPtr(std::make_unique<SoftmaxPlan>(def, self, std::move(*full), backend, fn));
     };

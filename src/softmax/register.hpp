@@ -3,8 +3,8 @@
 #pragma once
 
 #include <string>
-#include <unordered_map>
 
+#include "core/launch_table.hpp"
 #include "core/rows.hpp"
 #include "softmax/ops.hpp"
 
@@ -15,25 +15,14 @@ namespace baracuda::smax {
 using rows::RowLaunch;
 using SoftmaxFn = Status (*)(const RowLaunch&, CUstream_st*);
 
-class SoftmaxTable {
- public:
-  void add(std::string key, SoftmaxFn fn) { fns_[std::move(key)] = fn; }
-  SoftmaxFn find(const std::string& key) const {
-    auto it = fns_.find(key);
-    return it == fns_.end() ? nullptr : it->second;
-  }
-
- private:
-  std::unordered_map<std::string, SoftmaxFn> fns_;
-};
+using SoftmaxTable = LaunchTable<SoftmaxFn>;
 SoftmaxTable& host_softmax();
 SoftmaxTable& cuda_softmax();
-std::string kernel_key(std::string_view op, DType dtype);
 
 template <template <class, class, bool> class Launch, class T, class... Ops>
 void register_softmax_for(SoftmaxTable& table, OpList<Ops...>) {
-  ((table.add(kernel_key(Ops::name, dtype_of<T>), &Launch<Ops, T, false>::run),
-    table.add(kernel_key(std::string(Ops::name) + "_backward", dtype_of<T>), &Launch<Ops, T, true>::run)), ...);
+  ((table.add(launch_key(Ops::name, dtype_of<T>), &Launch<Ops, T, false>::run),
+    table.add(launch_key(std::string(Ops::name) + "_backward", dtype_of<T>), &Launch<Ops, T, true>::run)), ...);
 }
 
 /// `Launch<Op, T, kBackward>::run` for every op and every T of `Types`.
