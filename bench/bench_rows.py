@@ -72,6 +72,24 @@ def main():
                     lambda: torch.autograd.grad(yr, (xr, wr), g, retain_graph=True), 3 * n * es + stats // 2)
                 del xr, wr, yr
             del x, g, o1, o2
+        if want("cross_entropy"):
+            rows, cols = 8192, 128256
+            x = torch.randn(rows, cols, device="cuda", dtype=dtype)
+            t = torch.randint(0, cols, (rows,), device="cuda")
+            n = rows * cols
+            row(f"cross_entropy {rows}x{cols}", dtype, lambda: F.cross_entropy_forward(x, t),
+                lambda: torch.nn.functional.cross_entropy(x, t), n * es + rows * 8,
+                lambda: close(F.cross_entropy(x, t), torch.nn.functional.cross_entropy(x.float(), t), 1e-3))
+            xr = x.detach().requires_grad_()
+
+            def torch_fwd_bwd():
+                loss = torch.nn.functional.cross_entropy(xr, t)
+                return torch.autograd.grad(loss, xr)
+
+            row(f"cross_entropy fwd+bwd {rows}x{cols}", dtype, lambda: F.cross_entropy_fused(x, t), torch_fwd_bwd,
+                2 * n * es + rows * 8,
+                lambda: close(F.cross_entropy_fused(x, t)[1], torch_fwd_bwd()[0], 1e-6))
+            del x, xr
         if want("sum") or want("mean"):
             x = torch.randn(8192, 8192, device="cuda", dtype=dtype)
             for dim in (-1, 0):

@@ -37,7 +37,7 @@ for name in $STEPS; do
       filter="Ops/*.CudaMatchesReference/*:CudaElementwise.Graph*:CudaElementwise.Misaligned*:CudaReduce.*"
       BARACUDA_TEST_QUICK=1 step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 \
         "$BUILD_DIR/tests/baracuda_tests" --gtest_filter="${MEMCHECK_FILTER:-$filter}" ;;
-    pytest) PYTHONPATH="$BUILD_DIR/python" step pytest python3 -m pytest -q python/tests ;;
+    pytest) PYTHONPATH="$BUILD_DIR/python" step pytest python3 -m pytest -q ${PYTEST_ARGS:-python/tests} ;;
     suite) step suite "$BUILD_DIR/baracuda" suite ;;
     bench) PYTHONPATH="$BUILD_DIR/python" step bench python3 bench/bench_elementwise.py ${BENCH_ARGS:-} ;;
     bench_rows) PYTHONPATH="$BUILD_DIR/python" step bench_rows python3 bench/bench_rows.py ${BENCH_ROWS_ARGS:-} ;;

@@ -235,7 +235,8 @@ void fill_random(void* base, DType dtype, int64_t count, const OpInfo& op, Domai
     if (dtype == DType::boolean) {
       v = unit(rng) < 0.5 ? 0 : 1;
     } else if (is_integral(dtype)) {
-      double lo = op.integer_valued_inputs ? dom.lo : -30, hi = op.integer_valued_inputs ? dom.hi : 30;
+      const bool in_domain = op.integer_valued_inputs || dom.index;
+      double lo = in_domain ? dom.lo : -30, hi = in_domain ? dom.hi : 30;
       v = std::floor(lo + (hi - lo + 1) * unit(rng));
       if (dom.symmetric && op.integer_valued_inputs && unit(rng) < 0.5) v = -v;
       if (dtype == DType::u8 || dtype == DType::u32) v = std::abs(v);

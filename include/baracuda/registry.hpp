@@ -18,10 +18,12 @@ struct AttrSpec {
 
 /// Where random test inputs are drawn from: [lo, hi], or |x| in [lo, hi]
 /// with a random sign when `symmetric`; `specials` mixes in NaN and +-inf.
+/// Integer dtypes draw from [-30, 30] unless `index` (or the op's integer_valued_inputs).
 struct Domain {
   double lo = -2, hi = 2;
   bool symmetric = false;
   bool specials = false;
+  bool index = false;  ///< integer dtypes also draw from [lo, hi] (class indices)
 };
 
 /// Input (and, where the op needs them given, output) shapes of a test case.

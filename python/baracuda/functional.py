@@ -499,6 +499,183 @@ def add_layer_norm(input, residual, weight, bias, eps=1e-5):
     return _call("add_layer_norm", (input, residual, weight, bias), {"eps": eps})
 
 
+# ---------------------------------------------------------------- losses
+
+_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2, "batchmean": 3}
+
+
+def _reduction_code(op, reduction):
+    if reduction not in _REDUCTIONS or (reduction == "batchmean" and op != "kl_div"):
+        raise ValueError(f"{op}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    return _REDUCTIONS[reduction]
+
+
+def _pointwise_loss(op, operands, params=(), defaults=None):
+    """Defines `op(operands..., reduction='mean', params...)` and `op_backward(grad_output, operands..., ...)`."""
+    defaults = defaults or {}
+
+    def attrs_of(reduction, kwargs):
+        attrs = {"reduction": _reduction_code(op, reduction)}
+        for name, default in params:
+            value = kwargs.pop(name, default)
+            attrs[name] = float(value)
+        if kwargs:
+            raise TypeError(f"{op}: unexpected arguments {sorted(kwargs)}")
+        return attrs
+
+    def forward(*args, reduction=defaults.get("reduction", "mean"), out=None, **kwargs):
+        return _call(op, args, attrs_of(reduction, kwargs), out)
+
+    def backward(grad_output, *args, reduction=defaults.get("reduction", "mean"), out=None, **kwargs):
+        return _call(op + "_backward", (grad_output,) + args, attrs_of(reduction, kwargs), out)
+
+    forward.__name__ = forward.__qualname__ = op
+    backward.__name__ = backward.__qualname__ = op + "_backward"
+    forward.__doc__ = (f"torch.nn.functional.{op}({', '.join(operands)}, reduction='mean'"
+                       + "".join(f", {n}={d!r}" for n, d in params) + ").")
+    backward.__doc__ = f"Gradients of {op} with respect to its differentiable operands (a tuple when several)."
+    return forward, backward
+
+
+mse_loss, mse_loss_backward = _pointwise_loss("mse_loss", ("input", "target"))
+l1_loss, l1_loss_backward = _pointwise_loss("l1_loss", ("input", "target"))
+huber_loss, huber_loss_backward = _pointwise_loss("huber_loss", ("input", "target"), (("delta", 1.0),))
+smooth_l1_loss, smooth_l1_loss_backward = _pointwise_loss("smooth_l1_loss", ("input", "target"), (("beta", 1.0),))
+soft_margin_loss, soft_margin_loss_backward = _pointwise_loss("soft_margin_loss", ("input", "target"))
+hinge_embedding_loss, hinge_embedding_loss_backward = _pointwise_loss(
+    "hinge_embedding_loss", ("input", "target"), (("margin", 1.0),))
+margin_ranking_loss, margin_ranking_loss_backward = _pointwise_loss(
+    "margin_ranking_loss", ("input1", "input2", "target"), (("margin", 0.0),))
+_kl_div, kl_div_backward = _pointwise_loss("kl_div", ("input", "target"), (("log_target", 0.0),))
+_poisson, poisson_nll_loss_backward = _pointwise_loss(
+    "poisson_nll_loss", ("input", "target"), (("log_input", 1.0), ("full", 0.0), ("eps", 1e-8)))
+_gaussian, _gaussian_backward = _pointwise_loss("gaussian_nll_loss", ("input", "target", "var"),
+                                                (("full", 0.0), ("eps", 1e-6)))
+_bce, _bce_backward = _pointwise_loss("binary_cross_entropy", ("input", "target", "weight"))
+_bce_logits, _bce_logits_backward = _pointwise_loss(
+    "binary_cross_entropy_with_logits", ("input", "target", "weight", "pos_weight"))
+_multilabel, _multilabel_backward = _pointwise_loss("multilabel_soft_margin_loss", ("input", "target", "weight"))
+
+
+def kl_div(input, target, reduction="mean", log_target=False, *, out=None):
+    """torch.nn.functional.kl_div (input as log-probabilities; 'batchmean' divides by dim 0)."""
+    return _kl_div(input, target, reduction=reduction, log_target=log_target, out=out)
+
+
+def poisson_nll_loss(input, target, log_input=True, full=False, eps=1e-8, reduction="mean", *, out=None):
+    """torch.nn.functional.poisson_nll_loss."""
+    return _poisson(input, target, reduction=reduction, log_input=log_input, full=full, eps=eps, out=out)
+
+
+def _gaussian_var(input, var):
+    shape, vshape = tuple(_spec(input)[1]), tuple(_spec(var)[1])
+    if vshape != shape and vshape == shape[:-1]:  # torch: one variance per row
+        return var.reshape(vshape + (1,))
+    return var
+
+
+def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean", *, out=None):
+    """torch.nn.functional.gaussian_nll_loss (var broadcasts; a var of input's shape minus the last dim is one per row)."""
+    return _gaussian(input, target, _gaussian_var(input, var), reduction=reduction, full=full, eps=eps, out=out)
+
+
+def gaussian_nll_loss_backward(grad_output, input, target, var, full=False, eps=1e-6, reduction="mean"):
+    """(grad_input, grad_target, grad_var), grad_var shaped like var."""
+    v = _gaussian_var(input, var)
+    gi, gt, gv = _gaussian_backward(grad_output, input, target, v, reduction=reduction, full=full, eps=eps)
+    return gi, gt, gv.reshape(tuple(_spec(var)[1]))
+
+
+def binary_cross_entropy(input, target, weight=None, reduction="mean", *, out=None):
+    """torch.nn.functional.binary_cross_entropy (weight broadcasts)."""
+    return _bce(input, target, 1.0 if weight is None else weight, reduction=reduction, out=out)
+
+
+def binary_cross_entropy_backward(grad_output, input, target, weight=None, reduction="mean"):
+    """(grad_input, grad_target)."""
+    return _bce_backward(grad_output, input, target, 1.0 if weight is None else weight, reduction=reduction)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean", pos_weight=None, *, out=None):
+    """torch.nn.functional.binary_cross_entropy_with_logits (weight and pos_weight broadcast)."""
+    return _bce_logits(input, target, 1.0 if weight is None else weight, 1.0 if pos_weight is None else pos_weight,
+                       reduction=reduction, out=out)
+
+
+def binary_cross_entropy_with_logits_backward(grad_output, input, target, weight=None, reduction="mean",
+                                              pos_weight=None):
+    """(grad_input, grad_target)."""
+    return _bce_logits_backward(grad_output, input, target, 1.0 if weight is None else weight,
+                                1.0 if pos_weight is None else pos_weight, reduction=reduction)
+
+
+def multilabel_soft_margin_loss(input, target, weight=None, reduction="mean", *, out=None):
+    """torch.nn.functional.multilabel_soft_margin_loss (the class mean per row, then the reduction)."""
+    return _multilabel(input, target, 1.0 if weight is None else weight, reduction=reduction, out=out)
+
+
+def multilabel_soft_margin_loss_backward(grad_output, input, target, weight=None, reduction="mean"):
+    """(grad_input, grad_target)."""
+    return _multilabel_backward(grad_output, input, target, 1.0 if weight is None else weight, reduction=reduction)
+
+
+def _class_weight(input, weight):
+    """The class weights, or an empty [0] array of input's dtype (no weights)."""
+    if weight is not None:
+        return weight
+    adapter, a, (dtype, _) = _operand(input)
+    return adapter.empty(dtype, (0,), a)
+
+
+def _class_attrs(op, reduction, ignore_index, label_smoothing=None):
+    attrs = {"reduction": _reduction_code(op, reduction), "ignore_index": float(ignore_index)}
+    if label_smoothing is not None:
+        attrs["label_smoothing"] = float(label_smoothing)
+    return attrs
+
+
+def cross_entropy_forward(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """(loss, lse): cross_entropy and the per-row logsumexp (f32; f64 for f64) that its backward takes."""
+    return _call("cross_entropy", (input, target, _class_weight(input, weight)),
+                 _class_attrs("cross_entropy", reduction, ignore_index, label_smoothing))
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                  label_smoothing=0.0):
+    """torch.nn.functional.cross_entropy: class dim 1, class-index (i64/i32) or probability targets."""
+    if size_average is not None or reduce is not None:
+        raise TypeError("cross_entropy: size_average and reduce are deprecated in torch; use reduction")
+    return cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing)[0]
+
+
+def cross_entropy_backward(grad_output, input, target, lse, weight=None, ignore_index=-100, reduction="mean",
+                           label_smoothing=0.0, *, out=None):
+    """Gradient of cross_entropy with respect to the logits, from the lse that cross_entropy_forward saved."""
+    return _call("cross_entropy_backward", (grad_output, input, target, _class_weight(input, weight), lse),
+                 _class_attrs("cross_entropy", reduction, ignore_index, label_smoothing), out)
+
+
+def cross_entropy_fused(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """(loss, grad_input) in one pass: the gradient is for grad_output = 1 (multiply by the real one after)."""
+    return _call("cross_entropy_fused", (input, target, _class_weight(input, weight)),
+                 _class_attrs("cross_entropy", reduction, ignore_index, label_smoothing))
+
+
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean", *,
+             out=None):
+    """torch.nn.functional.nll_loss: log-probabilities with class dim 1, class-index targets."""
+    if size_average is not None or reduce is not None:
+        raise TypeError("nll_loss: size_average and reduce are deprecated in torch; use reduction")
+    return _call("nll_loss", (input, target, _class_weight(input, weight)),
+                 _class_attrs("nll_loss", reduction, ignore_index), out)
+
+
+def nll_loss_backward(grad_output, input, target, weight=None, ignore_index=-100, reduction="mean", *, out=None):
+    """Gradient of nll_loss with respect to the log-probabilities."""
+    return _call("nll_loss_backward", (grad_output, input, target, _class_weight(input, weight)),
+                 _class_attrs("nll_loss", reduction, ignore_index), out)
+
+
 # ---------------------------------------------------------------- torch aliases
 
 clip = clamp

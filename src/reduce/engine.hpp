@@ -37,6 +37,18 @@ inline int choose_splits(int64_t outputs, int64_t count, int sm_count) {
   return int(std::clamp<int64_t>(s, 1, 1024));
 }
 
+/// A sum over some axes, for other families (the losses): `in` summed over
+/// the axes in `mask` (bit a = axis a) into `out` (those axes dropped).
+struct SumStep {
+  ReduceFn fn = nullptr;
+  int splits = 1;
+  size_t workspace = 0;  ///< bytes
+};
+/// `in_shape` is the shape summed; dtypes: any registered "sum:in:out".
+Result<SumStep> make_sum_step(Backend backend, DType in, DType out, const Shape& in_shape, uint32_t mask);
+Status run_sum_step(const SumStep& step, const TensorView& in, const TensorView& out, uint32_t mask, void* workspace,
+                    CUstream_st* stream);
+
 /// The host reference: every output in f64 (floats), one element at a time.
 template <class R, class T, class Out>
 Status reduce_on_host(const ReduceLaunch& l, const RParams& r, CUstream_st*) {

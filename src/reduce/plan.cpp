@@ -616,6 +616,34 @@ std::vector<DType> input_dtypes_of() {
 }
 
 }  // namespace
+
+Result<SumStep> make_sum_step(Backend backend, DType in, DType out, const Shape& in_shape, uint32_t mask) {
+  SumStep step;
+  step.fn = (backend == Backend::host_reference ? host_reducers() : cuda_reducers()).find(launch_key("sum", in, out));
+  if (!step.fn)
+    return unsupported("no ", backend_name(backend), " sum from ", dtype_name(in), " to ", dtype_name(out));
+  int64_t outputs = 1, count = 1;
+  for (size_t a = 0; a < in_shape.size(); ++a) (mask >> a & 1u ? count : outputs) *= in_shape[a];
+#ifdef BARACUDA_HAS_CUDA
+  if (backend != Backend::host_reference) {
+    step.splits = choose_splits(outputs, count, current_sm_count());
+    if (step.splits > 1) step.workspace = size_t(step.splits) * size_t(outputs) * accumulator_bytes("sum", in);
+  }
+#endif
+  return step;
+}
+
+Status run_sum_step(const SumStep& step, const TensorView& in, const TensorView& out, uint32_t mask, void* workspace,
+                    CUstream_st* stream) {
+  Reduction r;
+  r.mask = mask;
+  ReduceLaunch l = make_reduce_launch(Form::dims, r, false, in, out);
+  l.splits = step.splits;
+  l.chunk = (l.count + step.splits - 1) / step.splits;
+  l.workspace = workspace;
+  return step.fn(l, RParams{}, stream);
+}
+
 }  // namespace red
 
 void register_reduce_ops(std::vector<OpInfo>& ops) {

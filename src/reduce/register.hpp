@@ -33,6 +33,16 @@ void register_reducer(ReduceTable& table) {
     for_each_type<decltype(output_types<R, T>())>([&]<class Out>(TypeTag<Out>) {
       table.add(launch_key(R::meta.name, dtype_of<T>, dtype_of<Out>), &Launch<R, T, Out>::run);
     });
+    // Sums of f32/f64 scratch into narrower outputs (the loss family's reductions).
+    if constexpr (std::is_same_v<R, Sum> && std::is_same_v<T, float>) {
+      table.add(launch_key("sum", DType::f32, DType::f16), &Launch<R, T, __half>::run);
+      table.add(launch_key("sum", DType::f32, DType::bf16), &Launch<R, T, __nv_bfloat16>::run);
+    }
+    if constexpr (std::is_same_v<R, Sum> && std::is_same_v<T, double>) {
+      table.add(launch_key("sum", DType::f64, DType::f32), &Launch<R, T, float>::run);
+      table.add(launch_key("sum", DType::f64, DType::f16), &Launch<R, T, __half>::run);
+      table.add(launch_key("sum", DType::f64, DType::bf16), &Launch<R, T, __nv_bfloat16>::run);
+    }
     // The mean in f32/f64 whatever the input: var/std gradients need it unrounded.
     if constexpr (std::is_same_v<R, Mean>) {
       table.add(launch_key("mean", dtype_of<T>, DType::f32), &Launch<R, T, float>::run);

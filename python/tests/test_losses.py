@@ -1,0 +1,189 @@
+"""Losses through baracuda.functional: on numpy arrays (host backend) against
+formulas in float64, and on CUDA tensors against torch.nn.functional and
+torch.autograd (skipped without torch + CUDA)."""
+import numpy as np
+import pytest
+
+import baracuda
+import baracuda.functional as F
+
+RNG = np.random.default_rng(1)
+
+
+def _u(shape, lo=-2, hi=2):
+    return RNG.uniform(lo, hi, size=shape)
+
+
+def _log_softmax(z, axis):
+    m = z.max(axis, keepdims=True)
+    return z - m - np.log(np.exp(z - m).sum(axis, keepdims=True))
+
+
+# ---------------------------------------------------------------- host backend vs numpy
+
+def test_pointwise_losses_match_numpy():
+    x, y = _u((4, 6)), _u((4, 6))
+    np.testing.assert_allclose(F.mse_loss(x, y), np.mean((x - y) ** 2), rtol=1e-13)
+    np.testing.assert_allclose(F.l1_loss(x, y, reduction="sum"), np.sum(np.abs(x - y)), rtol=1e-13)
+    d = np.abs(x - y)
+    np.testing.assert_allclose(F.smooth_l1_loss(x, y, reduction="none", beta=0.5),
+                               np.where(d < 0.5, 0.5 * d * d / 0.5, d - 0.25), rtol=1e-13)
+    np.testing.assert_allclose(F.huber_loss(x, y, delta=0.7), np.mean(np.where(d < 0.7, 0.5 * d * d, 0.7 * (d - 0.35))),
+                               rtol=1e-13)
+    p, t = _u((4, 6), 0.05, 0.95), _u((4, 6), 0, 1)
+    np.testing.assert_allclose(F.binary_cross_entropy(p, t), np.mean(-(t * np.log(p) + (1 - t) * np.log(1 - p))),
+                               rtol=1e-13)
+    sig = 1 / (1 + np.exp(-x))
+    np.testing.assert_allclose(F.binary_cross_entropy_with_logits(x, t),
+                               np.mean(-(t * np.log(sig) + (1 - t) * np.log(1 - sig))), rtol=1e-12)
+    lx = _log_softmax(x, 1)
+    np.testing.assert_allclose(F.kl_div(lx, np.exp(_log_softmax(y, 1)), reduction="batchmean"),
+                               np.sum(np.exp(_log_softmax(y, 1)) * (_log_softmax(y, 1) - lx)) / 4, rtol=1e-12)
+    gi, gt = F.mse_loss_backward(np.array(1.0), x, y)
+    np.testing.assert_allclose(gi, 2 * (x - y) / x.size, rtol=1e-13)
+    np.testing.assert_allclose(gt, -2 * (x - y) / x.size, rtol=1e-13)
+    v = _u((4,), 0.5, 2)
+    np.testing.assert_allclose(F.gaussian_nll_loss(x, y, v),
+                               np.mean(0.5 * (np.log(v[:, None]) + (x - y) ** 2 / v[:, None])), rtol=1e-13)
+    gv = F.gaussian_nll_loss_backward(np.array(1.0), x, y, v)[2]
+    assert gv.shape == (4,)
+
+
+def test_cross_entropy_matches_numpy():
+    z, t = _u((5, 7)), np.array([0, 6, -100, 3, 3])
+    lp = _log_softmax(z, 1)
+    keep = t != -100
+    want = -lp[np.arange(5)[keep], t[keep]].mean()
+    np.testing.assert_allclose(F.cross_entropy(z, t), want, rtol=1e-13)
+    np.testing.assert_allclose(F.nll_loss(lp, t), want, rtol=1e-13)
+    loss, lse = F.cross_entropy_forward(z, t, reduction="sum")
+    np.testing.assert_allclose(lse, np.log(np.exp(z).sum(1)), rtol=1e-13)
+    g = F.cross_entropy_backward(np.array(1.0), z, t, lse, reduction="sum")
+    onehot = np.zeros_like(z)
+    onehot[np.arange(5)[keep], t[keep]] = 1
+    np.testing.assert_allclose(g, (np.exp(lp) - onehot) * keep[:, None], rtol=1e-12, atol=1e-15)
+    fused_loss, fused_grad = F.cross_entropy_fused(z, t, reduction="sum")
+    np.testing.assert_allclose(fused_loss, loss, rtol=1e-15)
+    np.testing.assert_allclose(fused_grad, g, rtol=1e-15)
+    with pytest.raises(ValueError, match="class index 9"):
+        F.cross_entropy(z, np.array([0, 9, 1, 1, 1]))
+
+
+# ---------------------------------------------------------------- CUDA vs torch
+
+try:
+    import torch
+    import torch.nn.functional as TF
+except ImportError:  # the host tests above still run
+    torch = None
+CUDA = torch is not None and torch.cuda.is_available() and baracuda.cuda_available()
+gpu = pytest.mark.skipif(not CUDA, reason="needs torch with CUDA and a CUDA build of baracuda")
+DTYPES = ["float32", "float16", "bfloat16", "float64"]
+TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2, "float64": 1e-11}
+
+
+def _close(got, want, dtype, scale=1.0, msg=""):
+    tol = TOL[str(dtype).replace("torch.", "")] * scale
+    torch.testing.assert_close(got.double(), want.double(), rtol=tol, atol=tol, msg=msg)
+
+
+# (name, operand ranges, kwargs); the first operands (by grads) are differentiable.
+POINTWISE = [
+    ("mse_loss", [(-2, 2), (-2, 2)], {}, 2),
+    ("l1_loss", [(-2, 2), (-2, 2)], {}, 2),
+    ("huber_loss", [(-2, 2), (-2, 2)], {"delta": 0.7}, 2),
+    ("smooth_l1_loss", [(-2, 2), (-2, 2)], {"beta": 0.5}, 2),
+    ("binary_cross_entropy", [(0.05, 0.95), (0, 1)], {}, 1),
+    ("binary_cross_entropy_with_logits", [(-4, 4), (0, 1)], {}, 2),
+    ("kl_div", [(-3, -0.1), (0.01, 1)], {}, 2),
+    ("poisson_nll_loss", [(-1, 1.5), (0, 4)], {}, 2),
+    ("soft_margin_loss", [(-3, 3), (-1, 1)], {}, 1),
+    ("hinge_embedding_loss", [(-2, 2), (-1, 1)], {"margin": 0.5}, 1),
+    ("multilabel_soft_margin_loss", [(-3, 3), (0, 1)], {}, 1),
+]
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("case", POINTWISE, ids=[c[0] for c in POINTWISE])
+def test_pointwise_losses_match_torch(dtype, reduction, case):
+    name, ranges, kwargs, grads = case
+    dt = getattr(torch, dtype)
+    ops = [torch.empty(37, 129, device="cuda", dtype=dt).uniform_(lo, hi) for lo, hi in ranges]
+    if name == "hinge_embedding_loss":
+        ops[1] = torch.where(ops[1] > 0, 1.0, -1.0).to(dt)
+    got = getattr(F, name)(*ops, reduction=reduction, **kwargs)
+    ds = [o.double().requires_grad_(i < grads) for i, o in enumerate(ops)]
+    want = getattr(TF, name)(*ds, reduction=reduction, **kwargs)
+    scale = 8 if reduction == "none" else 64
+    _close(got, want.detach().to(dt), dt, scale, name)
+    gy = torch.randn_like(want)
+    gx = torch.autograd.grad(want, ds[:grads], gy)
+    back = getattr(F, name + "_backward")(gy.to(dt), *ops, reduction=reduction, **kwargs)
+    back = back if isinstance(back, tuple) else (back,)
+    for k in range(grads):
+        _close(back[k], gx[k].to(dt), dt, 16, f"{name}_backward {k}")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_margin_and_gaussian_losses_match_torch(dtype):
+    dt = getattr(torch, dtype)
+    a, b = (torch.randn(64, 33, device="cuda", dtype=dt) for _ in range(2))
+    y = torch.where(torch.rand(64, 33, device="cuda") > 0.5, 1.0, -1.0).to(dt)
+    _close(F.margin_ranking_loss(a, b, y, margin=0.3), TF.margin_ranking_loss(a.double(), b.double(), y.double(),
+                                                                              margin=0.3).to(dt), dt, 16)
+    var = torch.rand(64, device="cuda", dtype=dt) + 0.2
+    ad, bd, vd = (t.double().requires_grad_() for t in (a, b, var))
+    want = TF.gaussian_nll_loss(ad, bd, vd, full=True)
+    _close(F.gaussian_nll_loss(a, b, var, full=True), want.detach().to(dt), dt, 16, "gaussian_nll_loss")
+    gx = torch.autograd.grad(want, (ad, bd, vd))
+    got = F.gaussian_nll_loss_backward(torch.ones((), device="cuda", dtype=dt), a, b, var, full=True)
+    for k in range(3):
+        _close(got[k], gx[k].to(dt), dt, 32, f"gaussian_nll_loss_backward {k}")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(64, 10), (33, 1000), (8, 50257), (4, 5, 3, 7)])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("weighted,smoothing", [(False, 0.0), (True, 0.0), (False, 0.1), (True, 0.2)])
+def test_cross_entropy_matches_torch(dtype, shape, reduction, weighted, smoothing):
+    dt = getattr(torch, dtype)
+    C = shape[1]
+    z = torch.randn(shape, device="cuda", dtype=dt) * 2
+    t = torch.randint(0, C, (shape[0],) + shape[2:], device="cuda")
+    t[0] = -100
+    w = torch.rand(C, device="cuda", dtype=dt) + 0.5 if weighted else None
+    zd = z.double().requires_grad_()
+    want = TF.cross_entropy(zd, t, None if w is None else w.double(), reduction=reduction, label_smoothing=smoothing)
+    loss, lse = F.cross_entropy_forward(z, t, w, reduction=reduction, label_smoothing=smoothing)
+    _close(loss, want.detach().to(dt), dt, 16, "cross_entropy")
+    gy = torch.randn_like(want)
+    (gx,) = torch.autograd.grad(want, zd, gy)
+    got = F.cross_entropy_backward(gy.to(dt), z, t, lse, w, reduction=reduction, label_smoothing=smoothing)
+    _close(got, gx.to(dt), dt, 16, "cross_entropy_backward")
+    if reduction != "none":
+        (g1,) = torch.autograd.grad(want, zd)
+        fl, fg = F.cross_entropy_fused(z, t, w, reduction=reduction, label_smoothing=smoothing)
+        _close(fl, want.detach().to(dt), dt, 16, "cross_entropy_fused loss")
+        _close(fg, g1.to(dt), dt, 16, "cross_entropy_fused grad")
+    lp = torch.log_softmax(z.double(), 1).to(dt)
+    _close(F.nll_loss(lp, t, w, reduction=reduction),
+           TF.nll_loss(lp.double(), t, None if w is None else w.double(), reduction=reduction).to(dt), dt, 16, "nll_loss")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cross_entropy_probabilities_match_torch(dtype):
+    dt = getattr(torch, dtype)
+    z = torch.randn(16, 300, device="cuda", dtype=dt)
+    p = torch.softmax(torch.randn(16, 300, device="cuda"), 1).to(dt)
+    zd = z.double().requires_grad_()
+    want = TF.cross_entropy(zd, p.double(), label_smoothing=0.1)
+    loss, lse = F.cross_entropy_forward(z, p, label_smoothing=0.1)
+    _close(loss, want.detach().to(dt), dt, 16)
+    (gx,) = torch.autograd.grad(want, zd)
+    _close(F.cross_entropy_backward(torch.ones((), device="cuda", dtype=dt), z, p, lse, label_smoothing=0.1),
+           gx.to(dt), dt, 16)

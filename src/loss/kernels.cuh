@@ -1,0 +1,238 @@
+// CUDA class losses (cross_entropy, nll_loss). Three kernels, all with a
+// fixed reduction order (bitwise deterministic):
+//  - prep (one block): sum of d_r over rows and of the class weights, for
+//    the gradients of a mean;
+//  - rows: TPR threads per row; one pass keeps a running max and sum of
+//    exponentials per thread (one exp per element), then the gradient pass
+//    (fused / backward) re-reads the row, which L2 usually still holds;
+//  - finalize (one block): the mean or sum of the per-row terms.
+#pragma once
+
+#include "core/cuda_check.hpp"
+#include "core/cuda_rows.cuh"
+#include "loss/class_losses.hpp"
+
+namespace baracuda::loss {
+
+using rows::OffsetCalc;
+using rows::RowLaunch;
+
+template <class T>
+using scratch_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <class T, class Index>
+struct RowTarget {
+  int64_t index = 0;
+  bool ignored = false, bad = false;
+};
+
+template <class T, class Index>
+__device__ __forceinline__ RowTarget<T, Index> row_target(const RowLaunch& l, const int64_t* off, const ClassParams& p) {
+  RowTarget<T, Index> r;
+  if constexpr (!is_float_v<Index>) {
+    r.index = index_of(reinterpret_cast<const Index*>(l.data[kTarget])[off[kTarget]]);
+    r.ignored = r.index == p.ignore_index;
+    r.bad = !r.ignored && (r.index < 0 || r.index >= l.cols);
+  }
+  return r;
+}
+
+template <class T, class M>
+__device__ __forceinline__ M weight_at(const RowLaunch& l, const ClassParams& p, int64_t c) {
+  return p.weighted ? convert<M>(reinterpret_cast<const T*>(l.data[kWeight])[c * l.inner.stride[kWeight][0]]) : M(1);
+}
+
+/// scratch[0] = sum of d_r over rows, scratch[1] = sum of the class weights.
+template <class T, class Index>
+__global__ void __launch_bounds__(1024) prep_kernel(ClassLaunch cl, ClassParams p, OffsetCalc<kSlots, int64_t> outer) {
+  using M = scratch_of<T>;
+  __shared__ M scratch[32];
+  const RowLaunch& l = cl.rows;
+  M d = 0, w = 0;
+  for (int64_t r = threadIdx.x; r < l.rows; r += 1024) {
+    if constexpr (is_float_v<Index>) {
+      d += M(1);
+    } else {
+      int64_t off[kSlots];
+      outer.get(r, off);
+      const auto t = row_target<T, Index>(l, off, p);
+      if (!t.ignored && !t.bad) d += weight_at<T, M>(l, p, t.index);
+    }
+  }
+  for (int64_t c = threadIdx.x; c < l.cols; c += 1024) w += weight_at<T, M>(l, p, c);
+  d = rows::row_all_reduce<1024, 1>(d, rows::SumOp{}, scratch);
+  w = rows::row_all_reduce<1024, 1>(w, rows::SumOp{}, scratch);
+  if (threadIdx.x == 0) {
+    M* ws = static_cast<M*>(cl.scratch);
+    ws[0] = d;
+    ws[1] = w;
+  }
+}
+
+template <class L, class T, class Index, int TPR, int RPB>
+__global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassParams p, OffsetCalc<kSlots, int64_t> outer) {
+  using M = math_t<T, false>;
+  using W = scratch_of<T>;
+  constexpr bool kProbs = is_float_v<Index>;
+  __shared__ M scratch[RPB * (TPR / 32)];
+  const RowLaunch& l = cl.rows;
+  const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
+  const int lane = threadIdx.x % TPR;
+  const bool valid = row < l.rows;
+  const int64_t C = l.cols;
+  int64_t off[kSlots] = {};
+  if (valid) outer.get(row, off);
+  const T* in = reinterpret_cast<const T*>(l.data[kInput]) + off[kInput];
+  const T* probs = reinterpret_cast<const T*>(l.data[kTarget]) + off[kTarget];
+  const int64_t s_in = l.inner.stride[kInput][0], s_probs = l.inner.stride[kTarget][0];
+  RowTarget<T, Index> t;
+  if (valid) t = row_target<T, Index>(l, off, p);
+  const bool vec = rows::vector_ok<T>(in, s_in, C) && (!kProbs || rows::vector_ok<T>(probs, s_probs, C));
+  const M e = kProbs ? M(p.smoothing) : M(0), uniform = e / M(C);
+  auto smoothed = [&](M target) { return (M(1) - e) * target + uniform; };
+
+  // Pass 1: logsumexp (forward, fused) and the weighted sums of the row.
+  M lse = 0, wz = 0, a = 0;  // indices: wz = sum w_c z_c; probs: a = sum w_c p'_c, wz = sum w_c p'_c z_c
+  const bool smoothing_sums = kProbs || p.smoothing != 0;
+  if constexpr (L::kLogits) {
+    if (p.mode == Mode::backward) {
+      if (valid) lse = M(reinterpret_cast<const W*>(l.data[kLse])[off[kLse]]);
+      if (kProbs) {
+        if (valid)
+          for (int64_t c = lane; c < C; c += TPR) a += weight_at<T, M>(l, p, c) * smoothed(convert<M>(probs[c * s_probs]));
+        a = rows::row_all_reduce<TPR, RPB>(a, rows::SumOp{}, scratch);
+      }
+    } else {
+      M m = -INFINITY, s = 0;
+      if (valid) {
+        if (!smoothing_sums) {
+          rows::for_row<TPR>(in, s_in, C, vec, lane, [&](int64_t, T x) {
+            const M z = convert<M>(x);
+            if (z > m) s = s * exp(m - z) + M(1), m = z;
+            else s += exp(z - m);
+          });
+        } else {
+          for (int64_t c = lane; c < C; c += TPR) {
+            const M z = convert<M>(in[c * s_in]);
+            if (z > m) s = s * exp(m - z) + M(1), m = z;
+            else s += exp(z - m);
+            M w = weight_at<T, M>(l, p, c);
+            if constexpr (kProbs) {
+              w *= smoothed(convert<M>(probs[c * s_probs]));
+              a += w;
+            }
+            wz += w * z;
+          }
+        }
+      }
+      const M gm = rows::row_all_reduce<TPR, RPB>(m, rows::MaxOp{}, scratch);
+      s = m == -INFINITY ? M(0) : s * exp(m - gm);
+      s = rows::row_all_reduce<TPR, RPB>(s, rows::SumOp{}, scratch);
+      lse = gm + log(s);
+      if (smoothing_sums) {
+        wz = rows::row_all_reduce<TPR, RPB>(wz, rows::SumOp{}, scratch);
+        if (kProbs) a = rows::row_all_reduce<TPR, RPB>(a, rows::SumOp{}, scratch);
+      }
+    }
+  }
+  const W* ws = static_cast<const W*>(cl.scratch);
+  const M w_t = kProbs || t.ignored || t.bad ? M(0) : weight_at<T, M>(l, p, t.index);
+  const M z_t = kProbs || t.ignored || t.bad || !valid ? M(0) : convert<M>(in[t.index * s_in]);
+
+  if (p.mode != Mode::backward && valid && lane == 0) {
+    M nll, smooth = 0, d;
+    if constexpr (kProbs) {
+      nll = lse * a - wz;
+      d = 1;
+    } else {
+      d = t.ignored ? M(0) : w_t;
+      nll = t.ignored ? M(0) : L::kLogits ? w_t * (lse - z_t) : -w_t * z_t;
+      if (L::kLogits && p.smoothing != 0 && !t.ignored) smooth = (p.weighted ? M(ws[1]) : M(C)) * lse - wz;
+      if (t.bad) nll = NAN;
+    }
+    if (L::kLogits && p.mode == Mode::forward) reinterpret_cast<W*>(l.data[kLse])[off[kLse]] = W(lse);
+    if (p.reduction == Reduction::none) {
+      const RowScale<M> sc = row_scale<M>(effective<kProbs>(p), C, l.rows, M(1));
+      reinterpret_cast<T*>(l.data[kOut])[off[kOut]] = convert<T>(sc.nll * nll + sc.smooth * smooth);
+    } else {
+      W* terms = static_cast<W*>(cl.scratch) + 2;
+      terms[row] = W(nll);
+      terms[l.rows + row] = W(smooth);
+      terms[2 * l.rows + row] = W(d);
+    }
+  }
+  if (p.mode == Mode::forward || !valid) return;
+
+  // Pass 2: the gradient of the row.
+  RowScale<M> sc = row_scale<M>(effective<kProbs>(p), C, l.rows, p.reduction == Reduction::mean ? M(ws[0]) : M(1));
+  const M go = p.mode == Mode::fused ? M(1) : convert<M>(reinterpret_cast<const T*>(l.data[kGradOutput])[off[kGradOutput]]);
+  sc.nll *= go, sc.smooth *= go;
+  T* grad = reinterpret_cast<T*>(l.data[kGradInput]) + off[kGradInput];
+  const int64_t s_grad = l.inner.stride[kGradInput][0];
+  const bool vec_out = vec && rows::vector_ok<T>(grad, s_grad, C);
+  const M bad = t.bad ? M(NAN) : M(0);
+  if constexpr (!L::kLogits) {  // nll: -scale w_t at the target, 0 elsewhere
+    const M g_t = t.ignored ? M(0) : -sc.nll * w_t;
+    rows::store_row<TPR>(grad, s_grad, C, vec_out, lane, [&](int64_t c) { return convert<T>(bad + (c == t.index ? g_t : M(0))); });
+  } else if constexpr (kProbs) {
+    const T* src[2] = {in, probs};
+    const int64_t ss[2] = {s_in, s_probs};
+    rows::map_row<TPR>(src, ss, grad, s_grad, C, vec_out, lane, [&](int64_t c, const T (&x)[2]) {
+      const M pc = exp(convert<M>(x[0]) - lse);
+      return convert<T>(sc.nll * (pc * a - weight_at<T, M>(l, p, c) * smoothed(convert<M>(x[1]))));
+    });
+  } else {
+    const M a_t = t.ignored ? M(0) : sc.nll * w_t, b = t.ignored ? M(0) : sc.smooth;
+    const M w_total = p.weighted ? M(ws[1]) : M(C);
+    const T* src[1] = {in};
+    const int64_t ss[1] = {s_in};
+    rows::map_row<TPR>(src, ss, grad, s_grad, C, vec_out, lane, [&](int64_t c, const T (&x)[1]) {
+      const M pc = exp(convert<M>(x[0]) - lse);
+      M g = a_t * (pc - (c == t.index ? M(1) : M(0)));
+      if (b != M(0)) g += b * (w_total * pc - weight_at<T, M>(l, p, c));
+      return convert<T>(g + bad);
+    });
+  }
+}
+
+/// The mean or sum of the per-row terms (scratch) into `scalar_out`.
+template <class T, bool kProbs>
+__global__ void __launch_bounds__(1024) finalize_kernel(ClassLaunch cl, ClassParams p) {
+  using M = scratch_of<T>;
+  __shared__ M scratch[32];
+  const int64_t n = cl.rows.rows;
+  const M* terms = static_cast<const M*>(cl.scratch) + 2;
+  M nll = 0, smooth = 0, d = 0;
+  for (int64_t r = threadIdx.x; r < n; r += 1024) nll += terms[r], smooth += terms[n + r], d += terms[2 * n + r];
+  nll = rows::row_all_reduce<1024, 1>(nll, rows::SumOp{}, scratch);
+  smooth = rows::row_all_reduce<1024, 1>(smooth, rows::SumOp{}, scratch);
+  d = rows::row_all_reduce<1024, 1>(d, rows::SumOp{}, scratch);
+  if (threadIdx.x == 0) {
+    const RowScale<M> sc = row_scale<M>(effective<kProbs>(p), cl.rows.cols, n, d);
+    *static_cast<T*>(cl.scalar_out) = convert<T>(sc.nll * nll + sc.smooth * smooth);
+  }
+}
+
+template <class L, class T, class Index, int TPR, int RPB>
+void launch_rows(const ClassLaunch& cl, const ClassParams& p, const OffsetCalc<kSlots, int64_t>& outer, CUstream_st* s) {
+  const unsigned blocks = unsigned((cl.rows.rows + RPB - 1) / RPB);
+  rows_kernel<L, T, Index, TPR, RPB><<<blocks, TPR * RPB, 0, s>>>(cl, p, outer);
+}
+
+template <class L, class T, class Index>
+Status class_loss_on_cuda(const ClassLaunch& cl, const ClassParams& p, CUstream_st* stream) {
+  const OffsetCalc<kSlots, int64_t> outer(cl.rows.outer);
+  if (p.mode != Mode::forward || (L::kLogits && p.smoothing != 0 && p.weighted))
+    prep_kernel<T, Index><<<1, 1024, 0, stream>>>(cl, p, outer);
+  const int64_t C = cl.rows.cols;
+  if (cl.rows.rows == 0) {
+  } else if (C <= 1024) launch_rows<L, T, Index, 32, 4>(cl, p, outer, stream);
+  else if (C <= 8192) launch_rows<L, T, Index, 256, 1>(cl, p, outer, stream);
+  else launch_rows<L, T, Index, 1024, 1>(cl, p, outer, stream);
+  if (p.mode != Mode::backward && p.reduction != Reduction::none)
+    finalize_kernel<T, is_float_v<Index>><<<1, 1024, 0, stream>>>(cl, p);
+  BARACUDA_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
+}  // namespace baracuda::loss

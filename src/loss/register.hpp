@@ -1,0 +1,70 @@
+// Instantiates the loss launchers for every loss and dtype of a list:
+//  pointwise (elementwise launcher): "name:T" -> T, "name:T:W" -> the f32/f64
+//  scratch the reduction sums, "name_backward:T" -> the gradients;
+//  class losses (see class_losses.hpp): "name:T:target dtype", every mode.
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include "core/launch_table.hpp"
+#include "elementwise/engine.hpp"
+#include "loss/class_losses.hpp"
+#include "loss/pointwise.hpp"
+
+namespace baracuda::loss {
+
+using PointwiseTable = LaunchTable<ew::LaunchFn>;
+PointwiseTable& host_pointwise();
+PointwiseTable& cuda_pointwise();
+
+using ClassTable = LaunchTable<ClassFn>;
+ClassTable& host_class_losses();
+ClassTable& cuda_class_losses();
+
+/// The per-element scratch type a reduced loss is summed from.
+template <class T, bool Host>
+using scratch_t = std::conditional_t<Host || std::is_same_v<T, double>, double, float>;
+
+template <size_t, class T>
+using Same = T;
+
+template <class L, class Launcher, bool Host, class T, size_t... I>
+void register_pointwise_loss(PointwiseTable& table, std::index_sequence<I...>) {
+  using W = scratch_t<T, Host>;
+  using Fwd = LossForward<L, Host, T, Same<I, T>...>;
+  constexpr DType d = dtype_of<T>;
+  table.add(launch_key(L::meta.name, d), &Launcher::template launch<T, 1, Fwd, Same<I, T>...>);
+  table.add(launch_key(L::meta.name, d, dtype_of<W>), &Launcher::template launch<W, 1, Fwd, Same<I, T>...>);
+  table.add(launch_key(std::string(L::meta.name) + "_backward", d),
+            &Launcher::template launch<T, L::meta.grads, LossBackward<L, Host, T, Same<I, T>...>, T, Same<I, T>...>);
+}
+
+/// Every pointwise loss for every T of `Types`, run by `Launcher` (ew::HostLauncher or ew::CudaLauncher).
+template <class Launcher, bool Host, class Types>
+bool register_pointwise(PointwiseTable& table) {
+  for_each_type<Types>([&]<class T>(TypeTag<T>) {
+    [&]<class... Ls>(LossList<Ls...>) {
+      (register_pointwise_loss<Ls, Launcher, Host, T>(table, std::make_index_sequence<Ls::meta.inputs>{}), ...);
+    }(PointwiseLosses{});
+  });
+  return true;
+}
+
+/// `Launch<L, T, Index>::run` for every class loss and T of `Types`, under
+/// "name:T:index dtype"; cross_entropy also takes probabilities (Index = T).
+template <template <class, class, class> class Launch, class Types>
+bool register_class_losses(ClassTable& table) {
+  for_each_type<Types>([&]<class T>(TypeTag<T>) {
+    [&]<class... Ls>(ClassLossList<Ls...>) {
+      auto one = [&]<class L, class Index>() {
+        table.add(launch_key(L::name, dtype_of<T>, dtype_of<Index>), &Launch<L, T, Index>::run);
+      };
+      ((one.template operator()<Ls, int64_t>(), one.template operator()<Ls, int32_t>()), ...);
+    }(ClassLosses{});
+    table.add(launch_key(CrossEntropy::name, dtype_of<T>, dtype_of<T>), &Launch<CrossEntropy, T, T>::run);
+  });
+  return true;
+}
+
+}  // namespace baracuda::loss

@@ -1,0 +1,349 @@
+// Loss family: every op x dtype x reduction x shape x layout against the host
+// reference in f64 (on the host and, with a GPU, on CUDA); closed forms
+// written out here independently of the library; backward against finite
+// differences of the forward on the host; bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "baracuda/registry.hpp"
+#include "harness.hpp"
+#include "sweep.hpp"
+
+using namespace baracuda;
+using namespace baracuda::harness;
+using namespace baracuda::testing_support;
+
+namespace {
+
+class Loss : public testing::TestWithParam<std::string> {};
+TEST_P(Loss, HostMatchesReference) { sweep(*find_op(GetParam()), Backend::host_reference); }
+TEST_P(Loss, CudaMatchesReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  sweep(*find_op(GetParam()), Backend::bespoke_cuda);
+}
+INSTANTIATE_TEST_SUITE_P(Ops, Loss, testing::ValuesIn(ops_of(OpCategory::loss)), param_name);
+
+/// A host operand: f64 values (or i64 when `dtype` is i64) of a shape.
+struct Operand {
+  std::vector<double> values;
+  Shape shape;
+  DType dtype = DType::f64;
+};
+
+Operand f64(std::vector<double> v, Shape s) { return {std::move(v), std::move(s), DType::f64}; }
+Operand idx(std::vector<double> v, Shape s) { return {std::move(v), std::move(s), DType::i64}; }
+
+/// Runs `op` on the host (with the workspace its plan asks for); every output as f64.
+Result<std::vector<std::vector<double>>> host_exec(const std::string& op, const std::vector<Operand>& inputs,
+                                                   const Attrs& attrs = {}) {
+  std::vector<TensorSpec> specs;
+  for (const auto& o : inputs) specs.push_back({o.dtype, o.shape});
+  OpDesc d{op, specs, {}, attrs};
+  auto plan = select(Stream::host(), d);
+  if (!plan) return plan.status();
+  std::vector<std::vector<int64_t>> ints(inputs.size());
+  std::vector<std::vector<double>> floats(inputs.size());
+  std::vector<TensorView> in;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    void* data;
+    if (inputs[i].dtype == DType::i64) {
+      for (double v : inputs[i].values) ints[i].push_back(static_cast<int64_t>(v));
+      data = ints[i].data();
+    } else {
+      floats[i] = inputs[i].values;
+      data = floats[i].data();
+    }
+    in.push_back(*TensorView::contiguous(data, inputs[i].dtype, inputs[i].shape));
+  }
+  const OpDesc& full = (*plan)->desc();
+  std::vector<std::vector<double>> outs;
+  for (const auto& o : full.outputs) outs.emplace_back(std::max<int64_t>(o.numel(), 1), NAN);
+  std::vector<TensorView> out;
+  for (size_t j = 0; j < outs.size(); ++j) {
+    EXPECT_EQ(full.outputs[j].dtype, DType::f64);
+    out.push_back(*TensorView::contiguous(outs[j].data(), DType::f64, full.outputs[j].shape));
+  }
+  std::vector<char> workspace((*plan)->workspace_size() + 1);
+  Status st = (*plan)->run(Stream::host(), Workspace{workspace.data(), workspace.size()}, OpArgs{in, out});
+  if (!st) return st;
+  return outs;
+}
+
+std::vector<std::vector<double>> must(Result<std::vector<std::vector<double>>> r) {
+  EXPECT_TRUE(r) << r.status().to_string();
+  return r ? *r : std::vector<std::vector<double>>{};
+}
+
+double softplus(double x) { return std::log1p(std::exp(x)); }
+double sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
+
+// ---------------------------------------------------------------- pointwise
+
+TEST(PointwiseLossKnownValues, ClosedForms) {
+  const std::vector<double> x{0.3, -1.5, 2.0, 0.7}, y{0.1, 0.5, -0.5, 0.7};
+  const Shape s{2, 2};
+  auto expect_all = [&](const std::string& op, const Attrs& attrs, auto formula, std::vector<Operand> extra = {}) {
+    std::vector<Operand> in{f64(x, s), f64(y, s)};
+    for (auto& e : extra) in.push_back(e);
+    Attrs none = attrs, mean = attrs, sum = attrs;
+    none.set("reduction", 0);
+    mean.set("reduction", 1);
+    sum.set("reduction", 2);
+    auto per = must(host_exec(op, in, none));
+    double total = 0;
+    for (int i = 0; i < 4; ++i) {
+      const double want = formula(x[i], y[i]);
+      EXPECT_NEAR(per[0][i], want, 1e-12) << op << " element " << i;
+      total += want;
+    }
+    EXPECT_NEAR(must(host_exec(op, in, mean))[0][0], total / 4, 1e-12) << op << " mean";
+    EXPECT_NEAR(must(host_exec(op, in, sum))[0][0], total, 1e-12) << op << " sum";
+  };
+  expect_all("mse_loss", {}, [](double a, double b) { return (a - b) * (a - b); });
+  expect_all("l1_loss", {}, [](double a, double b) { return std::abs(a - b); });
+  expect_all("huber_loss", {{"delta", 1.5}}, [](double a, double b) {
+    const double d = std::abs(a - b);
+    return d < 1.5 ? 0.5 * d * d : 1.5 * (d - 0.75);
+  });
+  expect_all("smooth_l1_loss", {{"beta", 0.5}}, [](double a, double b) {
+    const double d = std::abs(a - b);
+    return d < 0.5 ? d * d : d - 0.25;
+  });
+  expect_all("soft_margin_loss", {}, [](double a, double b) { return std::log(1 + std::exp(-a * b)); });
+  expect_all("margin_ranking_loss", {{"margin", 0.2}},
+             [](double a, double b) { return std::max(0.0, -0.5 * (a - b) + 0.2); },
+             {f64({0.5, 0.5, 0.5, 0.5}, s)});
+  expect_all("gaussian_nll_loss", {}, [](double a, double b) { return 0.5 * (std::log(0.8) + (a - b) * (a - b) / 0.8); },
+             {f64({0.8}, {1})});
+  expect_all("binary_cross_entropy_with_logits", {}, [](double a, double b) {
+    const double lw = (2.0 - 1) * b + 1;  // pos_weight 2
+    return 0.5 * ((1 - b) * a + lw * softplus(-a));
+  }, {f64({0.5}, {}), f64({2.0}, {1})});
+}
+
+TEST(PointwiseLossKnownValues, ProbabilityLosses) {
+  const Shape s{3};
+  const std::vector<double> p{0.2, 0.9, 0.5}, t{0.0, 1.0, 0.3}, w{1, 2, 0.5};
+  auto bce = must(host_exec("binary_cross_entropy", {f64(p, s), f64(t, s), f64(w, s)}, {{"reduction", 0}}));
+  for (int i = 0; i < 3; ++i)
+    EXPECT_NEAR(bce[0][i], -w[i] * (t[i] * std::log(p[i]) + (1 - t[i]) * std::log(1 - p[i])), 1e-12);
+  // log(0) is clamped at -100, as in torch.
+  auto clamp = must(host_exec("binary_cross_entropy", {f64({0.0}, {1}), f64({1.0}, {1}), f64({1.0}, {1})}, {{"reduction", 2}}));
+  EXPECT_DOUBLE_EQ(clamp[0][0], 100.0);
+  // kl_div: target (log target - input); batchmean divides by dim 0.
+  const std::vector<double> lx{-1.0, -0.5, -2.0, -0.1}, ty{0.2, 0.0, 0.5, 0.3};
+  auto kl = must(host_exec("kl_div", {f64(lx, {2, 2}), f64(ty, {2, 2})}, {{"reduction", 3}}));
+  double want = 0;
+  for (int i = 0; i < 4; ++i) want += ty[i] > 0 ? ty[i] * (std::log(ty[i]) - lx[i]) : 0;
+  EXPECT_NEAR(kl[0][0], want / 2, 1e-12);
+  auto klt = must(host_exec("kl_div", {f64(lx, {2, 2}), f64(lx, {2, 2})}, {{"reduction", 2}, {"log_target", 1}}));
+  EXPECT_NEAR(klt[0][0], 0.0, 1e-15);
+  // poisson_nll: exp(x) - y x, and x - y log(x + eps) with Stirling's term for y > 1.
+  auto pn = must(host_exec("poisson_nll_loss", {f64({0.5, 2.0}, {2}), f64({3.0, 0.5}, {2})}, {{"reduction", 0}}));
+  EXPECT_NEAR(pn[0][0], std::exp(0.5) - 1.5, 1e-12);
+  auto pf = must(host_exec("poisson_nll_loss", {f64({0.5}, {1}), f64({3.0}, {1})},
+                           {{"reduction", 0}, {"log_input", 0}, {"full", 1}}));
+  EXPECT_NEAR(pf[0][0], 0.5 - 3 * std::log(0.5 + 1e-8) + 3 * std::log(3.0) - 3 + 0.5 * std::log(2 * M_PI * 3), 1e-12);
+  // hinge_embedding: x where y = 1, max(0, margin - x) where y = -1.
+  auto he = must(host_exec("hinge_embedding_loss", {f64({0.3, 0.3, 2.0}, {3}), f64({1, -1, -1}, {3})}, {{"reduction", 0}}));
+  EXPECT_DOUBLE_EQ(he[0][0], 0.3);
+  EXPECT_DOUBLE_EQ(he[0][1], 0.7);
+  EXPECT_DOUBLE_EQ(he[0][2], 0.0);
+  // multilabel_soft_margin: the class mean of the logistic loss, per row.
+  const std::vector<double> mx{0.5, -1.0, 2.0, 0.0}, my{1, 0, 1, 1};
+  auto ml = must(host_exec("multilabel_soft_margin_loss", {f64(mx, {2, 2}), f64(my, {2, 2}), f64({1.0}, {1})},
+                           {{"reduction", 0}}));
+  ASSERT_EQ(ml[0].size(), 2u);
+  EXPECT_NEAR(ml[0][0], (softplus(-0.5) + softplus(-1.0)) / 2, 1e-12);
+  EXPECT_NEAR(ml[0][1], (softplus(-2.0) + softplus(0.0)) / 2, 1e-12);
+}
+
+/// d/dx_i of sum(g * loss(x)) numerically, for every differentiable operand.
+TEST(PointwiseLossFiniteDifferences, BackwardMatchesForward) {
+  std::mt19937_64 rng(5);
+  for (const OpInfo& op : registry()) {
+    if (op.family != "pointwise_loss") continue;
+    const OpInfo& bwd = *find_op(op.gradient);
+    for (double reduction : {0.0, 1.0, 2.0}) {
+      const Shape s{3, 4};
+      std::vector<Operand> in;
+      for (size_t i = 0; i < op.input_names.size(); ++i) {
+        const Domain d = op.domain(i);
+        std::uniform_real_distribution<double> u(d.lo + 0.02 * (d.hi - d.lo), d.hi - 0.02 * (d.hi - d.lo));
+        Operand o{std::vector<double>(12), s};
+        for (auto& v : o.values) v = u(rng);
+        in.push_back(o);
+      }
+      Attrs attrs{{"reduction", reduction}};
+      const Shape out_shape = reduction == 0 ? (op.name == "multilabel_soft_margin_loss" ? Shape{3} : s) : Shape{};
+      std::uniform_real_distribution<double> ug(-1, 1);
+      Operand g{std::vector<double>(reduction == 0 ? (out_shape.size() == 1 ? 3 : 12) : 1), out_shape};
+      for (auto& v : g.values) v = ug(rng);
+      std::vector<Operand> bin{g};
+      for (auto& o : in) bin.push_back(o);
+      auto grads = must(host_exec(bwd.name, bin, attrs));
+      ASSERT_EQ(grads.size(), bwd.output_names.size()) << bwd.name;
+      auto objective = [&](const std::vector<Operand>& xs) {
+        auto f = must(host_exec(op.name, xs, attrs));
+        double l = 0;
+        for (size_t i = 0; i < f[0].size(); ++i) l += g.values[i] * f[0][i];
+        return l;
+      };
+      for (size_t k = 0; k < grads.size(); ++k) {
+        for (int i : {0, 5, 11}) {
+          const double h = 1e-6;
+          auto xp = in, xm = in;
+          xp[k].values[i] += h;
+          xm[k].values[i] -= h;
+          EXPECT_NEAR(grads[k][i], (objective(xp) - objective(xm)) / (2 * h), 2e-6)
+              << bwd.output_names[k] << " of " << op.name << " reduction " << reduction << " i " << i;
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- class losses
+
+/// log_softmax of each row of a [rows, C] matrix.
+std::vector<double> log_softmax_rows(const std::vector<double>& z, int64_t rows, int64_t C) {
+  std::vector<double> out(z.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = -INFINITY, s = 0;
+    for (int64_t c = 0; c < C; ++c) m = std::max(m, z[r * C + c]);
+    for (int64_t c = 0; c < C; ++c) s += std::exp(z[r * C + c] - m);
+    for (int64_t c = 0; c < C; ++c) out[r * C + c] = z[r * C + c] - m - std::log(s);
+  }
+  return out;
+}
+
+TEST(CrossEntropyKnownValues, TorchSemantics) {
+  const int64_t N = 4, C = 3;
+  const std::vector<double> z{0.1, 2.0, -1.0, 0.5, 0.5, 0.5, -2.0, 1.0, 3.0, 1.0, 0.0, -1.0};
+  const std::vector<double> t{1, 0, -100, 2}, w{1.0, 2.0, 0.5};
+  const auto lp = log_softmax_rows(z, N, C);
+  // Unweighted mean over the rows that are not ignored.
+  auto mean = must(host_exec("cross_entropy", {f64(z, {N, C}), idx(t, {N}), f64({}, {0})}));
+  EXPECT_NEAR(mean[0][0], -(lp[1] + lp[3] + lp[11]) / 3, 1e-12);
+  // The saved logsumexp: z - log_softmax.
+  EXPECT_NEAR(mean[1][0], z[0] - lp[0], 1e-6);  // stored in f64 for f64
+  // Weighted mean divides by the sum of the target weights.
+  auto wm = must(host_exec("cross_entropy", {f64(z, {N, C}), idx(t, {N}), f64(w, {C})}));
+  EXPECT_NEAR(wm[0][0], -(2 * lp[1] + 1 * lp[3] + 0.5 * lp[11]) / 3.5, 1e-12);
+  // none: per row, 0 where ignored.
+  auto none = must(host_exec("cross_entropy", {f64(z, {N, C}), idx(t, {N}), f64({}, {0})}, {{"reduction", 0}}));
+  EXPECT_NEAR(none[0][0], -lp[1], 1e-12);
+  EXPECT_DOUBLE_EQ(none[0][2], 0.0);
+  // Label smoothing, unweighted mean: torch divides the smoothing term by all rows (ignored included).
+  const double e = 0.3;
+  auto sm = must(host_exec("cross_entropy", {f64(z, {N, C}), idx(t, {N}), f64({}, {0})}, {{"label_smoothing", e}}));
+  double nll = -(lp[1] + lp[3] + lp[11]) / 3, smooth = 0;
+  for (int64_t r : {0, 1, 3})
+    for (int64_t c = 0; c < C; ++c) smooth -= lp[r * C + c];
+  EXPECT_NEAR(sm[0][0], (1 - e) * nll + e / C * smooth / N, 1e-12);
+  // Weighted smoothing: both terms over the sum of target weights.
+  auto wsm = must(host_exec("cross_entropy", {f64(z, {N, C}), idx(t, {N}), f64(w, {C})}, {{"label_smoothing", e}}));
+  double wsmooth = 0;
+  for (int64_t r : {0, 1, 3})
+    for (int64_t c = 0; c < C; ++c) wsmooth -= w[c] * lp[r * C + c];
+  EXPECT_NEAR(wsm[0][0], (1 - e) * (-(2 * lp[1] + lp[3] + 0.5 * lp[11]) / 3.5) + e / C * wsmooth / 3.5, 1e-12);
+  // Probability targets: -sum p log_softmax, mean over rows.
+  std::vector<double> p(N * C, 0.0);
+  for (int64_t r = 0; r < N; ++r) p[r * C + r % C] = 0.75, p[r * C + (r + 1) % C] = 0.25;
+  auto pr = must(host_exec("cross_entropy", {f64(z, {N, C}), f64(p, {N, C}), f64({}, {0})}));
+  double want = 0;
+  for (int64_t i = 0; i < N * C; ++i) want -= p[i] * lp[i];
+  EXPECT_NEAR(pr[0][0], want / N, 1e-12);
+  // Class dim 1 of [N, C, d]: the same as moving the classes last.
+  std::vector<double> z3(N * C * 2);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) z3[(n * C + c) * 2] = z[n * C + c], z3[(n * C + c) * 2 + 1] = 0;
+  auto spatial = must(host_exec("cross_entropy", {f64(z3, {N, C, 2}), idx({1, 0, 0, 0, -100, 0, 2, 0}, {N, 2}), f64({}, {0})},
+                                {{"reduction", 0}}));
+  EXPECT_NEAR(spatial[0][0], -lp[1], 1e-12);
+  EXPECT_NEAR(spatial[0][1], std::log(3.0), 1e-12);
+  // nll_loss of log_softmax is cross_entropy.
+  auto nl = must(host_exec("nll_loss", {f64(lp, {N, C}), idx(t, {N}), f64(w, {C})}));
+  EXPECT_NEAR(nl[0][0], wm[0][0], 1e-12);
+  // Every row ignored: 0 / 0, as torch.
+  auto all_ignored = must(host_exec("cross_entropy", {f64(z, {N, C}), idx({-100, -100, -100, -100}, {N}), f64({}, {0})}));
+  EXPECT_TRUE(std::isnan(all_ignored[0][0]));
+}
+
+TEST(CrossEntropyFiniteDifferences, BackwardMatchesForward) {
+  std::mt19937_64 rng(9);
+  std::uniform_real_distribution<double> u(-2, 2);
+  const int64_t N = 3, C = 4;
+  std::vector<double> z(N * C);
+  for (auto& v : z) v = u(rng);
+  std::vector<double> probs(N * C);
+  for (auto& v : probs) v = std::abs(u(rng));
+  struct Case {
+    Operand target;
+    bool weighted;
+    double reduction, smoothing;
+  };
+  const std::vector<Case> cases{{idx({1, -100, 3}, {N}), false, 1, 0},   {idx({1, 0, 3}, {N}), true, 1, 0.2},
+                                {idx({2, 2, -100}, {N}), true, 0, 0.1},  {idx({0, 1, 2}, {N}), false, 2, 0.3},
+                                {f64(probs, {N, C}), true, 1, 0.2},      {f64(probs, {N, C}), false, 0, 0}};
+  for (const Case& c : cases) {
+    const Operand w = c.weighted ? f64({0.5, 1.5, 1.0, 2.0}, {C}) : f64({}, {0});
+    const Attrs attrs{{"reduction", c.reduction}, {"label_smoothing", c.smoothing}};
+    auto fwd = must(host_exec("cross_entropy", {f64(z, {N, C}), c.target, w}, attrs));
+    Operand g{std::vector<double>(c.reduction == 0 ? N : 1), c.reduction == 0 ? Shape{N} : Shape{}};
+    for (auto& v : g.values) v = u(rng);
+    auto dx = must(host_exec("cross_entropy_backward", {g, f64(z, {N, C}), c.target, w, f64(fwd[1], {N})}, attrs));
+    auto objective = [&](std::vector<double> zs) {
+      auto f = must(host_exec("cross_entropy", {f64(zs, {N, C}), c.target, w}, attrs));
+      double l = 0;
+      for (size_t i = 0; i < g.values.size(); ++i) l += g.values[i] * f[0][i];
+      return l;
+    };
+    for (int i = 0; i < N * C; ++i) {
+      const double h = 1e-6;
+      auto zp = z, zm = z;
+      zp[i] += h;
+      zm[i] -= h;
+      EXPECT_NEAR(dx[0][i], (objective(zp) - objective(zm)) / (2 * h), 1e-6)
+          << "reduction " << c.reduction << " smoothing " << c.smoothing << " i " << i;
+    }
+    // The fused op returns the same loss and the gradient for grad_output = 1.
+    auto fused = must(host_exec("cross_entropy_fused", {f64(z, {N, C}), c.target, w}, attrs));
+    if (c.reduction != 0) {
+      EXPECT_NEAR(fused[0][0], fwd[0][0], 1e-14);
+      auto dx1 = must(host_exec("cross_entropy_backward", {f64({1.0}, {}), f64(z, {N, C}), c.target, w, f64(fwd[1], {N})}, attrs));
+      for (int i = 0; i < N * C; ++i) EXPECT_NEAR(fused[1][i], dx1[0][i], 1e-14);
+    }
+  }
+  // nll_loss_backward: -w_t / sum(w_t) at the targets, 0 elsewhere.
+  auto dn = must(host_exec("nll_loss_backward", {f64({1.0}, {}), f64(z, {N, C}), idx({1, -100, 3}, {N}),
+                                                 f64({0.5, 1.5, 1.0, 2.0}, {C})}));
+  for (int i = 0; i < N * C; ++i) EXPECT_DOUBLE_EQ(dn[0][i], i == 1 ? -1.5 / 3.5 : i == 11 ? -2.0 / 3.5 : 0.0) << i;
+}
+
+TEST(LossErrors, BadInputIsNamed) {
+  auto message = [](Result<std::vector<std::vector<double>>> r) {
+    return r ? std::string("(no error)") : r.status().message();
+  };
+  auto has = [](const std::string& m, const std::string& part) { return m.find(part) != std::string::npos; };
+  const std::vector<double> z(6, 0.5);
+  auto range = host_exec("cross_entropy", {f64(z, {2, 3}), idx({1, 3}, {2}), f64({}, {0})});
+  EXPECT_TRUE(has(message(range), "class index 3")) << message(range);
+  auto neg = host_exec("nll_loss", {f64(z, {2, 3}), idx({-5, 0}, {2}), f64({}, {0})});
+  EXPECT_TRUE(has(message(neg), "outside [0, 3)")) << message(neg);
+  auto weight = host_exec("cross_entropy", {f64(z, {2, 3}), idx({1, 0}, {2}), f64({1, 1}, {2})});
+  EXPECT_TRUE(has(message(weight), "'weight' must be f64[3]")) << message(weight);
+  auto tshape = host_exec("cross_entropy", {f64(z, {2, 3}), idx({1, 0, 0}, {3}), f64({}, {0})});
+  EXPECT_TRUE(has(message(tshape), "'target' shape [3] != [2]")) << message(tshape);
+  auto red = host_exec("mse_loss", {f64(z, {2, 3}), f64(z, {2, 3})}, {{"reduction", 7}});
+  EXPECT_TRUE(has(message(red), "'reduction' must be")) << message(red);
+  auto bshape = host_exec("mse_loss", {f64(z, {2, 3}), f64({1, 2}, {2})});
+  EXPECT_TRUE(has(message(bshape), "does not broadcast")) << message(bshape);
+  auto smooth = host_exec("cross_entropy", {f64(z, {2, 3}), idx({1, 0}, {2}), f64({}, {0})}, {{"label_smoothing", 1.5}});
+  EXPECT_TRUE(has(message(smooth), "label_smoothing")) << message(smooth);
+}
+
+}  // namespace
