@@ -90,6 +90,16 @@ def main():
                 2 * n * es + rows * 8,
                 lambda: close(F.cross_entropy_fused(x, t)[1], torch_fwd_bwd()[0], 1e-6))
             del x, xr
+        if want("cumsum"):
+            x = torch.randn(1 << 26, device="cuda", dtype=dtype)
+            o1, o2 = torch.empty_like(x), torch.empty_like(x)
+            row("cumsum 64M", dtype, lambda: F.cumsum(x, 0, out=o1), lambda: torch.cumsum(x, 0, out=o2),
+                2 * x.numel() * es, lambda: close(F.cumsum(x, 0) / 1e3, torch.cumsum(x.double(), 0).to(dtype) / 1e3, tol))
+            x = torch.randn(8192, 8192, device="cuda", dtype=dtype)
+            o1, o2 = torch.empty_like(x), torch.empty_like(x)
+            row("cumsum 8192x8192 dim=-1", dtype, lambda: F.cumsum(x, -1, out=o1), lambda: torch.cumsum(x, -1, out=o2),
+                2 * x.numel() * es)
+            del x, o1, o2
         if want("sum") or want("mean"):
             x = torch.randn(8192, 8192, device="cuda", dtype=dtype)
             for dim in (-1, 0):

@@ -237,13 +237,13 @@ TEST(CrossEntropyKnownValues, TorchSemantics) {
   auto none = must(host_exec("cross_entropy", {f64(z, {N, C}), idx(t, {N}), f64({}, {0})}, {{"reduction", 0}}));
   EXPECT_NEAR(none[0][0], -lp[1], 1e-12);
   EXPECT_DOUBLE_EQ(none[0][2], 0.0);
-  // Label smoothing, unweighted mean: torch divides the smoothing term by all rows (ignored included).
+  // Label smoothing, unweighted mean: both terms over the rows not ignored (torch 2.11).
   const double e = 0.3;
   auto sm = must(host_exec("cross_entropy", {f64(z, {N, C}), idx(t, {N}), f64({}, {0})}, {{"label_smoothing", e}}));
   double nll = -(lp[1] + lp[3] + lp[11]) / 3, smooth = 0;
   for (int64_t r : {0, 1, 3})
     for (int64_t c = 0; c < C; ++c) smooth -= lp[r * C + c];
-  EXPECT_NEAR(sm[0][0], (1 - e) * nll + e / C * smooth / N, 1e-12);
+  EXPECT_NEAR(sm[0][0], (1 - e) * nll + e / C * smooth / 3, 1e-12);
   // Weighted smoothing: both terms over the sum of target weights.
   auto wsm = must(host_exec("cross_entropy", {f64(z, {N, C}), idx(t, {N}), f64(w, {C})}, {{"label_smoothing", e}}));
   double wsmooth = 0;

@@ -380,7 +380,7 @@ def vector_norm_backward(grad_output, x, output, ord=2, dim=None, keepdim=False,
     return _norm_backward(grad_output, x, output, dim=dim, keepdim=keepdim, p=float(ord), out=out)
 
 
-# ---------------------------------------------------------------- scans (host backend only so far)
+# ---------------------------------------------------------------- scans
 
 def cumsum(input, dim, *, out=None):
     """torch.cumsum along dim (ints and bool accumulate in i64)."""

@@ -200,3 +200,29 @@ def test_norms_match_torch(dtype, shape):
     dx, dw = F.rms_norm_backward(g, x, rstd, w)
     _close(dx, gx.to(dtype), dtype, 8, "rms_norm dx")
     _close(dw, gw.to(dtype), dtype, 8 * max(1.0, rows ** 0.5 / 8), "rms_norm dw")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dim", [((64, 1000), -1), ((1000, 64), 0), ((3, 200000), 1), ((1 << 20,), 0)])
+def test_scans_match_torch(dtype, shape, dim):
+    dtype = getattr(torch, dtype)
+    x = torch.empty(shape, device="cuda", dtype=dtype).uniform_(-1, 1)
+    xd = x.double()
+    n = shape[dim]
+    _close(F.cumsum(x, dim), torch.cumsum(xd, dim).to(dtype), dtype, 4 * max(1.0, n ** 0.5 / 16), "cumsum")
+    _close(F.logcumsumexp(x, dim), torch.logcumsumexp(xd, dim).to(dtype), dtype, 8, "logcumsumexp")
+    values, indices = F.cummax(x, dim)
+    want_v, want_i = torch.cummax(x, dim)
+    assert torch.equal(values, want_v) and torch.equal(indices, want_i), "cummax"
+    values, indices = F.cummin(x, dim)
+    want_v, want_i = torch.cummin(x, dim)
+    assert torch.equal(values, want_v) and torch.equal(indices, want_i), "cummin"
+    g = torch.randn_like(x)
+    _close(F.cumsum_backward(g, x, dim), g.double().flip(dim).cumsum(dim).flip(dim).to(dtype), dtype,
+           4 * max(1.0, n ** 0.5 / 16), "cumsum_backward")
+    if n <= 1000:
+        p = torch.empty(shape, device="cuda", dtype=dtype).uniform_(0.9, 1.1)
+        _close(F.cumprod(p, dim), torch.cumprod(p.double(), dim).to(dtype), dtype, 16, "cumprod")
+    ints = torch.randint(-5, 5, shape, device="cuda", dtype=torch.int32)
+    assert torch.equal(F.cumsum(ints, dim), torch.cumsum(ints, dim)), "cumsum int32 -> int64"

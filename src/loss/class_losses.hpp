@@ -6,8 +6,8 @@
 //   nll_r    = w_t (lse - z_t)            (nll_loss: -w_t z_t)
 //   smooth_r = sum_c w_c (lse - z_c)
 //   d_r      = w_t (0 where t = ignore_index)
-// none: (1 - e) nll_r + e / C smooth_r; sum: the sum of that; mean (torch's
-// rule): (1 - e) sum nll / sum d + e / C sum smooth / (weighted ? sum d : rows).
+// none: (1 - e) nll_r + e / C smooth_r; sum: the sum of that; mean: that sum
+// over sum d (torch's rule; without class weights, the rows not ignored).
 // Probability targets p: loss_r = sum_c w_c p'_c (lse - z_c), p' = (1 - e) p + e / C,
 // and mean divides by the rows.
 #pragma once
@@ -82,17 +82,18 @@ template <class M>
 BCD_HD RowScale<M> row_scale(const ClassParams& p, int64_t classes, int64_t rows, M sum_d) {
   const M e = M(p.smoothing), c = M(classes > 0 ? classes : 1);
   RowScale<M> s{M(1) - e, e / c};
-  if (p.reduction == Reduction::mean) {
+  if (p.reduction == Reduction::mean) {  // torch 2.11 divides both terms by the (weighted) count kept
     s.nll /= sum_d;
-    s.smooth /= p.weighted ? sum_d : M(rows);
+    s.smooth /= sum_d;
   }
+  (void)rows;
   return s;
 }
 
 /// Probability targets fold the smoothing into each row's term, which a mean divides by the rows.
 template <bool kProbs>
 BCD_HD ClassParams effective(ClassParams p) {
-  if (kProbs) p.smoothing = 0, p.weighted = false;
+  if (kProbs) p.smoothing = 0;
   return p;
 }
 

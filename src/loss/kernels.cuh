@@ -69,6 +69,65 @@ __global__ void __launch_bounds__(1024) prep_kernel(ClassLaunch cl, ClassParams 
   }
 }
 
+/// 2^x: one MUFU.EX2 for f32.
+template <class M>
+__device__ __forceinline__ M exp2_(M x) {
+  if constexpr (std::is_same_v<M, float>) return exp2f(x);
+  else return exp2(x);
+}
+
+template <class M>
+inline constexpr M kLog2e = M(1.4426950408889634074);
+
+/// Folds `n` values into a running (max m, sum s of 2^((z - m) log2 e)):
+/// one rescale per call, the exponentials independent of each other.
+template <int N, class M>
+__device__ __forceinline__ void absorb(const M (&z)[N], M& m, M& s) {
+  M vmax = z[0];
+#pragma unroll
+  for (int e = 1; e < N; ++e) vmax = z[e] > vmax || z[e] != z[e] ? z[e] : vmax;
+  const M nm = m > vmax || m != m ? m : vmax;
+  const M shift = nm * kLog2e<M>;
+  M acc = 0;
+#pragma unroll
+  for (int e = 0; e < N; ++e) acc += exp2_(z[e] * kLog2e<M> - shift);
+  s = s * exp2_(m * kLog2e<M> - shift) + acc;
+  m = nm;
+}
+
+/// Running max and sum of exponentials over this thread's elements of a row
+/// (the ownership of rows::for_row).
+template <int TPR, class T, class M>
+__device__ __forceinline__ void online_logsumexp(const T* row, int64_t stride, int64_t cols, bool vector, int lane,
+                                                 M& m, M& s) {
+  constexpr int V = rows::kVecOf<T>;
+  using P = rows::Vec<T, V>;
+  if (vector) {
+    const auto* packs = reinterpret_cast<const P*>(row);
+    const int64_t n = cols / V;
+    int64_t i = lane;
+    for (; i + TPR < n; i += 2 * TPR) {  // two vectors in flight
+      const P a = packs[i], b = packs[i + TPR];
+      M z[2 * V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) z[e] = convert<M>(a.v[e]), z[V + e] = convert<M>(b.v[e]);
+      absorb(z, m, s);
+    }
+    for (; i < n; i += TPR) {
+      const P a = packs[i];
+      M z[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) z[e] = convert<M>(a.v[e]);
+      absorb(z, m, s);
+    }
+  } else {
+    for (int64_t c = lane; c < cols; c += TPR) {
+      const M z[1] = {convert<M>(row[c * stride])};
+      absorb(z, m, s);
+    }
+  }
+}
+
 template <class L, class T, class Index, int TPR, int RPB>
 __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassParams p, OffsetCalc<kSlots, int64_t> outer) {
   using M = math_t<T, false>;
@@ -106,27 +165,22 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
       M m = -INFINITY, s = 0;
       if (valid) {
         if (!smoothing_sums) {
-          rows::for_row<TPR>(in, s_in, C, vec, lane, [&](int64_t, T x) {
-            const M z = convert<M>(x);
-            if (z > m) s = s * exp(m - z) + M(1), m = z;
-            else s += exp(z - m);
-          });
+          online_logsumexp<TPR>(in, s_in, C, vec, lane, m, s);
         } else {
           for (int64_t c = lane; c < C; c += TPR) {
-            const M z = convert<M>(in[c * s_in]);
-            if (z > m) s = s * exp(m - z) + M(1), m = z;
-            else s += exp(z - m);
+            const M z[1] = {convert<M>(in[c * s_in])};
+            absorb(z, m, s);
             M w = weight_at<T, M>(l, p, c);
             if constexpr (kProbs) {
               w *= smoothed(convert<M>(probs[c * s_probs]));
               a += w;
             }
-            wz += w * z;
+            wz += w * z[0];
           }
         }
       }
       const M gm = rows::row_all_reduce<TPR, RPB>(m, rows::MaxOp{}, scratch);
-      s = m == -INFINITY ? M(0) : s * exp(m - gm);
+      s = m == -INFINITY ? M(0) : s * exp2_((m - gm) * kLog2e<M>);
       s = rows::row_all_reduce<TPR, RPB>(s, rows::SumOp{}, scratch);
       lse = gm + log(s);
       if (smoothing_sums) {
@@ -178,16 +232,17 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
     const T* src[2] = {in, probs};
     const int64_t ss[2] = {s_in, s_probs};
     rows::map_row<TPR>(src, ss, grad, s_grad, C, vec_out, lane, [&](int64_t c, const T (&x)[2]) {
-      const M pc = exp(convert<M>(x[0]) - lse);
+      const M pc = exp2_((convert<M>(x[0]) - lse) * kLog2e<M>);
       return convert<T>(sc.nll * (pc * a - weight_at<T, M>(l, p, c) * smoothed(convert<M>(x[1]))));
     });
   } else {
     const M a_t = t.ignored ? M(0) : sc.nll * w_t, b = t.ignored ? M(0) : sc.smooth;
     const M w_total = p.weighted ? M(ws[1]) : M(C);
+    const M lse_log2 = lse * kLog2e<M>;
     const T* src[1] = {in};
     const int64_t ss[1] = {s_in};
     rows::map_row<TPR>(src, ss, grad, s_grad, C, vec_out, lane, [&](int64_t c, const T (&x)[1]) {
-      const M pc = exp(convert<M>(x[0]) - lse);
+      const M pc = exp2_(convert<M>(x[0]) * kLog2e<M> - lse_log2);
       M g = a_t * (pc - (c == t.index ? M(1) : M(0)));
       if (b != M(0)) g += b * (w_total * pc - weight_at<T, M>(l, p, c));
       return convert<T>(g + bad);

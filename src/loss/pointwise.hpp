@@ -169,7 +169,8 @@ struct HingeEmbeddingLoss {
     return (y != M(1) ? (h > 0 ? h : M(0)) : M(0)) + (y != M(-1) ? x : M(0));
   }
   template <class M> static BCD_HD Grads<M, 1> grad(M x, M y, const Params& p) {
-    return {(y != M(1) && p.get<M>(0) - x > 0 ? M(-1) : M(0)) + (y != M(-1) ? M(1) : M(0))};
+    // At margin - x = 0 the clamp passes the gradient, as torch's clamp_min.
+    return {(y != M(1) && p.get<M>(0) - x >= 0 ? M(-1) : M(0)) + (y != M(-1) ? M(1) : M(0))};
   }
 };
 

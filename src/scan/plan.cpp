@@ -1,7 +1,7 @@
 // Scan family: cumsum, cumprod, logcumsumexp, cummax, cummin along `dim`,
-// and their backward plans. Host reference only so far: the CUDA candidate
-// (CUB / decoupled look-back) is still to come, so `select` on a CUDA stream
-// reports that no candidate serves these ops.
+// and their backward plans. CUDA kernels (scan/kernels.cuh) serve every
+// forward op and cumsum_backward (a reversed cumsum); the other backward
+// plans run on the host reference only.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -11,9 +11,20 @@
 #include "core/registry_internal.hpp"
 #include "core/rows.hpp"
 #include "core/tensor_util.hpp"
+#include "scan/register.hpp"
+
+#ifdef BARACUDA_HAS_CUDA
+#include "core/cuda_check.hpp"
+#endif
 
 namespace baracuda {
 namespace scan {
+
+ScanTable& cuda_scans() {
+  static ScanTable table;
+  return table;
+}
+
 namespace {
 
 using rows::RowLaunch;
@@ -213,28 +224,67 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   return d;
 }
 
+/// Chunks per row for the CUDA kernels: enough blocks for two waves when
+/// the rows alone do not give them (a function of the shape only).
+[[maybe_unused]] int64_t choose_chunks(int64_t rows, int64_t cols, int sm_count, int64_t tile) {
+  const int64_t tiles = (cols + tile - 1) / tile, target = int64_t(sm_count) * 16;
+  if (rows <= 0 || tiles <= 1 || rows >= target) return 1;
+  return std::min(tiles, (target + rows - 1) / rows);
+}
+
+/// The view reversed along `dim` (negative stride from the last element).
+TensorView reversed(TensorView v, int dim) {
+  if (v.rank == 0 || v.shape[dim] == 0) return v;
+  v.data = static_cast<char*>(v.data) + (v.shape[dim] - 1) * v.stride[dim] * int64_t(dtype_size(v.dtype));
+  v.stride[dim] = -v.stride[dim];
+  return v;
+}
+
 class ScanPlan final : public Plan {
  public:
-  ScanPlan(const Def& def, OpDesc desc) : def_(def), desc_(std::move(desc)) {
+  ScanPlan(const Def& def, OpDesc desc, Backend backend, ScanFn fn) : def_(def), desc_(std::move(desc)), fn_(fn) {
     const DType t = desc_.inputs[def.backward ? 1 : 0].dtype;
+    const bool host = backend == Backend::host_reference;
     sku_.category = OpCategory::scan;
     sku_.op = def.name.c_str();
     sku_.element = t;
     sku_.layout = Layout::any_strided;
-    sku_.backend = Backend::host_reference;
-    sku_.precision.math = is_floating(t) ? MathPrecision::f64 : MathPrecision::exact;
-    sku_.precision.accumulator = is_floating(t) ? DType::f64 : DType::i64;
+    sku_.backend = backend;
+    sku_.precision.math = !is_floating(t) ? MathPrecision::exact
+                          : host || t == DType::f64 ? MathPrecision::f64 : MathPrecision::f32;
+    sku_.precision.accumulator = !is_floating(t) ? DType::i64 : host || t == DType::f64 ? DType::f64 : DType::f32;
     sku_.precision.bit_stable_on_same_hardware = true;
-    sku_.precision.deterministic = true;
+    sku_.precision.deterministic = true;  // fixed combine order (chunk totals merged in order), no atomics
+#ifdef BARACUDA_HAS_CUDA
+    if (!host) {
+      sku_.arch = current_sm_version();
+      const Shape& shape = desc_.inputs[def.backward ? 1 : 0].shape;
+      const int rank = static_cast<int>(shape.size());
+      const int dim = rank == 0 ? 0 : normalize_dim(desc_.attrs.get("dim", -1), rank);
+      int64_t rows = 1, cols = rank == 0 ? 1 : shape[dim];
+      for (int a = 0; a < rank; ++a)
+        if (a != dim) rows *= shape[a];
+      chunks_ = choose_chunks(rows, cols, current_sm_count(), kTile);
+      if (chunks_ > 1) {
+        chunk_len_ = ((cols + chunks_ - 1) / chunks_ + kTile - 1) / kTile * kTile;
+        chunks_ = (cols + chunk_len_ - 1) / chunk_len_;
+        const size_t state = def.kind == Kind::cummax || def.kind == Kind::cummin ? 16 : 8;
+        workspace_ = size_t(rows) * size_t(chunks_) * state;
+      }
+    }
+#endif
   }
   const OpDesc& desc() const override { return desc_; }
-  size_t workspace_size() const override { return 0; }
+  size_t workspace_size() const override { return workspace_; }
   KernelSku sku() const override { return sku_; }
   Status can_implement(const OpArgs& args) const override {
     return check_args(def_.name, args, desc_, def_.inputs, def_.outputs);
   }
-  Status run(const Stream&, Workspace, const OpArgs& args) const override {
+  Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
     BARACUDA_TRY(can_implement(args));
+    if (workspace.bytes < workspace_)
+      return Status::too_small(ErrorKind::workspace_too_small, workspace_, workspace.bytes,
+                               cat(def_.name, ": workspace of ", workspace.bytes, " bytes, needs ", workspace_));
     const size_t xi = def_.backward ? 1 : 0;
     const Shape& shape = desc_.inputs[xi].shape;
     for (int64_t s : shape)
@@ -245,17 +295,38 @@ class ScanPlan final : public Plan {
     const Shape moved = rows::move_axis_last(shape, dim);
     std::array<TensorView, 4> views;
     std::array<rows::Role, 4> roles;
+    roles.fill(rows::Role::full);
     size_t n = 0;
-    for (const auto& v : args.outputs) views[n] = rows::move_axis_last(v, dim), roles[n++] = rows::Role::full;
-    for (const auto& v : args.inputs) views[n] = rows::move_axis_last(v, dim), roles[n++] = rows::Role::full;
+    if (fn_ && def_.backward) {  // cumsum_backward: the cumsum of grad_output from the end
+      views[n++] = rows::move_axis_last(reversed(args.outputs[0], dim), dim);
+      views[n++] = rows::move_axis_last(reversed(args.inputs[0], dim), dim);
+    } else {
+      for (const auto& v : args.outputs) views[n++] = rows::move_axis_last(v, dim);
+      for (const auto& v : args.inputs) views[n++] = rows::move_axis_last(v, dim);
+    }
     const RowLaunch l = rows::make_rows(moved, rank == 0 ? 0 : 1, std::span(views.data(), n), std::span(roles.data(), n));
-    return run_on_host(def_, l, desc_.inputs[xi].dtype).with_context(def_.name);
+    if (!fn_) return run_on_host(def_, l, desc_.inputs[xi].dtype).with_context(def_.name);
+#ifdef BARACUDA_HAS_CUDA
+    ScanLaunch launch;
+    launch.rows = l;
+    launch.indices = !def_.backward && def_.outputs.size() == 2;
+    launch.chunks = chunks_;
+    launch.chunk_len = chunks_ > 1 ? chunk_len_ : l.cols;
+    launch.workspace = workspace.data;
+    return fn_(launch, stream.cuda_stream()).with_context(def_.name);
+#else
+    (void)stream;
+    return internal_error(def_.name, ": CUDA plan in a build without CUDA");
+#endif
   }
 
  private:
   const Def& def_;
   OpDesc desc_;
+  ScanFn fn_;  ///< null: the host reference
   KernelSku sku_;
+  int64_t chunks_ = 1, chunk_len_ = 0;
+  size_t workspace_ = 0;
 };
 
 void add_ops(std::vector<OpInfo>& ops, const char* name, Kind kind, const char* doc) {
@@ -283,7 +354,9 @@ void add_ops(std::vector<OpInfo>& ops, const char* name, Kind kind, const char* 
     info.output_names = stored.outputs;
     info.dtypes = dtypes_for(kind, backward);
     info.attrs = {{"dim", -1, "the axis scanned (negative: from the end)"}};
-    info.backends = {Backend::host_reference};
+    const bool has_cuda = !backward || kind == Kind::cumsum;
+    info.backends = has_cuda ? std::vector<Backend>{Backend::bespoke_cuda, Backend::host_reference}
+                             : std::vector<Backend>{Backend::host_reference};
     info.doc = backward ? cat("gradient of ", name) : doc;
     info.input_dtypes = [&stored](DType primary) {
       std::vector<DType> v;
@@ -296,21 +369,28 @@ void add_ops(std::vector<OpInfo>& ops, const char* name, Kind kind, const char* 
     info.sample_attrs = {Attrs{}, Attrs{{"dim", 0}}};
     info.integer_valued_inputs = extreme && !backward;  // ties
     // Saved operands (output, indices) must be consistent with the input and
-    // the generic driver draws them at random: it runs the forward ops only
-    // (the backward ops are checked against finite differences).
-    info.sample_shapes = [backward](DType, const Shape& shape, const Attrs& attrs) -> std::optional<SampleShapes> {
-        if (backward) return std::nullopt;
+    // the generic driver draws them at random: it runs the forward ops and
+    // cumsum_backward only (the other backward ops are checked against finite differences).
+    info.sample_shapes = [backward, kind](DType, const Shape& shape, const Attrs& attrs) -> std::optional<SampleShapes> {
+        if (backward && kind != Kind::cumsum) return std::nullopt;
         const int rank = static_cast<int>(shape.size());
         const int dim = normalize_dim(attrs.get("dim", -1), std::max(rank, 1));
         if (dim < 0 || dim >= std::max(rank, 1)) return std::nullopt;
-        return SampleShapes{{shape}, {}};
+        return SampleShapes{std::vector<Shape>(backward ? 2 : 1, shape), {}};
       };
     info.infer = [&stored](const OpDesc& partial) { return infer_desc(stored, partial); };
     info.make_plan = [&stored](Backend backend, const Stream&, const OpDesc& desc) -> Result<PlanPtr> {
-      if (backend != Backend::host_reference) return unsupported(stored.name, ": no ", backend_name(backend), " kernel yet");
       auto full = infer_desc(stored, desc);
       if (!full) return full.status();
-      return PlanPtr(std::make_unique<ScanPlan>(stored, std::move(*full)));
+      ScanFn fn = nullptr;
+      if (backend != Backend::host_reference) {
+        const DType t = full->inputs[stored.backward ? 1 : 0].dtype;
+        fn = cuda_scans().find(launch_key(stored.name, t));
+        if (!fn)
+          return unsupported(stored.name, ": no ", backend_name(backend), " kernel for ", dtype_name(t),
+                             stored.backward ? " (this gradient runs on the host reference only)" : "");
+      }
+      return PlanPtr(std::make_unique<ScanPlan>(stored, std::move(*full), backend, fn));
     };
     ops.push_back(std::move(info));
   }

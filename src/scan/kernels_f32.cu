@@ -1,0 +1,13 @@
+// CUDA scans for dtypes: float, double (split so the build runs in parallel).
+#include "scan/kernels.cuh"
+#include "scan/register.hpp"
+
+namespace baracuda::scan {
+namespace {
+template <class Op, class T, class Out>
+struct CudaScan {
+  static Status run(const ScanLaunch& l, CUstream_st* s) { return scan_on_cuda<Op, T, Out>(l, s); }
+};
+[[maybe_unused]] const bool registered = register_scans<CudaScan, TypeList<float, double>>(cuda_scans());
+}  // namespace
+}  // namespace baracuda::scan
