@@ -97,17 +97,21 @@ __device__ __forceinline__ void absorb(const M (&z)[N], M& m, M& s) {
 
 /// Running max and sum of exponentials over this thread's elements of a row
 /// (the ownership of rows::for_row).
+/// With `cache`, also keeps the first `cache_packs` vectors of the row in shared memory.
 template <int TPR, class T, class M>
 __device__ __forceinline__ void online_logsumexp(const T* row, int64_t stride, int64_t cols, bool vector, int lane,
-                                                 M& m, M& s) {
+                                                 M& m, M& s, T* cache = nullptr, int64_t cache_packs = 0) {
   constexpr int V = rows::kVecOf<T>;
   using P = rows::Vec<T, V>;
   if (vector) {
     const auto* packs = reinterpret_cast<const P*>(row);
+    auto* cached = reinterpret_cast<P*>(cache);
     const int64_t n = cols / V;
     int64_t i = lane;
     for (; i + TPR < n; i += 2 * TPR) {  // two vectors in flight
       const P a = packs[i], b = packs[i + TPR];
+      if (i < cache_packs) cached[i] = a;
+      if (i + TPR < cache_packs) cached[i + TPR] = b;
       M z[2 * V];
 #pragma unroll
       for (int e = 0; e < V; ++e) z[e] = convert<M>(a.v[e]), z[V + e] = convert<M>(b.v[e]);
@@ -115,6 +119,7 @@ __device__ __forceinline__ void online_logsumexp(const T* row, int64_t stride, i
     }
     for (; i < n; i += TPR) {
       const P a = packs[i];
+      if (i < cache_packs) cached[i] = a;
       M z[V];
 #pragma unroll
       for (int e = 0; e < V; ++e) z[e] = convert<M>(a.v[e]);
@@ -128,13 +133,34 @@ __device__ __forceinline__ void online_logsumexp(const T* row, int64_t stride, i
   }
 }
 
-template <class L, class T, class Index, int TPR, int RPB>
+/// dst[c] = f(c, x[c]) over whole vectors, x read from `cache` for its first `cache_packs` vectors.
+template <int TPR, class T, class F>
+__device__ __forceinline__ void map_cached_row(const T* row, const T* cache, int64_t cache_packs, T* dst, int64_t cols,
+                                               int lane, F&& f) {
+  constexpr int V = rows::kVecOf<T>;
+  using P = rows::Vec<T, V>;
+  for (int64_t i = lane; i < cols / V; i += TPR) {
+    const P a = i < cache_packs ? reinterpret_cast<const P*>(cache)[i] : reinterpret_cast<const P*>(row)[i];
+    P out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) out.v[e] = f(i * V + e, a.v[e]);
+    reinterpret_cast<P*>(dst)[i] = out;
+  }
+}
+
+/// Shared memory a block may keep a row in (the gradient pass then reads it from there).
+inline constexpr int kCacheBytes = 200 * 1024;
+
+template <class L, class T, class Index, int TPR, int RPB, bool kCache = false>
 __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassParams p, OffsetCalc<kSlots, int64_t> outer) {
   using M = math_t<T, false>;
   using W = scratch_of<T>;
   constexpr bool kProbs = is_float_v<Index>;
   __shared__ M scratch[RPB * (TPR / 32)];
+  extern __shared__ __align__(16) char cache_bytes[];
+  T* cache = kCache ? reinterpret_cast<T*>(cache_bytes) : nullptr;
   const RowLaunch& l = cl.rows;
+  const int64_t cache_packs = kCache ? kCacheBytes / 16 : 0;
   const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
   const int lane = threadIdx.x % TPR;
   const bool valid = row < l.rows;
@@ -165,7 +191,7 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
       M m = -INFINITY, s = 0;
       if (valid) {
         if (!smoothing_sums) {
-          online_logsumexp<TPR>(in, s_in, C, vec, lane, m, s);
+          online_logsumexp<TPR>(in, s_in, C, vec, lane, m, s, cache, cache_packs);
         } else {
           for (int64_t c = lane; c < C; c += TPR) {
             const M z[1] = {convert<M>(in[c * s_in])};
@@ -239,14 +265,21 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
     const M a_t = t.ignored ? M(0) : sc.nll * w_t, b = t.ignored ? M(0) : sc.smooth;
     const M w_total = p.weighted ? M(ws[1]) : M(C);
     const M lse_log2 = lse * kLog2e<M>;
-    const T* src[1] = {in};
-    const int64_t ss[1] = {s_in};
-    rows::map_row<TPR>(src, ss, grad, s_grad, C, vec_out, lane, [&](int64_t c, const T (&x)[1]) {
-      const M pc = exp2_(convert<M>(x[0]) * kLog2e<M> - lse_log2);
+    auto grad_at = [&](int64_t c, T x) {
+      const M pc = exp2_(convert<M>(x) * kLog2e<M> - lse_log2);
       M g = a_t * (pc - (c == t.index ? M(1) : M(0)));
       if (b != M(0)) g += b * (w_total * pc - weight_at<T, M>(l, p, c));
       return convert<T>(g + bad);
-    });
+    };
+    // The cache holds the row when pass 1 took the vector path without smoothing sums.
+    if (kCache && vec_out && p.smoothing == 0) {
+      map_cached_row<TPR>(in, cache, cache_packs, grad, C, lane, grad_at);
+    } else {
+      const T* src[1] = {in};
+      const int64_t ss[1] = {s_in};
+      rows::map_row<TPR>(src, ss, grad, s_grad, C, vec_out, lane,
+                         [&](int64_t c, const T (&x)[1]) { return grad_at(c, x[0]); });
+    }
   }
 }
 
@@ -280,7 +313,14 @@ Status class_loss_on_cuda(const ClassLaunch& cl, const ClassParams& p, CUstream_
   if (p.mode != Mode::forward || (L::kLogits && p.smoothing != 0 && p.weighted))
     prep_kernel<T, Index><<<1, 1024, 0, stream>>>(cl, p, outer);
   const int64_t C = cl.rows.cols;
+  const bool cached_grad = p.mode == Mode::fused && !is_float_v<Index> && L::kLogits && C > 8192;
   if (cl.rows.rows == 0) {
+  } else if (cached_grad) {  // one long row per block, kept in shared memory for the gradient pass
+    auto kernel = rows_kernel<L, T, Index, 1024, 1, true>;
+    static const cudaError_t allowed =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kCacheBytes);
+    BARACUDA_CUDA_TRY(allowed);
+    kernel<<<unsigned(cl.rows.rows), 1024, kCacheBytes, stream>>>(cl, p, outer);
   } else if (C <= 1024) launch_rows<L, T, Index, 32, 4>(cl, p, outer, stream);
   else if (C <= 8192) launch_rows<L, T, Index, 256, 1>(cl, p, outer, stream);
   else launch_rows<L, T, Index, 1024, 1>(cl, p, outer, stream);

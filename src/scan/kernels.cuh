@@ -138,13 +138,20 @@ __global__ void __launch_bounds__(kBlock) tile_scan_kernel(ScanLaunch l, OffsetC
   const auto io = io_of<Op, T, Out>(l, off);
   const int64_t begin = chunk * l.chunk_len, end = min(l.rows.cols, begin + l.chunk_len);
   S carry = l.chunks > 1 ? static_cast<const S*>(l.workspace)[blockIdx.x] : Op::identity();
+  S next[kItems];  // the next tile, loaded (coalesced) while this one is scanned
+  auto load_tile = [&](int64_t base) {
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t e = base + k * kBlock + threadIdx.x;
+      next[k] = e < end ? io.load(e) : Op::identity();
+    }
+  };
+  load_tile(begin);
   for (int64_t base = begin; base < end; base += kTile) {
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) {  // coalesced loads
-      const int64_t e = base + k * kBlock + threadIdx.x;
-      tile[padded(k * kBlock + threadIdx.x)] = e < end ? io.load(e) : Op::identity();
-    }
+    for (int k = 0; k < kItems; ++k) tile[padded(k * kBlock + threadIdx.x)] = next[k];
     __syncthreads();
+    if (base + kTile < end) load_tile(base + kTile);
     S v[kItems];
 #pragma unroll
     for (int k = 0; k < kItems; ++k) v[k] = tile[padded(threadIdx.x * kItems + k)];
