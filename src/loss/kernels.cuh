@@ -80,13 +80,15 @@ template <class M>
 inline constexpr M kLog2e = M(1.4426950408889634074);
 
 /// Folds `n` values into a running (max m, sum s of 2^((z - m) log2 e)):
-/// one rescale per call, the exponentials independent of each other.
+/// one rescale per call, the exponentials independent of each other. The
+/// max skips NaN (fmax); a NaN still reaches s through its exponential.
 template <int N, class M>
 __device__ __forceinline__ void absorb(const M (&z)[N], M& m, M& s) {
   M vmax = z[0];
 #pragma unroll
-  for (int e = 1; e < N; ++e) vmax = z[e] > vmax || z[e] != z[e] ? z[e] : vmax;
-  const M nm = m > vmax || m != m ? m : vmax;
+  for (int e = 1; e < N; ++e) vmax = fmax(vmax, z[e]);
+  const M nm = fmax(m, vmax);
+  if (nm == -INFINITY) return;  // only -inf so far (masked logits): nothing to add
   const M shift = nm * kLog2e<M>;
   M acc = 0;
 #pragma unroll

@@ -365,7 +365,8 @@ void add_ops(std::vector<OpInfo>& ops, const char* name, Kind kind, const char* 
     };
     info.domains = {kind == Kind::cumprod ? Domain{0.5, 1.5, true} : Domain{-2, 2}};
     if (backward) info.domains = {Domain{-1, 1}, info.domains[0], Domain{0.5, 2}};
-    info.tolerance_scale = 4;
+    // f32 running sums over 65K elements drift well past 4 ulps of their (cancelling) values.
+    info.tolerance_scale = kind == Kind::cumsum || kind == Kind::logcumsumexp ? 32 : 4;
     info.sample_attrs = {Attrs{}, Attrs{{"dim", 0}}};
     info.integer_valued_inputs = extreme && !backward;  // ties
     // Saved operands (output, indices) must be consistent with the input and
