@@ -1,5 +1,5 @@
 // Scan family: the forward ops (and cumsum_backward) through the generic sweep
-// on the host and on CUDA, long single-pass rows and run-to-run determinism on
+// on the host and on CUDA, long chunked rows and run-to-run determinism on
 // CUDA, torch's semantics, and every backward against finite differences.
 #include <gtest/gtest.h>
 
@@ -39,7 +39,7 @@ TEST_P(Scan, CudaMatchesReference) {
 }
 INSTANTIATE_TEST_SUITE_P(Ops, Scan, testing::ValuesIn(sampled_scans()), param_name);
 
-/// Rows of many tiles (the single-pass look-back), one and several rows, both layouts.
+/// Rows long enough to be cut into chunks (reduce-then-scan), one and several rows, both layouts.
 TEST(CudaScan, ChunkedRowsMatchReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (const char* op : {"cumsum", "cummax", "logcumsumexp", "cumsum_backward"}) {

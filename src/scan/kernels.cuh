@@ -3,18 +3,13 @@
 //  - tiles: a block scans TILE = kBlock x kItems elements at a time (loaded
 //    coalesced through shared memory, a thread scans kItems in registers,
 //    warps combine by shuffles), carrying the total from tile to tile;
-//  - long rows on few rows: one tile per block in a single pass. Blocks take
-//    tiles in ticket order and publish tile totals combined along a fixed
-//    binary tree (Fenwick groups: the level-k group ending at tile e covers
-//    the 2^k tiles up to e); a tile's prefix combines the groups of the
-//    binary digits of its index, read in parallel by one warp. The
-//    association never depends on timing, so the result is deterministic;
+//  - long rows on few rows are cut into chunks: chunk totals first (a
+//    reduce pass), their exclusive prefix per row, then every chunk is
+//    scanned from its prefix (reduce-then-scan: one extra read of the input);
 //  - a thread per row when rows are short or strided and many.
 #pragma once
 
 #include <cstring>
-
-#include <cuda/atomic>
 
 #include "core/cuda_check.hpp"
 #include "core/rows.hpp"
@@ -99,18 +94,62 @@ __device__ __forceinline__ ScanIo<Op, T, Out> io_of(const ScanLaunch& l, const i
   return io;
 }
 
-/// A block scans one row, tile by tile, carrying the total.
+/// Phase 1 (chunks > 1): the total of each (row, chunk) into the workspace.
+template <class Op, class T, class Out>
+__global__ void __launch_bounds__(kBlock) chunk_totals_kernel(ScanLaunch l, OffsetCalc<3, int64_t> outer) {
+  using S = typename Op::S;
+  __shared__ S warp_totals[kBlock / 32];
+  const int64_t row = blockIdx.x / l.chunks, chunk = blockIdx.x % l.chunks;
+  int64_t off[3];
+  outer.get(row, off);
+  const auto io = io_of<Op, T, Out>(l, off);
+  const int64_t begin = chunk * l.chunk_len, end = min(l.rows.cols, begin + l.chunk_len);
+  // kItems independent loads in flight per thread, combined in a fixed order.
+  S part[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) part[k] = Op::identity();
+  for (int64_t base = begin; base < end; base += kTile) {
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t e = base + k * kBlock + threadIdx.x;
+      if (e < end) part[k] = Op::combine(part[k], io.load(e));
+    }
+  }
+  S acc = part[0];
+#pragma unroll
+  for (int k = 1; k < kItems; ++k) acc = Op::combine(acc, part[k]);
+  S carry = Op::identity();
+  block_exclusive<Op>(acc, carry, warp_totals);
+  if (threadIdx.x == 0) static_cast<S*>(l.workspace)[blockIdx.x] = carry;
+}
+
+/// Phase 2: per row, the chunk totals become exclusive prefixes, in order.
+template <class Op>
+__global__ void chunk_prefix_kernel(ScanLaunch l) {
+  using S = typename Op::S;
+  const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= l.rows.rows) return;
+  S* t = static_cast<S*>(l.workspace) + row * l.chunks;
+  S run = Op::identity();
+  for (int64_t c = 0; c < l.chunks; ++c) {
+    const S next = Op::combine(run, t[c]);
+    t[c] = run;
+    run = next;
+  }
+}
+
+/// Phase 3: a block scans one (row, chunk), tile by tile, from the chunk's prefix.
 template <class Op, class T, class Out>
 __global__ void __launch_bounds__(kBlock) tile_scan_kernel(ScanLaunch l, OffsetCalc<3, int64_t> outer) {
   using S = typename Op::S;
   __shared__ S tile[kTile + kTile / 32];
   __shared__ S warp_totals[kBlock / 32];
-  const int64_t row = blockIdx.x;
+  const int64_t row = blockIdx.x / l.chunks, chunk = blockIdx.x % l.chunks;
   int64_t off[3];
   outer.get(row, off);
   const auto io = io_of<Op, T, Out>(l, off);
-  const int64_t begin = 0, end = l.rows.cols;
-  S carry = Op::identity();
+  const int64_t begin = chunk * l.chunk_len, end = min(l.rows.cols, begin + l.chunk_len);
+  S carry = l.chunks > 1 ? static_cast<const S*>(l.workspace)[blockIdx.x] : Op::identity();
   S next[kItems];  // the next tile, loaded (coalesced) while this one is scanned
   auto load_tile = [&](int64_t base) {
 #pragma unroll
@@ -140,97 +179,6 @@ __global__ void __launch_bounds__(kBlock) tile_scan_kernel(ScanLaunch l, OffsetC
       if (e < end) io.store(e, tile[padded(k * kBlock + threadIdx.x)]);
     }
     __syncthreads();
-  }
-}
-
-// ---------------------------------------------------------------- single pass
-
-template <class S>
-__device__ __forceinline__ void publish(S* values, int* flags, int64_t g, const S& v) {
-  values[g] = v;
-  cuda::atomic_ref<int, cuda::thread_scope_device>(flags[g]).store(1, cuda::memory_order_release);
-}
-
-template <class S>
-__device__ __forceinline__ S wait_for(const S* values, int* flags, int64_t g) {
-  cuda::atomic_ref<int, cuda::thread_scope_device> flag(flags[g]);
-  while (flag.load(cuda::memory_order_acquire) == 0) {
-  }
-  int words[sizeof(S) / 4];  // read past L1
-#pragma unroll
-  for (int k = 0; k < int(sizeof(S) / 4); ++k) words[k] = __ldcg(reinterpret_cast<const int*>(values + g) + k);
-  S v;
-  memcpy(&v, words, sizeof(S));
-  return v;
-}
-
-/// Index of the level-k group ending at tile e of `row`.
-__device__ __forceinline__ int64_t group_index(const ScanLaunch& l, int64_t row, int k, int64_t e) {
-  return l.level_base[k] + row * (l.tiles >> k) + ((e + 1) >> k) - 1;
-}
-
-template <class Op, class T, class Out>
-__global__ void __launch_bounds__(kBlock) lookback_scan_kernel(ScanLaunch l, OffsetCalc<3, int64_t> outer) {
-  using S = typename Op::S;
-  __shared__ S tile[kTile + kTile / 32];
-  __shared__ S warp_totals[kBlock / 32];
-  __shared__ S parts[33];
-  __shared__ int64_t ticket;
-  auto* counter = static_cast<unsigned long long*>(l.workspace);
-  int* flags = reinterpret_cast<int*>(static_cast<char*>(l.workspace) + 16);
-  S* values = reinterpret_cast<S*>(static_cast<char*>(l.workspace) + l.values_offset);
-  if (threadIdx.x == 0) ticket = int64_t(atomicAdd(counter, 1ull));
-  __syncthreads();
-  const int64_t row = ticket / l.tiles, t = ticket % l.tiles;
-  int64_t off[3];
-  outer.get(row, off);
-  const auto io = io_of<Op, T, Out>(l, off);
-  const int64_t begin = t * kTile, end = min(l.rows.cols, begin + kTile);
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {  // coalesced loads
-    const int64_t e = begin + k * kBlock + threadIdx.x;
-    tile[padded(k * kBlock + threadIdx.x)] = e < end ? io.load(e) : Op::identity();
-  }
-  __syncthreads();
-  S v[kItems];
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) v[k] = tile[padded(threadIdx.x * kItems + k)];
-#pragma unroll
-  for (int k = 1; k < kItems; ++k) v[k] = Op::combine(v[k - 1], v[k]);
-  S total = Op::identity();
-  const S exclusive = block_exclusive<Op>(v[kItems - 1], total, warp_totals);
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    if (lane == 0) {  // publish this tile's total, then the groups it completes
-      publish(values, flags, group_index(l, row, 0, t), total);
-      S g = total;
-      for (int k = 0; k + 1 < l.levels && ((t + 1) & ((int64_t(2) << k) - 1)) == 0; ++k) {
-        g = Op::combine(wait_for(values, flags, group_index(l, row, k, t - (int64_t(1) << k))), g);
-        publish(values, flags, group_index(l, row, k + 1, t), g);
-      }
-    }
-    // Bit k of t: the level-k group ending just before the tiles of the lower bits.
-    S part = Op::identity();
-    if (lane < l.levels && (t >> lane & 1))
-      part = wait_for(values, flags, group_index(l, row, lane, ((t >> lane) << lane) - 1));
-    parts[lane] = part;
-    __syncwarp();
-    if (lane == 0) {
-      S prefix = Op::identity();
-      for (int k = l.levels - 1; k >= 0; --k)
-        if (t >> k & 1) prefix = Op::combine(prefix, parts[k]);
-      parts[32] = prefix;
-    }
-  }
-  __syncthreads();
-  const S prefix = Op::combine(parts[32], exclusive);
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) tile[padded(threadIdx.x * kItems + k)] = Op::combine(prefix, v[k]);
-  __syncthreads();
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {  // coalesced stores
-    const int64_t e = begin + k * kBlock + threadIdx.x;
-    if (e < end) io.store(e, tile[padded(k * kBlock + threadIdx.x)]);
   }
 }
 
@@ -267,14 +215,13 @@ Status scan_on_cuda(const ScanLaunch& l, CUstream_st* stream) {
   if (thread_per_row(l)) {
     row_per_thread_kernel<Op, T, Out><<<unsigned((l.rows.rows + 255) / 256), 256, 0, stream>>>(l, outer);
   } else {
-    const int64_t blocks = l.lookback ? l.rows.rows * l.tiles : l.rows.rows;
+    const int64_t blocks = l.rows.rows * l.chunks;
     if (blocks > int64_t(0x7fffffff)) return unsupported("scan: ", blocks, " blocks exceed the grid limit");
-    if (l.lookback) {
-      BARACUDA_CUDA_TRY(cudaMemsetAsync(l.workspace, 0, l.values_offset, stream));  // ticket counter and flags
-      lookback_scan_kernel<Op, T, Out><<<unsigned(blocks), kBlock, 0, stream>>>(l, outer);
-    } else {
-      tile_scan_kernel<Op, T, Out><<<unsigned(blocks), kBlock, 0, stream>>>(l, outer);
+    if (l.chunks > 1) {
+      chunk_totals_kernel<Op, T, Out><<<unsigned(blocks), kBlock, 0, stream>>>(l, outer);
+      chunk_prefix_kernel<Op><<<unsigned((l.rows.rows + 127) / 128), 128, 0, stream>>>(l);
     }
+    tile_scan_kernel<Op, T, Out><<<unsigned(blocks), kBlock, 0, stream>>>(l, outer);
   }
   BARACUDA_CUDA_TRY(cudaGetLastError());
   return Status::ok();

@@ -224,10 +224,12 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   return d;
 }
 
-/// The single pass serves rows of several tiles when the rows alone do not
-/// fill two waves of blocks (a function of the shape only).
-[[maybe_unused]] bool use_lookback(int64_t rows, int64_t cols, int sm_count) {
-  return cols > kTile && rows < int64_t(sm_count) * 16;
+/// Chunks per row for the CUDA kernels: enough blocks for two waves when
+/// the rows alone do not give them (a function of the shape only).
+[[maybe_unused]] int64_t choose_chunks(int64_t rows, int64_t cols, int sm_count, int64_t tile) {
+  const int64_t tiles = (cols + tile - 1) / tile, target = int64_t(sm_count) * 16;
+  if (rows <= 0 || tiles <= 1 || rows >= target) return 1;
+  return std::min(tiles, (target + rows - 1) / rows);
 }
 
 /// The view reversed along `dim` (negative stride from the last element).
@@ -252,7 +254,7 @@ class ScanPlan final : public Plan {
                           : host || t == DType::f64 ? MathPrecision::f64 : MathPrecision::f32;
     sku_.precision.accumulator = !is_floating(t) ? DType::i64 : host || t == DType::f64 ? DType::f64 : DType::f32;
     sku_.precision.bit_stable_on_same_hardware = true;
-    sku_.precision.deterministic = true;  // a fixed combine tree whatever the timing; no float atomics
+    sku_.precision.deterministic = true;  // fixed combine order (chunk totals merged in order), no atomics
 #ifdef BARACUDA_HAS_CUDA
     if (!host) {
       sku_.arch = current_sm_version();
@@ -262,9 +264,12 @@ class ScanPlan final : public Plan {
       int64_t rows = 1, cols = rank == 0 ? 1 : shape[dim];
       for (int a = 0; a < rank; ++a)
         if (a != dim) rows *= shape[a];
-      if (use_lookback(rows, cols, current_sm_count())) {
+      chunks_ = choose_chunks(rows, cols, current_sm_count(), kTile);
+      if (chunks_ > 1) {
+        chunk_len_ = ((cols + chunks_ - 1) / chunks_ + kTile - 1) / kTile * kTile;
+        chunks_ = (cols + chunk_len_ - 1) / chunk_len_;
         const size_t state = def.kind == Kind::cummax || def.kind == Kind::cummin ? 16 : 8;
-        workspace_ = plan_lookback(layout_, rows, cols, state);
+        workspace_ = size_t(rows) * size_t(chunks_) * state;
       }
     }
 #endif
@@ -302,9 +307,11 @@ class ScanPlan final : public Plan {
     const RowLaunch l = rows::make_rows(moved, rank == 0 ? 0 : 1, std::span(views.data(), n), std::span(roles.data(), n));
     if (!fn_) return run_on_host(def_, l, desc_.inputs[xi].dtype).with_context(def_.name);
 #ifdef BARACUDA_HAS_CUDA
-    ScanLaunch launch = layout_;
+    ScanLaunch launch;
     launch.rows = l;
     launch.indices = !def_.backward && def_.outputs.size() == 2;
+    launch.chunks = chunks_;
+    launch.chunk_len = chunks_ > 1 ? chunk_len_ : l.cols;
     launch.workspace = workspace.data;
     return fn_(launch, stream.cuda_stream()).with_context(def_.name);
 #else
@@ -318,7 +325,7 @@ class ScanPlan final : public Plan {
   OpDesc desc_;
   ScanFn fn_;  ///< null: the host reference
   KernelSku sku_;
-  ScanLaunch layout_;  ///< the single-pass layout, when it serves
+  int64_t chunks_ = 1, chunk_len_ = 0;
   size_t workspace_ = 0;
 };
 

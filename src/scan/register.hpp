@@ -12,38 +12,16 @@ struct CUstream_st;
 
 namespace baracuda::scan {
 
-/// Threads per block, elements per thread and per tile of the CUDA kernels.
-inline constexpr int kBlock = 256, kItems = 8, kTile = kBlock * kItems;
-
 /// Operands: 0 = values out, [1 = indices out], then the input.
 struct ScanLaunch {
   rows::RowLaunch rows;
   bool indices = false;
-  /// Single pass, one tile per block (see kernels.cuh). Workspace: a ticket
-  /// counter (16 bytes), a flag per group, then the group totals at values_offset.
-  bool lookback = false;
-  int64_t tiles = 1;             ///< tiles per row
-  int levels = 0;                ///< group levels: bit_width(tiles)
-  int64_t level_base[32] = {};   ///< first group of each level
-  int64_t values_offset = 0;     ///< bytes
-  void* workspace = nullptr;
+  int64_t chunks = 1, chunk_len = 0;
+  void* workspace = nullptr;  ///< rows x chunks states (chunks > 1)
 };
 
-/// Fills the single-pass layout of `l` for `rows` rows of `cols` elements
-/// whose state is `state_bytes`; returns the workspace bytes.
-inline size_t plan_lookback(ScanLaunch& l, int64_t rows, int64_t cols, size_t state_bytes) {
-  l.lookback = true;
-  l.tiles = (cols + kTile - 1) / kTile;
-  l.levels = 0;
-  while ((int64_t(1) << l.levels) <= l.tiles) ++l.levels;
-  int64_t groups = 0;
-  for (int k = 0; k < l.levels; ++k) {
-    l.level_base[k] = groups;
-    groups += rows * (l.tiles >> k);
-  }
-  l.values_offset = (16 + groups * 4 + 15) / 16 * 16;
-  return size_t(l.values_offset) + size_t(groups) * state_bytes;
-}
+/// Threads per block, elements per thread and per tile of the CUDA kernels.
+inline constexpr int kBlock = 256, kItems = 8, kTile = kBlock * kItems;
 
 using ScanFn = Status (*)(const ScanLaunch&, CUstream_st*);
 using ScanTable = LaunchTable<ScanFn>;
