@@ -104,20 +104,8 @@ __global__ void __launch_bounds__(kBlock) chunk_totals_kernel(ScanLaunch l, Offs
   outer.get(row, off);
   const auto io = io_of<Op, T, Out>(l, off);
   const int64_t begin = chunk * l.chunk_len, end = min(l.rows.cols, begin + l.chunk_len);
-  // kItems independent loads in flight per thread, combined in a fixed order.
-  S part[kItems];
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) part[k] = Op::identity();
-  for (int64_t base = begin; base < end; base += kTile) {
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int64_t e = base + k * kBlock + threadIdx.x;
-      if (e < end) part[k] = Op::combine(part[k], io.load(e));
-    }
-  }
-  S acc = part[0];
-#pragma unroll
-  for (int k = 1; k < kItems; ++k) acc = Op::combine(acc, part[k]);
+  S acc = Op::identity();
+  for (int64_t e = begin + threadIdx.x; e < end; e += kBlock) acc = Op::combine(acc, io.load(e));
   S carry = Op::identity();
   block_exclusive<Op>(acc, carry, warp_totals);
   if (threadIdx.x == 0) static_cast<S*>(l.workspace)[blockIdx.x] = carry;
