@@ -100,6 +100,22 @@ int main(void) {
       CHECK(fabsf(mean[0] - (a[0] + a[1] + a[2]) / 3) < 1e-6f && fabsf(y[0] + y[1] + y[2]) < 1e-5f);
       baracuda_plan_destroy(plan);
     }
+    /* cross_entropy with class-index targets (mean over the rows), and an
+       out-of-range target named in the error. */
+    int64_t targets[2] = {2, 0}, shape_t[1] = {2}, shape_none[1] = {0};
+    float ce = 0, lse[2];
+    baracuda_tensor ce_in[3] = {x, {targets, BARACUDA_I64, 1, shape_t, NULL}, {w, BARACUDA_F32, 1, shape_none, NULL}};
+    baracuda_tensor ce_out[2] = {{&ce, BARACUDA_F32, 0, NULL, NULL}, {lse, BARACUDA_F32, 1, shape_r, NULL}};
+    CHECK(baracuda_plan_create(&plan, host, "cross_entropy", ce_in, 3, NULL, 0, NULL, 0) == BARACUDA_OK);
+    if (plan) {
+      CHECK(baracuda_plan_run(plan, host, NULL, 0, ce_in, 3, ce_out, 2) == BARACUDA_OK);
+      const float want = ((lse[0] - a[2]) + (lse[1] - a[3])) / 2;
+      CHECK(fabsf(ce - want) < 1e-5f && fabsf(lse[0] - logf(expf(a[0]) + expf(a[1]) + expf(a[2]))) < 1e-5f);
+      targets[1] = 7;
+      CHECK(baracuda_plan_run(plan, host, NULL, 0, ce_in, 3, ce_out, 2) == BARACUDA_ERROR_INVALID_PROBLEM);
+      CHECK(strstr(baracuda_last_error(), "class index 7") != NULL);
+      baracuda_plan_destroy(plan);
+    }
     /* A bad axis names the problem. */
     baracuda_attr bad_dims = {"dims", 4};
     CHECK(baracuda_plan_create(&plan, host, "sum", &x, 1, NULL, 0, &bad_dims, 1) == BARACUDA_ERROR_INVALID_PROBLEM);

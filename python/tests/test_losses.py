@@ -71,20 +71,10 @@ def test_cross_entropy_matches_numpy():
 
 # ---------------------------------------------------------------- CUDA vs torch
 
-try:
-    import torch
+from torch_parity import CUDA, DTYPES, close as _close, gpu, torch  # noqa: E402,F401
+
+if torch is not None:
     import torch.nn.functional as TF
-except ImportError:  # the host tests above still run
-    torch = None
-CUDA = torch is not None and torch.cuda.is_available() and baracuda.cuda_available()
-gpu = pytest.mark.skipif(not CUDA, reason="needs torch with CUDA and a CUDA build of baracuda")
-DTYPES = ["float32", "float16", "bfloat16", "float64"]
-TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2, "float64": 1e-11}
-
-
-def _close(got, want, dtype, scale=1.0, msg=""):
-    tol = TOL[str(dtype).replace("torch.", "")] * scale
-    torch.testing.assert_close(got.double(), want.double(), rtol=tol, atol=tol, msg=msg)
 
 
 # (name, operand ranges, kwargs); the first operands (by grads) are differentiable.

@@ -5,6 +5,10 @@
 
 #include <cuda_runtime.h>
 
+#include <mutex>
+#include <set>
+#include <utility>
+
 #include "core/rows.hpp"
 
 namespace baracuda::rows {
@@ -133,6 +137,23 @@ __device__ __forceinline__ void store_row(T* row, int64_t stride, int64_t cols, 
   } else {
     for (int64_t c = lane; c < cols; c += TPR) row[c * stride] = value_at(c);
   }
+}
+
+/// Shared memory a block may keep rows in (the opt-in limit on Hopper is 227 KiB).
+inline constexpr size_t kRowCacheBytes = 200 * 1024;
+
+/// Raises `kernel`'s dynamic shared-memory limit to `cap` bytes on the current
+/// device once; later calls find it done instead of calling the driver.
+inline cudaError_t allow_dynamic_smem(const void* kernel, int cap) {
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> raised;
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const std::lock_guard lock(mutex);
+  if (raised.count({kernel, device})) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cap);
+  if (e == cudaSuccess) raised.insert({kernel, device});
+  return e;
 }
 
 /// True when `p` can be read in 16-byte vectors of T over `cols` elements.

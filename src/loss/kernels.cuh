@@ -151,7 +151,7 @@ __device__ __forceinline__ void map_cached_row(const T* row, const T* cache, int
 }
 
 /// Shared memory a block may keep a row in (the gradient pass then reads it from there).
-inline constexpr int kCacheBytes = 200 * 1024;
+inline constexpr int kCacheBytes = int(rows::kRowCacheBytes);
 
 template <class L, class T, class Index, int TPR, int RPB, bool kCache = false>
 __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassParams p, OffsetCalc<kSlots, int64_t> outer) {
@@ -319,9 +319,7 @@ Status class_loss_on_cuda(const ClassLaunch& cl, const ClassParams& p, CUstream_
   if (cl.rows.rows == 0) {
   } else if (cached_grad) {  // one long row per block, kept in shared memory for the gradient pass
     auto kernel = rows_kernel<L, T, Index, 1024, 1, true>;
-    static const cudaError_t allowed =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kCacheBytes);
-    BARACUDA_CUDA_TRY(allowed);
+    BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kCacheBytes));
     kernel<<<unsigned(cl.rows.rows), 1024, kCacheBytes, stream>>>(cl, p, outer);
   } else if (C <= 1024) launch_rows<L, T, Index, 32, 4>(cl, p, outer, stream);
   else if (C <= 8192) launch_rows<L, T, Index, 256, 1>(cl, p, outer, stream);

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/errors.hpp"
+#include "core/family.hpp"
 #include "core/registry_internal.hpp"
 #include "core/tensor_util.hpp"
 #include "elementwise/prepare.hpp"
@@ -32,23 +33,6 @@ ClassTable& cuda_class_losses() {
 namespace {
 
 constexpr double kBatchmean = 3;
-
-KernelSku loss_sku(const OpInfo& info, DType t, Backend backend) {
-  KernelSku sku;
-  sku.category = OpCategory::loss;
-  sku.op = info.name.c_str();
-  sku.element = t;
-  sku.layout = Layout::any_strided;
-  sku.backend = backend;
-#ifdef BARACUDA_HAS_CUDA
-  sku.arch = backend == Backend::host_reference ? 0 : current_sm_version();
-#endif
-  sku.precision.math = backend == Backend::host_reference || t == DType::f64 ? MathPrecision::f64 : MathPrecision::f32;
-  sku.precision.accumulator = sku.precision.math == MathPrecision::f64 ? DType::f64 : DType::f32;
-  sku.precision.bit_stable_on_same_hardware = true;
-  sku.precision.deterministic = true;  // fixed reduction trees, no atomics
-  return sku;
-}
 
 Status check_reduction(std::string_view op, double reduction, bool batchmean_ok) {
   if (reduction == 0 || reduction == 1 || reduction == 2 || (batchmean_ok && reduction == kBatchmean)) return Status::ok();
@@ -140,7 +124,7 @@ class PointwisePlan final : public Plan {
   PointwisePlan(const PointwiseDef& def, const OpInfo& info, OpDesc desc, Backend backend, ew::LaunchFn fn)
       : def_(def), info_(info), desc_(std::move(desc)), backend_(backend), fn_(fn) {
     const TensorSpec& x = desc_.inputs[def.backward ? 1 : 0];
-    sku_ = loss_sku(info, x.dtype, backend);
+    sku_ = bespoke_sku(OpCategory::loss, info.name.c_str(), x.dtype, backend);
     reduction_ = desc_.attrs.get("reduction", 1);
     for (int i = 0; i < 3; ++i)
       if (def.meta->attrs[i].name) params_.v[i] = desc_.attrs.get(def.meta->attrs[i].name, def.meta->attrs[i].value);
@@ -171,9 +155,7 @@ class PointwisePlan final : public Plan {
 
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
     BARACUDA_TRY(can_implement(args));
-    if (workspace.bytes < workspace_size())
-      return Status::too_small(ErrorKind::workspace_too_small, workspace_size(), workspace.bytes,
-                               cat(def_.name, ": workspace of ", workspace.bytes, " bytes, needs ", workspace_size()));
+    BARACUDA_TRY(check_workspace(def_.name, workspace, workspace_size()));
     CUstream_st* s = stream.cuda_stream();
     const Shape& shape = desc_.inputs[def_.backward ? 1 : 0].shape;
     if (def_.backward) {
@@ -383,7 +365,7 @@ class ClassPlan final : public Plan {
   ClassPlan(const ClassDef& def, const OpInfo& info, OpDesc desc, Backend backend, ClassFn fn)
       : def_(def), info_(info), desc_(std::move(desc)), fn_(fn) {
     const TensorSpec& x = desc_.inputs[input_index(def, "input")];
-    sku_ = loss_sku(info, x.dtype, backend);
+    sku_ = bespoke_sku(OpCategory::loss, info.name.c_str(), x.dtype, backend);
     sku_.aux_element = desc_.inputs[input_index(def, "target")].dtype;
     params_.mode = def.mode;
     params_.reduction = static_cast<Reduction>(int(desc_.attrs.get("reduction", 1)));
@@ -405,9 +387,7 @@ class ClassPlan final : public Plan {
 
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
     BARACUDA_TRY(can_implement(args));
-    if (workspace.bytes < workspace_)
-      return Status::too_small(ErrorKind::workspace_too_small, workspace_, workspace.bytes,
-                               cat(def_.name, ": workspace of ", workspace.bytes, " bytes, needs ", workspace_));
+    BARACUDA_TRY(check_workspace(def_.name, workspace, workspace_));
     const TensorView& x = args.inputs[input_index(def_, "input")];
     const int dim = class_dim(desc_.inputs[input_index(def_, "input")].shape);
     const Shape moved = rows::move_axis_last(desc_.inputs[input_index(def_, "input")].shape, dim);

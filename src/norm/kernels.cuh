@@ -13,7 +13,7 @@
 namespace baracuda::norm {
 
 using rows::RowLaunch;
-inline constexpr size_t kRowCacheBytes = 200 * 1024;
+using rows::kRowCacheBytes;
 
 template <class T>
 using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -259,7 +259,7 @@ Status launch_cached(Kernel cached, Kernel uncached, size_t cache, unsigned bloc
                      CUstream_st* stream, const Args&... args) {
   if (cache <= kRowCacheBytes) {
     if (cache > 48 * 1024)
-      BARACUDA_CUDA_TRY(cudaFuncSetAttribute(cached, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cache)));
+      BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(cached), int(kRowCacheBytes)));
     cached<<<blocks, threads, cache, stream>>>(args...);
   } else {
     uncached<<<blocks, threads, 0, stream>>>(args...);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/errors.hpp"
+#include "core/family.hpp"
 #include "core/registry_internal.hpp"
 #include "core/rows.hpp"
 #include "core/tensor_util.hpp"
@@ -172,16 +173,8 @@ class NormPlan final : public Plan {
   NormPlan(const Def& def, const OpInfo& info, OpDesc desc, Backend backend, NormFn fn)
       : def_(def), info_(info), desc_(std::move(desc)), fn_(fn) {
     const DType t = desc_.inputs[def.backward ? 1 : 0].dtype;
-    sku_.category = OpCategory::norm;
-    sku_.op = info.name.c_str();
-    sku_.element = t;
+    sku_ = bespoke_sku(OpCategory::norm, info.name.c_str(), t, backend);  // parameter gradients merged in split order
     sku_.aux_element = stat_dtype(t);
-    sku_.layout = Layout::any_strided;
-    sku_.backend = backend;
-    sku_.precision.math = backend == Backend::host_reference || t == DType::f64 ? MathPrecision::f64 : MathPrecision::f32;
-    sku_.precision.accumulator = sku_.precision.math == MathPrecision::f64 ? DType::f64 : DType::f32;
-    sku_.precision.bit_stable_on_same_hardware = true;
-    sku_.precision.deterministic = true;  // fixed reduction orders; parameter gradients merged in split order
     params_.eps = desc_.attrs.get("eps", def.rms ? -1 : 1e-5);
     if (params_.eps < 0)  // torch's rms_norm default: the dtype's machine epsilon
       params_.eps = t == DType::f64 ? 2.220446049250313e-16 : t == DType::f16 ? 9.765625e-4 : t == DType::bf16 ? 7.8125e-3 : 1.1920928955078125e-7;
@@ -190,7 +183,6 @@ class NormPlan final : public Plan {
     for (size_t a = 0; a < x.size(); ++a) (a + k < x.size() ? rows_ : cols_) *= x[a];
 #ifdef BARACUDA_HAS_CUDA
     if (backend != Backend::host_reference) {
-      sku_.arch = current_sm_version();
       if (def.backward && def.weight) {
         splits_ = red::choose_splits(cols_, rows_, current_sm_count());
         if (splits_ > 1) workspace_ = size_t(splits_) * 2 * size_t(cols_) * (t == DType::f64 ? 8 : 4);
@@ -210,9 +202,7 @@ class NormPlan final : public Plan {
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
     BARACUDA_TRY(can_implement(args));
     if (rows_ == 0 || cols_ == 0) return Status::ok();
-    if (workspace.bytes < workspace_)
-      return Status::too_small(ErrorKind::workspace_too_small, workspace_, workspace.bytes,
-                               cat(def_.name, ": workspace of ", workspace.bytes, " bytes, needs ", workspace_));
+    BARACUDA_TRY(check_workspace(def_.name, workspace, workspace_));
     std::array<TensorView, rows::kMaxOperands> views;
     std::array<rows::Role, rows::kMaxOperands> roles;
     size_t n = 0;

@@ -4,6 +4,7 @@
 #include <bit>
 
 #include "core/errors.hpp"
+#include "core/family.hpp"
 #include "core/registry_internal.hpp"
 #include "core/tensor_util.hpp"
 #include "elementwise/host_launcher.hpp"
@@ -326,9 +327,7 @@ class ReducePlan final : public Plan {
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
     BARACUDA_TRY(can_implement(args));
     if (outputs_ == 0) return Status::ok();
-    if (workspace.bytes < workspace_)
-      return Status::too_small(ErrorKind::workspace_too_small, workspace_, workspace.bytes,
-                               cat(def_.name, ": workspace of ", workspace.bytes, " bytes, needs ", workspace_));
+    BARACUDA_TRY(check_workspace(def_.name, workspace, workspace_));
     ReduceLaunch l = make_reduce_launch(def_.form, reduction_, def_.meta->out == OutRule::index, args.inputs[0],
                                         args.outputs[0]);
     l.splits = splits_;
@@ -516,9 +515,7 @@ class ReduceGradPlan final : public Plan {
     BARACUDA_TRY(can_implement(args));
     const TensorView& x = args.inputs[1];
     if (x.numel() == 0) return Status::ok();
-    if (workspace.bytes < workspace_)
-      return Status::too_small(ErrorKind::workspace_too_small, workspace_, workspace.bytes,
-                               cat(info_.name, ": workspace of ", workspace.bytes, " bytes, needs ", workspace_));
+    BARACUDA_TRY(check_workspace(info_.name, workspace, workspace_));
     const TensorView& g = args.inputs[0];
     const TensorView& y = args.inputs.size() > 2 ? args.inputs[2] : g;
     TensorView mean = g;  // unused unless var/std

@@ -94,16 +94,29 @@ __device__ __forceinline__ ScanIo<Op, T, Out> io_of(const ScanLaunch& l, const i
   return io;
 }
 
+/// The operands of this block's (row, chunk) and the chunk's element range.
+template <class Op, class T, class Out>
+struct Chunk {
+  ScanIo<Op, T, Out> io;
+  int64_t begin, end;
+};
+template <class Op, class T, class Out>
+__device__ __forceinline__ Chunk<Op, T, Out> chunk_of(const ScanLaunch& l, const OffsetCalc<3, int64_t>& outer) {
+  const int64_t row = blockIdx.x / l.chunks, chunk = blockIdx.x % l.chunks;
+  int64_t off[3];
+  outer.get(row, off);
+  const int64_t begin = chunk * l.chunk_len;
+  return {io_of<Op, T, Out>(l, off), begin, min(l.rows.cols, begin + l.chunk_len)};
+}
+
 /// Phase 1 (chunks > 1): the total of each (row, chunk) into the workspace.
 template <class Op, class T, class Out>
 __global__ void __launch_bounds__(kBlock) chunk_totals_kernel(ScanLaunch l, OffsetCalc<3, int64_t> outer) {
   using S = typename Op::S;
   __shared__ S warp_totals[kBlock / 32];
-  const int64_t row = blockIdx.x / l.chunks, chunk = blockIdx.x % l.chunks;
-  int64_t off[3];
-  outer.get(row, off);
-  const auto io = io_of<Op, T, Out>(l, off);
-  const int64_t begin = chunk * l.chunk_len, end = min(l.rows.cols, begin + l.chunk_len);
+  const Chunk<Op, T, Out> c = chunk_of<Op, T, Out>(l, outer);
+  const auto& io = c.io;
+  const int64_t begin = c.begin, end = c.end;
   S acc = Op::identity();
   for (int64_t e = begin + threadIdx.x; e < end; e += kBlock) acc = Op::combine(acc, io.load(e));
   S carry = Op::identity();
@@ -132,11 +145,9 @@ __global__ void __launch_bounds__(kBlock) tile_scan_kernel(ScanLaunch l, OffsetC
   using S = typename Op::S;
   __shared__ S tile[kTile + kTile / 32];
   __shared__ S warp_totals[kBlock / 32];
-  const int64_t row = blockIdx.x / l.chunks, chunk = blockIdx.x % l.chunks;
-  int64_t off[3];
-  outer.get(row, off);
-  const auto io = io_of<Op, T, Out>(l, off);
-  const int64_t begin = chunk * l.chunk_len, end = min(l.rows.cols, begin + l.chunk_len);
+  const Chunk<Op, T, Out> c = chunk_of<Op, T, Out>(l, outer);
+  const auto& io = c.io;
+  const int64_t begin = c.begin, end = c.end;
   S carry = l.chunks > 1 ? static_cast<const S*>(l.workspace)[blockIdx.x] : Op::identity();
   S next[kItems];  // the next tile, loaded (coalesced) while this one is scanned
   auto load_tile = [&](int64_t base) {

@@ -8,6 +8,7 @@
 
 #include "core/dtype_traits.hpp"
 #include "core/errors.hpp"
+#include "core/family.hpp"
 #include "core/registry_internal.hpp"
 #include "core/rows.hpp"
 #include "core/tensor_util.hpp"
@@ -245,19 +246,10 @@ class ScanPlan final : public Plan {
   ScanPlan(const Def& def, OpDesc desc, Backend backend, ScanFn fn) : def_(def), desc_(std::move(desc)), fn_(fn) {
     const DType t = desc_.inputs[def.backward ? 1 : 0].dtype;
     const bool host = backend == Backend::host_reference;
-    sku_.category = OpCategory::scan;
-    sku_.op = def.name.c_str();
-    sku_.element = t;
-    sku_.layout = Layout::any_strided;
-    sku_.backend = backend;
-    sku_.precision.math = !is_floating(t) ? MathPrecision::exact
-                          : host || t == DType::f64 ? MathPrecision::f64 : MathPrecision::f32;
-    sku_.precision.accumulator = !is_floating(t) ? DType::i64 : host || t == DType::f64 ? DType::f64 : DType::f32;
-    sku_.precision.bit_stable_on_same_hardware = true;
-    sku_.precision.deterministic = true;  // fixed combine order (chunk totals merged in order), no atomics
+    sku_ = bespoke_sku(OpCategory::scan, def.name.c_str(), t, backend);  // chunk totals merged in order
+    if (!is_floating(t)) sku_.precision.math = MathPrecision::exact, sku_.precision.accumulator = DType::i64;
 #ifdef BARACUDA_HAS_CUDA
     if (!host) {
-      sku_.arch = current_sm_version();
       const Shape& shape = desc_.inputs[def.backward ? 1 : 0].shape;
       const int rank = static_cast<int>(shape.size());
       const int dim = rank == 0 ? 0 : normalize_dim(desc_.attrs.get("dim", -1), rank);
@@ -282,9 +274,7 @@ class ScanPlan final : public Plan {
   }
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
     BARACUDA_TRY(can_implement(args));
-    if (workspace.bytes < workspace_)
-      return Status::too_small(ErrorKind::workspace_too_small, workspace_, workspace.bytes,
-                               cat(def_.name, ": workspace of ", workspace.bytes, " bytes, needs ", workspace_));
+    BARACUDA_TRY(check_workspace(def_.name, workspace, workspace_));
     const size_t xi = def_.backward ? 1 : 0;
     const Shape& shape = desc_.inputs[xi].shape;
     for (int64_t s : shape)

@@ -15,8 +15,7 @@ namespace baracuda::smax {
 
 using rows::RowLaunch;
 
-/// Shared memory a block may use for cached rows (the opt-in limit on Hopper is 227 KiB).
-inline constexpr size_t kRowCacheBytes = 200 * 1024;
+using rows::kRowCacheBytes;
 
 /// Forward: operand 0 = out, 1 = input. Backward: 0 = grad_input, 1 = grad_output, 2 = output.
 template <class Op, class T, bool kBackward, int TPR, int RPB, bool kCache>
@@ -130,7 +129,7 @@ Status launch_rows(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer
   if (cache <= kRowCacheBytes) {
     auto kernel = rows_kernel<Op, T, kBackward, TPR, RPB, true>;
     if (cache > 48 * 1024)
-      BARACUDA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cache)));
+      BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(kRowCacheBytes)));
     kernel<<<blocks, TPR * RPB, cache, stream>>>(l, outer);
   } else {
     rows_kernel<Op, T, kBackward, TPR, RPB, false><<<blocks, TPR * RPB, 0, stream>>>(l, outer);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/errors.hpp"
+#include "core/family.hpp"
 #include "core/registry_internal.hpp"
 #include "core/rows.hpp"
 #include "core/tensor_util.hpp"
@@ -115,19 +116,7 @@ class SoftmaxPlan final : public Plan {
  public:
   SoftmaxPlan(const Def& def, const OpInfo& info, OpDesc desc, Backend backend, SoftmaxFn fn)
       : def_(def), info_(info), desc_(std::move(desc)), fn_(fn) {
-    const DType t = desc_.inputs[0].dtype;
-    sku_.category = OpCategory::softmax;
-    sku_.op = info.name.c_str();
-    sku_.element = t;
-    sku_.layout = Layout::any_strided;
-    sku_.backend = backend;
-#ifdef BARACUDA_HAS_CUDA
-    sku_.arch = backend == Backend::host_reference ? 0 : current_sm_version();
-#endif
-    sku_.precision.math = backend == Backend::host_reference || t == DType::f64 ? MathPrecision::f64 : MathPrecision::f32;
-    sku_.precision.accumulator = sku_.precision.math == MathPrecision::f64 ? DType::f64 : DType::f32;
-    sku_.precision.bit_stable_on_same_hardware = true;
-    sku_.precision.deterministic = true;  // fixed per-row reduction order, no atomics
+    sku_ = bespoke_sku(OpCategory::softmax, info.name.c_str(), desc_.inputs[0].dtype, backend);
   }
 
   const OpDesc& desc() const override { return desc_; }

@@ -1,0 +1,35 @@
+#include "core/family.hpp"
+
+#include "core/errors.hpp"
+
+#ifdef BARACUDA_HAS_CUDA
+#include "core/cuda_check.hpp"
+#endif
+
+namespace baracuda {
+
+KernelSku bespoke_sku(OpCategory category, const char* op, DType element, Backend backend) {
+  KernelSku sku;
+  sku.category = category;
+  sku.op = op;
+  sku.element = element;
+  sku.layout = Layout::any_strided;
+  sku.backend = backend;
+#ifdef BARACUDA_HAS_CUDA
+  sku.arch = backend == Backend::host_reference ? 0 : current_sm_version();
+#endif
+  const bool wide = backend == Backend::host_reference || element == DType::f64;
+  sku.precision.math = wide ? MathPrecision::f64 : MathPrecision::f32;
+  sku.precision.accumulator = wide ? DType::f64 : DType::f32;
+  sku.precision.bit_stable_on_same_hardware = true;
+  sku.precision.deterministic = true;
+  return sku;
+}
+
+Status check_workspace(std::string_view op, const Workspace& workspace, size_t needed) {
+  if (workspace.bytes >= needed) return Status::ok();
+  return Status::too_small(ErrorKind::workspace_too_small, needed, workspace.bytes,
+                           cat(op, ": workspace of ", workspace.bytes, " bytes, needs ", needed));
+}
+
+}  // namespace baracuda
