@@ -349,6 +349,11 @@ def trace(input, *, out=None):
     return _call("trace", (input,), {}, out)
 
 
+def trace_backward(grad_output, input, *, out=None):
+    """Gradient of trace: grad_output on the diagonal, 0 elsewhere."""
+    return _call("trace_backward", (grad_output, input), {}, out)
+
+
 def _reduction_grad(op, with_output, extra=()):
     """`op`_backward(grad_output, input, [output,] dim=None, keepdim=False, **extra): grad_input."""
     def fn(grad_output, input, *args, dim=None, keepdim=False, out=None, **kwargs):

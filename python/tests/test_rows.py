@@ -58,6 +58,7 @@ def test_arg_and_truth_reductions():
     assert F.sum(np.arange(10, dtype=np.int32)).dtype == np.int64
     np.testing.assert_array_equal(F.sum_to_size(x, (1, 3)), x.sum(0, keepdims=True))
     assert F.trace(x).item() == 1.0 + -1.0
+    np.testing.assert_array_equal(F.trace_backward(np.array(2.5), x), [[2.5, 0, 0], [0, 2.5, 0]])
 
 
 def test_scans_match_numpy():

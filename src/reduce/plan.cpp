@@ -8,6 +8,7 @@
 #include "core/registry_internal.hpp"
 #include "core/tensor_util.hpp"
 #include "elementwise/host_launcher.hpp"
+#include "elementwise/ops.hpp"
 #include "elementwise/prepare.hpp"
 #include "reduce/register.hpp"
 
@@ -549,6 +550,44 @@ class ReduceGradPlan final : public Plan {
   size_t workspace_ = 0;
 };
 
+/// trace_backward: grad_output on the diagonal, 0 elsewhere. Two elementwise
+/// launches: a fill of grad_input with 0, then grad_output (a scalar,
+/// broadcast) copied onto the diagonal view (stride = the sum of the strides).
+class TraceGradPlan final : public Plan {
+ public:
+  TraceGradPlan(const OpInfo& info, OpDesc desc, Backend backend, ew::LaunchFn fill, ew::LaunchFn copy)
+      : info_(info), desc_(std::move(desc)), fill_(fill), copy_(copy) {
+    sku_ = bespoke_sku(OpCategory::reduce, info.name.c_str(), desc_.inputs[1].dtype, backend);
+  }
+  const OpDesc& desc() const override { return desc_; }
+  size_t workspace_size() const override { return 0; }
+  KernelSku sku() const override { return sku_; }
+  Status can_implement(const OpArgs& args) const override {
+    return check_args(info_.name, args, desc_, info_.input_names, info_.output_names);
+  }
+  Status run(const Stream& stream, Workspace, const OpArgs& args) const override {
+    BARACUDA_TRY(can_implement(args));
+    const TensorView& dx = args.outputs[0];
+    if (dx.numel() == 0) return Status::ok();
+    const Shape shape = dx.shape_vec();
+    const ew::LaunchList zeros = ew::plan_launches(shape, std::span(&dx, 1), {});
+    BARACUDA_TRY(fill_(zeros.launches[0], ew::Params{}, stream.cuda_stream()).with_context(info_.name));
+    TensorView diagonal = dx;
+    diagonal.rank = 1;
+    diagonal.shape[0] = std::min(dx.shape[0], dx.shape[1]);
+    diagonal.stride[0] = dx.stride[0] + dx.stride[1];
+    const int64_t k = diagonal.shape[0];
+    const ew::LaunchList onto = ew::plan_launches(std::span(&k, 1), std::span(&diagonal, 1), std::span(&args.inputs[0], 1));
+    return copy_(onto.launches[0], ew::Params{}, stream.cuda_stream()).with_context(info_.name);
+  }
+
+ private:
+  const OpInfo& info_;
+  OpDesc desc_;
+  ew::LaunchFn fill_, copy_;
+  KernelSku sku_;
+};
+
 /// Registers `<forward>_backward` for a differentiable reduction.
 void add_grad_op(std::vector<OpInfo>& ops, const Def& fwd, size_t fwd_index, const char* grad_name, bool needs_output) {
   OpInfo info;
@@ -593,6 +632,12 @@ void add_grad_op(std::vector<OpInfo>& ops, const Def& fwd, size_t fwd_index, con
     if (!r) return r.status();
     const DType t = full->inputs[1].dtype;
     const bool host = backend == Backend::host_reference;
+    if (fwd.form == Form::trace) {
+      const ew::KernelTable& kernels = host ? ew::host_kernels() : ew::cuda_kernels();
+      ew::LaunchFn fill = kernels.find(launch_key("fill", t, t)), copy = kernels.find(launch_key("cast", t, t));
+      if (!fill || !copy) return unsupported("no ", backend_name(backend), " kernel for ", self.name, " ", dtype_name(t));
+      return PlanPtr(std::make_unique<TraceGradPlan>(self, std::move(*full), backend, fill, copy));
+    }
     ew::LaunchFn fn = (host ? host_gradients() : cuda_gradients()).find(launch_key(grad_name, t));
     if (!fn) return unsupported("no ", backend_name(backend), " kernel for ", self.name, " ", dtype_name(t));
     ReduceFn mean_fn = nullptr;
@@ -655,7 +700,7 @@ void register_reduce_ops(std::vector<OpInfo>& ops) {
   const std::tuple<const char*, const char*, bool> differentiable[] = {
       {"sum", "sum", false},        {"mean", "mean", false}, {"logsumexp", "logsumexp", true},
       {"norm", "norm", true},       {"var", "var", false},   {"std", "std", true},
-      {"sum_to", "sum", false}};
+      {"sum_to", "sum", false},     {"trace", "trace", false}};
   for (const auto& [name, grad, needs_output] : differentiable) {
     size_t index = 0;
     while (ops[index].name != name) ++index;
