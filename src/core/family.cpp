@@ -1,6 +1,7 @@
 #include "core/family.hpp"
 
 #include "core/errors.hpp"
+#include "core/tensor_util.hpp"
 
 #ifdef BARACUDA_HAS_CUDA
 #include "core/cuda_check.hpp"
@@ -30,6 +31,15 @@ Status check_workspace(std::string_view op, const Workspace& workspace, size_t n
   if (workspace.bytes >= needed) return Status::ok();
   return Status::too_small(ErrorKind::workspace_too_small, needed, workspace.bytes,
                            cat(op, ": workspace of ", workspace.bytes, " bytes, needs ", needed));
+}
+
+Status FamilyPlan::can_implement(const OpArgs& args) const {
+  return check_args(info_.name, args, desc_, info_.input_names, info_.output_names);
+}
+
+Status FamilyPlan::check_run(const Workspace& workspace, const OpArgs& args) const {
+  BARACUDA_TRY(can_implement(args));
+  return check_workspace(info_.name, workspace, workspace_);
 }
 
 }  // namespace baracuda

@@ -1,7 +1,7 @@
 // Pieces every bespoke family's plans share.
 #pragma once
 
-#include "baracuda/core.hpp"
+#include "baracuda/registry.hpp"
 
 namespace baracuda {
 
@@ -13,5 +13,27 @@ KernelSku bespoke_sku(OpCategory category, const char* op, DType element, Backen
 
 /// An error naming `op` unless `workspace` holds `needed` bytes.
 Status check_workspace(std::string_view op, const Workspace& workspace, size_t needed);
+
+/// What every bespoke family's plan shares: the descriptor, the sku, the
+/// exact workspace size, and can_implement by the shared argument checks
+/// (names from the op's registry entry). A plan sets sku_ and workspace_ in
+/// its constructor and starts `run` with check_run.
+class FamilyPlan : public Plan {
+ public:
+  FamilyPlan(const OpInfo& info, OpDesc desc) : info_(info), desc_(std::move(desc)) {}
+  const OpDesc& desc() const override { return desc_; }
+  size_t workspace_size() const override { return workspace_; }
+  KernelSku sku() const override { return sku_; }
+  Status can_implement(const OpArgs& args) const override;
+
+ protected:
+  /// The arguments (can_implement), then the workspace size.
+  Status check_run(const Workspace& workspace, const OpArgs& args) const;
+
+  const OpInfo& info_;
+  OpDesc desc_;
+  KernelSku sku_;
+  size_t workspace_ = 0;
+};
 
 }  // namespace baracuda

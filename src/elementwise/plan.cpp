@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/errors.hpp"
+#include "core/family.hpp"
 #include "core/registry_internal.hpp"
 #include "core/tensor_util.hpp"
 #include "elementwise/ops.hpp"
@@ -244,10 +245,10 @@ PrecisionGuarantee derive_precision(DType element, Backend backend, Kind kind) {
   return g;
 }
 
-class ElementwisePlan final : public Plan {
+class ElementwisePlan final : public FamilyPlan {
  public:
   ElementwisePlan(const Def& def, const OpInfo& info, OpDesc desc, Backend backend, LaunchFn fn)
-      : def_(def), info_(info), desc_(std::move(desc)), backend_(backend), fn_(fn) {
+      : FamilyPlan(info, std::move(desc)), def_(def), backend_(backend), fn_(fn) {
     for (size_t i = 0; i < def.attr_names.size() && i < 4; ++i)
       params_.v[i] = desc_.attrs.get(def.attr_names[i], def.attr_defaults[i]);
     DType element = def.kind == Kind::fill ? desc_.outputs[0].dtype : desc_.inputs[0].dtype;
@@ -265,16 +266,8 @@ class ElementwisePlan final : public Plan {
     sku_.precision = derive_precision(element, backend, def.kind);
   }
 
-  const OpDesc& desc() const override { return desc_; }
-  size_t workspace_size() const override { return 0; }
-  KernelSku sku() const override { return sku_; }
-
-  Status can_implement(const OpArgs& args) const override {
-    return check_args(def_.name, args, desc_, info_.input_names, info_.output_names);
-  }
-
-  Status run(const Stream& stream, Workspace, const OpArgs& args) const override {
-    BARACUDA_TRY(can_implement(args));
+  Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
+    BARACUDA_TRY(check_run(workspace, args));
     const bool gated = def_.kind == Kind::gated;
     const Shape& iteration = def_.backward ? desc_.inputs[0].shape : desc_.outputs[0].shape;
     for (int64_t s : iteration)
@@ -310,12 +303,9 @@ class ElementwisePlan final : public Plan {
 
  private:
   const Def& def_;
-  const OpInfo& info_;
-  OpDesc desc_;
   Backend backend_;
   LaunchFn fn_;
   Params params_;
-  KernelSku sku_;
 };
 
 // ---------------------------------------------------------------- registration

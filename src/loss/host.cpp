@@ -23,7 +23,7 @@ namespace {
 template <class L, class T, class Index>
 Status class_loss_on_host(const ClassLaunch& cl, const ClassParams& p, CUstream_st*) {
   using M = double;
-  using Saved = std::conditional_t<std::is_same_v<T, double>, double, float>;  // the lse operand
+  using Saved = math_t<T, false>;  // the lse operand: f32, f64 for f64
   constexpr bool kProbs = is_float_v<Index>;
   const rows::RowLaunch& l = cl.rows;
   const rows::OffsetCalc<kSlots, int64_t> outer(l.outer);

@@ -119,10 +119,10 @@ uint32_t summed_mask(const LossMeta& meta, int rank, double reduction) {
   return rank == 0 ? 0u : uint32_t((1u << rank) - 1);
 }
 
-class PointwisePlan final : public Plan {
+class PointwisePlan final : public FamilyPlan {
  public:
   PointwisePlan(const PointwiseDef& def, const OpInfo& info, OpDesc desc, Backend backend, ew::LaunchFn fn)
-      : def_(def), info_(info), desc_(std::move(desc)), backend_(backend), fn_(fn) {
+      : FamilyPlan(info, std::move(desc)), def_(def), backend_(backend), fn_(fn) {
     const TensorSpec& x = desc_.inputs[def.backward ? 1 : 0];
     sku_ = bespoke_sku(OpCategory::loss, info.name.c_str(), x.dtype, backend);
     reduction_ = desc_.attrs.get("reduction", 1);
@@ -143,19 +143,12 @@ class PointwisePlan final : public Plan {
     if (!step) return step.status();
     sum_ = *step;
     scratch_bytes_ = (size_t(std::max<int64_t>(x.numel(), 1)) * dtype_size(scratch_dtype_) + 255) / 256 * 256;
+    workspace_ = scratch_bytes_ + sum_.workspace;
     return Status::ok();
   }
 
-  const OpDesc& desc() const override { return desc_; }
-  size_t workspace_size() const override { return scratch_bytes_ + sum_.workspace; }
-  KernelSku sku() const override { return sku_; }
-  Status can_implement(const OpArgs& args) const override {
-    return check_args(def_.name, args, desc_, info_.input_names, info_.output_names);
-  }
-
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
-    BARACUDA_TRY(can_implement(args));
-    BARACUDA_TRY(check_workspace(def_.name, workspace, workspace_size()));
+    BARACUDA_TRY(check_run(workspace, args));
     CUstream_st* s = stream.cuda_stream();
     const Shape& shape = desc_.inputs[def_.backward ? 1 : 0].shape;
     if (def_.backward) {
@@ -192,8 +185,6 @@ class PointwisePlan final : public Plan {
 
  private:
   const PointwiseDef& def_;
-  const OpInfo& info_;
-  OpDesc desc_;
   Backend backend_;
   ew::LaunchFn fn_, scratch_fn_ = nullptr;
   ew::Params params_;
@@ -202,7 +193,6 @@ class PointwisePlan final : public Plan {
   DType scratch_dtype_ = DType::f32;
   red::SumStep sum_;
   size_t scratch_bytes_ = 0;
-  KernelSku sku_;
 };
 
 std::vector<Attrs> reduction_samples(bool batchmean) {
@@ -360,10 +350,10 @@ Result<OpDesc> infer_class(const ClassDef& def, const OpDesc& partial) {
   return d;
 }
 
-class ClassPlan final : public Plan {
+class ClassPlan final : public FamilyPlan {
  public:
   ClassPlan(const ClassDef& def, const OpInfo& info, OpDesc desc, Backend backend, ClassFn fn)
-      : def_(def), info_(info), desc_(std::move(desc)), fn_(fn) {
+      : FamilyPlan(info, std::move(desc)), def_(def), fn_(fn) {
     const TensorSpec& x = desc_.inputs[input_index(def, "input")];
     sku_ = bespoke_sku(OpCategory::loss, info.name.c_str(), x.dtype, backend);
     sku_.aux_element = desc_.inputs[input_index(def, "target")].dtype;
@@ -372,77 +362,74 @@ class ClassPlan final : public Plan {
     params_.weighted = desc_.inputs[input_index(def, "weight")].shape[0] != 0;
     params_.ignore_index = static_cast<int64_t>(desc_.attrs.get("ignore_index", -100));
     params_.smoothing = def.logits ? desc_.attrs.get("label_smoothing", 0) : 0;
+    dim_ = class_dim(x.shape);
+    moved_ = rows::move_axis_last(x.shape, dim_);
+    int64_t rows = 1;
     for (size_t a = 0; a < x.shape.size(); ++a)
-      if (int(a) != class_dim(x.shape)) rows_ *= x.shape[a];
+      if (int(a) != dim_) rows *= x.shape[a];
     if (backend != Backend::host_reference)
-      workspace_ = size_t(scratch_elements(rows_)) * dtype_size(saved_dtype(x.dtype));
-  }
-
-  const OpDesc& desc() const override { return desc_; }
-  size_t workspace_size() const override { return workspace_; }
-  KernelSku sku() const override { return sku_; }
-  Status can_implement(const OpArgs& args) const override {
-    return check_args(def_.name, args, desc_, info_.input_names, info_.output_names);
+      workspace_ = size_t(scratch_elements(rows)) * dtype_size(saved_dtype(x.dtype));
+    // Where each operand goes, decided once (run only follows the list).
+    const bool none = params_.reduction == Reduction::none;
+    for (const std::string& n : def.inputs) {
+      const bool indices = n == "target" && !is_floating(desc_.inputs[input_index(def, "target")].dtype);
+      inputs_.push_back(n == "input"                    ? Binding{kInput, How::full}
+                        : n == "target"                 ? Binding{kTarget, indices ? How::per_row : How::full}
+                        : n == "lse"                    ? Binding{kLse, How::per_row}
+                        : n == "grad_output" && none    ? Binding{kGradOutput, How::per_row}
+                        : n == "grad_output"            ? Binding{kGradOutput, How::broadcast}
+                        : n == "weight" && params_.weighted ? Binding{kWeight, How::per_col}
+                                                        : Binding{kSlots, How::unused});
+    }
+    for (const std::string& n : def.outputs)
+      outputs_.push_back(n == "out" && none ? Binding{kOut, How::per_row}
+                         : n == "out"      ? Binding{kSlots, How::scalar}
+                         : n == "lse"      ? Binding{kLse, How::per_row}
+                                           : Binding{kGradInput, How::full});
   }
 
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
-    BARACUDA_TRY(can_implement(args));
-    BARACUDA_TRY(check_workspace(def_.name, workspace, workspace_));
-    const TensorView& x = args.inputs[input_index(def_, "input")];
-    const int dim = class_dim(desc_.inputs[input_index(def_, "input")].shape);
-    const Shape moved = rows::move_axis_last(desc_.inputs[input_index(def_, "input")].shape, dim);
+    BARACUDA_TRY(check_run(workspace, args));
     std::array<TensorView, kSlots> views;
     std::array<rows::Role, kSlots> roles;
-    views.fill(rows::move_axis_last(x, dim));
+    const TensorView x = rows::move_axis_last(args.inputs[input_index(def_, "input")], dim_);
+    views.fill(x);  // unused slots: a harmless view
     roles.fill(rows::Role::full);
-    auto bind = [&](Slot slot, const TensorView& v, bool per_row) {
-      views[slot] = per_row ? v : rows::move_axis_last(v, dim);
-      roles[slot] = per_row ? rows::Role::per_row : rows::Role::full;
-    };
-    const bool none = params_.reduction == Reduction::none;
-    for (size_t i = 0; i < def_.inputs.size(); ++i) {
-      const std::string& n = def_.inputs[i];
-      const TensorView& v = args.inputs[i];
-      if (n == "input") bind(kInput, v, false);
-      else if (n == "target") bind(kTarget, v, !is_floating(v.dtype));
-      else if (n == "lse") bind(kLse, v, true);
-      else if (n == "grad_output" && none) bind(kGradOutput, v, true);
-      else if (n == "grad_output") {  // a scalar: broadcast over every element
-        TensorView g = views[kInput];
-        g.data = v.data;
-        g.dtype = v.dtype;
-        for (int a = 0; a < g.rank; ++a) g.stride[a] = 0;
-        views[kGradOutput] = g;
-      } else if (n == "weight" && params_.weighted) {
-        views[kWeight] = v;
-        roles[kWeight] = rows::Role::per_col;
-      }
-    }
-    void* scalar_out = nullptr;
-    for (size_t j = 0; j < def_.outputs.size(); ++j) {
-      const std::string& n = def_.outputs[j];
-      const TensorView& v = args.outputs[j];
-      if (n == "out" && none) bind(kOut, v, true);
-      else if (n == "out") scalar_out = v.data;
-      else if (n == "lse") bind(kLse, v, true);
-      else if (n == "grad_input") bind(kGradInput, v, false);
-    }
     ClassLaunch cl;
-    cl.rows = rows::make_rows(moved, 1, std::span(views.data(), kSlots), std::span(roles.data(), kSlots));
-    cl.scalar_out = scalar_out;
+    auto bind = [&](const Binding& b, const TensorView& v) {
+      switch (b.how) {
+        case How::full: views[b.slot] = rows::move_axis_last(v, dim_); break;
+        case How::per_row: views[b.slot] = v, roles[b.slot] = rows::Role::per_row; break;
+        case How::per_col: views[b.slot] = v, roles[b.slot] = rows::Role::per_col; break;
+        case How::broadcast:  // a scalar over every element
+          views[b.slot] = x;
+          views[b.slot].data = v.data;
+          views[b.slot].dtype = v.dtype;
+          for (int a = 0; a < x.rank; ++a) views[b.slot].stride[a] = 0;
+          break;
+        case How::scalar: cl.scalar_out = v.data; break;
+        case How::unused: break;
+      }
+    };
+    for (size_t i = 0; i < inputs_.size(); ++i) bind(inputs_[i], args.inputs[i]);
+    for (size_t j = 0; j < outputs_.size(); ++j) bind(outputs_[j], args.outputs[j]);
+    cl.rows = rows::make_rows(moved_, 1, std::span(views.data(), kSlots), std::span(roles.data(), kSlots));
     cl.scratch = workspace.data;
     return fn_(cl, params_, stream.cuda_stream()).with_context(def_.name);
   }
 
  private:
+  enum class How : uint8_t { full, per_row, per_col, broadcast, scalar, unused };
+  struct Binding {
+    Slot slot;
+    How how;
+  };
   const ClassDef& def_;
-  const OpInfo& info_;
-  OpDesc desc_;
   ClassFn fn_;
   ClassParams params_;
-  int64_t rows_ = 1;
-  size_t workspace_ = 0;
-  KernelSku sku_;
+  int dim_ = 0;
+  Shape moved_;
+  std::vector<Binding> inputs_, outputs_;
 };
 
 void add_class_op(std::vector<OpInfo>& ops, ClassDef def_in, const char* doc) {

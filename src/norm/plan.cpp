@@ -168,10 +168,10 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   return d;
 }
 
-class NormPlan final : public Plan {
+class NormPlan final : public FamilyPlan {
  public:
   NormPlan(const Def& def, const OpInfo& info, OpDesc desc, Backend backend, NormFn fn)
-      : def_(def), info_(info), desc_(std::move(desc)), fn_(fn) {
+      : FamilyPlan(info, std::move(desc)), def_(def), fn_(fn) {
     const DType t = desc_.inputs[def.backward ? 1 : 0].dtype;
     sku_ = bespoke_sku(OpCategory::norm, info.name.c_str(), t, backend);  // parameter gradients merged in split order
     sku_.aux_element = stat_dtype(t);
@@ -191,18 +191,9 @@ class NormPlan final : public Plan {
 #endif
   }
 
-  const OpDesc& desc() const override { return desc_; }
-  size_t workspace_size() const override { return workspace_; }
-  KernelSku sku() const override { return sku_; }
-
-  Status can_implement(const OpArgs& args) const override {
-    return check_args(def_.name, args, desc_, def_.inputs, def_.outputs);
-  }
-
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
-    BARACUDA_TRY(can_implement(args));
+    BARACUDA_TRY(check_run(workspace, args));
     if (rows_ == 0 || cols_ == 0) return Status::ok();
-    BARACUDA_TRY(check_workspace(def_.name, workspace, workspace_));
     std::array<TensorView, rows::kMaxOperands> views;
     std::array<rows::Role, rows::kMaxOperands> roles;
     size_t n = 0;
@@ -218,14 +209,10 @@ class NormPlan final : public Plan {
 
  private:
   const Def& def_;
-  const OpInfo& info_;
-  OpDesc desc_;
   NormFn fn_;
   NormParams params_;
-  KernelSku sku_;
   int64_t rows_ = 1, cols_ = 1;
   int splits_ = 1;
-  size_t workspace_ = 0;
 };
 
 template <class S>

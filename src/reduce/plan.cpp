@@ -290,10 +290,10 @@ ReduceLaunch make_reduce_launch(Form form, const Reduction& reduction, bool inde
 }
 
 
-class ReducePlan final : public Plan {
+class ReducePlan final : public FamilyPlan {
  public:
   ReducePlan(const Def& def, const OpInfo& info, OpDesc desc, Reduction r, Backend backend, ReduceFn fn)
-      : def_(def), info_(info), desc_(std::move(desc)), reduction_(std::move(r)), backend_(backend), fn_(fn) {
+      : FamilyPlan(info, std::move(desc)), def_(def), reduction_(std::move(r)), backend_(backend), fn_(fn) {
     params_.p = desc_.attrs.get("p", 2);
     params_.correction = desc_.attrs.get("correction", 1);
     const DType in = desc_.inputs[0].dtype;
@@ -316,19 +316,9 @@ class ReducePlan final : public Plan {
 #endif
   }
 
-  const OpDesc& desc() const override { return desc_; }
-  size_t workspace_size() const override { return workspace_; }
-  KernelSku sku() const override { return sku_; }
-
-  Status can_implement(const OpArgs& args) const override {
-    // In place only with an equal layout (every reduced axis of size 1).
-    return check_args(def_.name, args, desc_, info_.input_names, info_.output_names);
-  }
-
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
-    BARACUDA_TRY(can_implement(args));
+    BARACUDA_TRY(check_run(workspace, args));
     if (outputs_ == 0) return Status::ok();
-    BARACUDA_TRY(check_workspace(def_.name, workspace, workspace_));
     ReduceLaunch l = make_reduce_launch(def_.form, reduction_, def_.meta->out == OutRule::index, args.inputs[0],
                                         args.outputs[0]);
     l.splits = splits_;
@@ -339,16 +329,12 @@ class ReducePlan final : public Plan {
 
  private:
   const Def& def_;
-  const OpInfo& info_;
-  OpDesc desc_;
   Reduction reduction_;
   Backend backend_;
   ReduceFn fn_;
   RParams params_;
-  KernelSku sku_;
   int64_t outputs_ = 0;
   int splits_ = 1;
-  size_t workspace_ = 0;
 };
 
 std::vector<AttrSpec> attrs_for(const Def& def) {
@@ -482,11 +468,11 @@ Result<OpDesc> infer_grad(const Def& fwd, const OpInfo& info, const OpDesc& part
 /// grad_input = G(grad_output, input, output, mean) over the input's shape,
 /// every per-output operand broadcast back over the reduced axes; var/std
 /// first reduce the mean into the workspace (f32, f64 for f64 and on the host).
-class ReduceGradPlan final : public Plan {
+class ReduceGradPlan final : public FamilyPlan {
  public:
   ReduceGradPlan(const Def& fwd, const OpInfo& info, OpDesc desc, Reduction r, Backend backend, ew::LaunchFn fn,
                  ReduceFn mean_fn)
-      : fwd_(fwd), info_(info), desc_(std::move(desc)), reduction_(std::move(r)), fn_(fn), mean_fn_(mean_fn) {
+      : FamilyPlan(info, std::move(desc)), fwd_(fwd), reduction_(std::move(r)), fn_(fn), mean_fn_(mean_fn) {
     const DType t = desc_.inputs[1].dtype;
     sku_.category = OpCategory::reduce;
     sku_.op = info.name.c_str();
@@ -504,19 +490,10 @@ class ReduceGradPlan final : public Plan {
     if (mean_fn_) workspace_ = size_t(std::max<int64_t>(desc_.inputs[0].numel(), 1)) * dtype_size(mean_dtype_);
   }
 
-  const OpDesc& desc() const override { return desc_; }
-  size_t workspace_size() const override { return workspace_; }
-  KernelSku sku() const override { return sku_; }
-
-  Status can_implement(const OpArgs& args) const override {
-    return check_args(info_.name, args, desc_, info_.input_names, info_.output_names);
-  }
-
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
-    BARACUDA_TRY(can_implement(args));
+    BARACUDA_TRY(check_run(workspace, args));
     const TensorView& x = args.inputs[1];
     if (x.numel() == 0) return Status::ok();
-    BARACUDA_TRY(check_workspace(info_.name, workspace, workspace_));
     const TensorView& g = args.inputs[0];
     const TensorView& y = args.inputs.size() > 2 ? args.inputs[2] : g;
     TensorView mean = g;  // unused unless var/std
@@ -539,34 +516,25 @@ class ReduceGradPlan final : public Plan {
 
  private:
   const Def& fwd_;
-  const OpInfo& info_;
-  OpDesc desc_;
   Reduction reduction_;
   ew::LaunchFn fn_;
   ReduceFn mean_fn_;
   ew::Params params_;
   DType mean_dtype_ = DType::f32;
-  KernelSku sku_;
-  size_t workspace_ = 0;
 };
 
 /// trace_backward: grad_output on the diagonal, 0 elsewhere. Two elementwise
 /// launches: a fill of grad_input with 0, then grad_output (a scalar,
 /// broadcast) copied onto the diagonal view (stride = the sum of the strides).
-class TraceGradPlan final : public Plan {
+class TraceGradPlan final : public FamilyPlan {
  public:
   TraceGradPlan(const OpInfo& info, OpDesc desc, Backend backend, ew::LaunchFn fill, ew::LaunchFn copy)
-      : info_(info), desc_(std::move(desc)), fill_(fill), copy_(copy) {
+      : FamilyPlan(info, std::move(desc)), fill_(fill), copy_(copy) {
     sku_ = bespoke_sku(OpCategory::reduce, info.name.c_str(), desc_.inputs[1].dtype, backend);
   }
-  const OpDesc& desc() const override { return desc_; }
-  size_t workspace_size() const override { return 0; }
-  KernelSku sku() const override { return sku_; }
-  Status can_implement(const OpArgs& args) const override {
-    return check_args(info_.name, args, desc_, info_.input_names, info_.output_names);
-  }
-  Status run(const Stream& stream, Workspace, const OpArgs& args) const override {
-    BARACUDA_TRY(can_implement(args));
+
+  Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
+    BARACUDA_TRY(check_run(workspace, args));
     const TensorView& dx = args.outputs[0];
     if (dx.numel() == 0) return Status::ok();
     const Shape shape = dx.shape_vec();
@@ -582,10 +550,7 @@ class TraceGradPlan final : public Plan {
   }
 
  private:
-  const OpInfo& info_;
-  OpDesc desc_;
   ew::LaunchFn fill_, copy_;
-  KernelSku sku_;
 };
 
 /// Registers `<forward>_backward` for a differentiable reduction.

@@ -241,15 +241,15 @@ TensorView reversed(TensorView v, int dim) {
   return v;
 }
 
-class ScanPlan final : public Plan {
+class ScanPlan final : public FamilyPlan {
  public:
-  ScanPlan(const Def& def, OpDesc desc, Backend backend, ScanFn fn) : def_(def), desc_(std::move(desc)), fn_(fn) {
+  ScanPlan(const Def& def, const OpInfo& info, OpDesc desc, Backend backend, ScanFn fn)
+      : FamilyPlan(info, std::move(desc)), def_(def), fn_(fn) {
     const DType t = desc_.inputs[def.backward ? 1 : 0].dtype;
-    const bool host = backend == Backend::host_reference;
     sku_ = bespoke_sku(OpCategory::scan, def.name.c_str(), t, backend);  // chunk totals merged in order
     if (!is_floating(t)) sku_.precision.math = MathPrecision::exact, sku_.precision.accumulator = DType::i64;
 #ifdef BARACUDA_HAS_CUDA
-    if (!host) {
+    if (backend != Backend::host_reference) {
       const Shape& shape = desc_.inputs[def.backward ? 1 : 0].shape;
       const int rank = static_cast<int>(shape.size());
       const int dim = rank == 0 ? 0 : normalize_dim(desc_.attrs.get("dim", -1), rank);
@@ -266,15 +266,9 @@ class ScanPlan final : public Plan {
     }
 #endif
   }
-  const OpDesc& desc() const override { return desc_; }
-  size_t workspace_size() const override { return workspace_; }
-  KernelSku sku() const override { return sku_; }
-  Status can_implement(const OpArgs& args) const override {
-    return check_args(def_.name, args, desc_, def_.inputs, def_.outputs);
-  }
+
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
-    BARACUDA_TRY(can_implement(args));
-    BARACUDA_TRY(check_workspace(def_.name, workspace, workspace_));
+    BARACUDA_TRY(check_run(workspace, args));
     const size_t xi = def_.backward ? 1 : 0;
     const Shape& shape = desc_.inputs[xi].shape;
     for (int64_t s : shape)
@@ -312,11 +306,8 @@ class ScanPlan final : public Plan {
 
  private:
   const Def& def_;
-  OpDesc desc_;
   ScanFn fn_;  ///< null: the host reference
-  KernelSku sku_;
   int64_t chunks_ = 1, chunk_len_ = 0;
-  size_t workspace_ = 0;
 };
 
 void add_ops(std::vector<OpInfo>& ops, const char* name, Kind kind, const char* doc) {
@@ -369,8 +360,9 @@ void add_ops(std::vector<OpInfo>& ops, const char* name, Kind kind, const char* 
         if (dim < 0 || dim >= std::max(rank, 1)) return std::nullopt;
         return SampleShapes{std::vector<Shape>(backward ? 2 : 1, shape), {}};
       };
+    const size_t index = ops.size();
     info.infer = [&stored](const OpDesc& partial) { return infer_desc(stored, partial); };
-    info.make_plan = [&stored](Backend backend, const Stream&, const OpDesc& desc) -> Result<PlanPtr> {
+    info.make_plan = [&stored, index](Backend backend, const Stream&, const OpDesc& desc) -> Result<PlanPtr> {
       auto full = infer_desc(stored, desc);
       if (!full) return full.status();
       ScanFn fn = nullptr;
@@ -381,7 +373,7 @@ void add_ops(std::vector<OpInfo>& ops, const char* name, Kind kind, const char* 
           return unsupported(stored.name, ": no ", backend_name(backend), " kernel for ", dtype_name(t),
                              stored.backward ? " (this gradient runs on the host reference only)" : "");
       }
-      return PlanPtr(std::make_unique<ScanPlan>(stored, std::move(*full), backend, fn));
+      return PlanPtr(std::make_unique<ScanPlan>(stored, registry()[index], std::move(*full), backend, fn));
     };
     ops.push_back(std::move(info));
   }

@@ -112,23 +112,15 @@ Result<OpDesc> infer_desc(const Def& def, const OpInfo& info, const OpDesc& part
   return d;
 }
 
-class SoftmaxPlan final : public Plan {
+class SoftmaxPlan final : public FamilyPlan {
  public:
   SoftmaxPlan(const Def& def, const OpInfo& info, OpDesc desc, Backend backend, SoftmaxFn fn)
-      : def_(def), info_(info), desc_(std::move(desc)), fn_(fn) {
+      : FamilyPlan(info, std::move(desc)), def_(def), fn_(fn) {
     sku_ = bespoke_sku(OpCategory::softmax, info.name.c_str(), desc_.inputs[0].dtype, backend);
   }
 
-  const OpDesc& desc() const override { return desc_; }
-  size_t workspace_size() const override { return 0; }
-  KernelSku sku() const override { return sku_; }
-
-  Status can_implement(const OpArgs& args) const override {
-    return check_args(def_.name, args, desc_, info_.input_names, info_.output_names);
-  }
-
-  Status run(const Stream& stream, Workspace, const OpArgs& args) const override {
-    BARACUDA_TRY(can_implement(args));
+  Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
+    BARACUDA_TRY(check_run(workspace, args));
     const Shape& shape = desc_.inputs[0].shape;
     for (int64_t s : shape)
       if (s == 0) return Status::ok();
@@ -147,10 +139,7 @@ class SoftmaxPlan final : public Plan {
 
  private:
   const Def& def_;
-  const OpInfo& info_;
-  OpDesc desc_;
   SoftmaxFn fn_;
-  KernelSku sku_;
 };
 
 template <class Op>
