@@ -28,7 +28,7 @@ step() {  # name, command...
   return $rc
 }
 : > "$OUT/steps.txt"
-STEPS=${STEPS:-gpu_tests capi memcheck pytest suite bench bench_rows}
+STEPS=${STEPS:-gpu_tests capi memcheck pytest suite bench bench_rows bench_gemm}
 for name in $STEPS; do
   case $name in
     gpu_tests) step gpu_tests "$BUILD_DIR/tests/baracuda_tests" --gtest_filter="${GTEST_FILTER:-*}" ;;
@@ -41,6 +41,7 @@ for name in $STEPS; do
     suite) step suite "$BUILD_DIR/baracuda" suite ;;
     bench) PYTHONPATH="$BUILD_DIR/python" step bench python3 bench/bench_elementwise.py ${BENCH_ARGS:-} ;;
     bench_rows) PYTHONPATH="$BUILD_DIR/python" step bench_rows python3 bench/bench_rows.py ${BENCH_ROWS_ARGS:-} ;;
+    bench_gemm) PYTHONPATH="$BUILD_DIR/python" step bench_gemm python3 bench/bench_gemm.py ${BENCH_GEMM_ARGS:-} ;;
   esac
 done
 
@@ -53,3 +54,4 @@ echo "--- pytest";     tail -3 "$OUT/pytest.log"
 echo "--- suite";      grep -E "FAIL|^suite:" "$OUT/suite.log" | tail -15
 echo "--- bench";      tail -32 "$OUT/bench.log"
 echo "--- bench_rows"; tail -40 "$OUT/bench_rows.log"
+echo "--- bench_gemm"; tail -20 "$OUT/bench_gemm.log"

@@ -24,7 +24,7 @@ inline bool quick() {
 inline std::vector<Shape> sweep_shapes([[maybe_unused]] bool gpu) {
   // [9, 64] and [3, 4, 128]: broadcast rows long enough for the row-vector path;
   // [70, 67]: whole and partial transpose tiles.
-  if (quick()) return {{0}, {7}, {1023}, {7, 33}, {9, 64}, {70, 67}, {2, 1, 3, 1, 2, 2, 1, 3}};
+  if (quick()) return {{0}, {7}, {1023}, {7, 33}, {9, 64}, {70, 67}, {3, 5, 17}, {2, 1, 3, 1, 2, 2, 1, 3}, {}};
   std::vector<Shape> shapes{{0}, {1}, {7}, {1023}, {65537}, {7, 33}, {9, 64}, {70, 67}, {3, 4, 128}, {3, 5, 17},
                             {2, 1, 3, 1, 2, 2, 1, 3}, {}};
   return shapes;

@@ -116,6 +116,28 @@ int main(void) {
       CHECK(strstr(baracuda_last_error(), "class index 7") != NULL);
       baracuda_plan_destroy(plan);
     }
+    /* linear with a fused relu: out = relu(a @ w^T + bias) for a [2, 3],
+       w [2, 3]; mismatched contraction dims are named in the error. */
+    float lw[6] = {1, 0, -1, 0, 1, 2}, lb[2] = {0.5f, -10}, lout[4];
+    int64_t shape_lw[2] = {2, 3}, shape_lb[1] = {2}, shape_lo[2] = {2, 2};
+    baracuda_tensor lin_in[3] = {{a, BARACUDA_F32, 2, shape_a, NULL}, {lw, BARACUDA_F32, 2, shape_lw, NULL},
+                                 {lb, BARACUDA_F32, 1, shape_lb, NULL}};
+    baracuda_tensor lin_out[1] = {{lout, BARACUDA_F32, 2, shape_lo, NULL}};
+    baracuda_attr relu = {"activation", 1};
+    CHECK(baracuda_plan_create(&plan, host, "linear", lin_in, 3, NULL, 0, &relu, 1) == BARACUDA_OK);
+    if (plan) {
+      CHECK(baracuda_plan_run(plan, host, NULL, 0, lin_in, 3, lin_out, 1) == BARACUDA_OK);
+      for (int r = 0; r < 2; ++r)
+        for (int o = 0; o < 2; ++o) {
+          float v = lb[o];
+          for (int k = 0; k < 3; ++k) v += a[r * 3 + k] * lw[o * 3 + k];
+          CHECK(fabsf(lout[r * 2 + o] - (v > 0 ? v : 0)) < 1e-6f);
+        }
+      baracuda_plan_destroy(plan);
+    }
+    baracuda_tensor bad_mm[2] = {{a, BARACUDA_F32, 2, shape_a, NULL}, {lw, BARACUDA_F32, 2, shape_lw, NULL}};
+    CHECK(baracuda_plan_create(&plan, host, "mm", bad_mm, 2, NULL, 0, NULL, 0) == BARACUDA_ERROR_INVALID_PROBLEM);
+    CHECK(strstr(baracuda_last_error(), "cannot be multiplied (3 != 2)") != NULL);
     /* A bad axis names the problem. */
     baracuda_attr bad_dims = {"dims", 4};
     CHECK(baracuda_plan_create(&plan, host, "sum", &x, 1, NULL, 0, &bad_dims, 1) == BARACUDA_ERROR_INVALID_PROBLEM);

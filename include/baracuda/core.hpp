@@ -227,6 +227,7 @@ struct KernelSku {
 struct PlanPreference {
   size_t max_workspace_bytes = SIZE_MAX;
   bool deterministic_only = false;
+  bool allow_tf32 = false;  ///< f32 GEMMs may multiply in TF32 (10-bit mantissa), as torch's allow_tf32
   std::optional<Backend> backend;  ///< only this backend
   bool allow_host_fallback = true;  ///< allow the host backend on a host stream
   int skip_candidates = 0;  ///< skip this many accepting candidates ("next candidate")

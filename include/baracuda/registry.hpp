@@ -51,7 +51,7 @@ struct OpInfo {
   /// Shape/dtype inference: inputs (+attrs) -> full descriptor.
   std::function<Result<OpDesc>(const OpDesc& partial)> infer;
   /// Builds a plan for one backend, or says why it cannot.
-  using Factory = std::function<Result<PlanPtr>(Backend, const Stream&, const OpDesc&)>;
+  using Factory = std::function<Result<PlanPtr>(Backend, const Stream&, const OpDesc&, const PlanPreference&)>;
   Factory make_plan;
 
   // Test and benchmark hints.
@@ -59,6 +59,7 @@ struct OpInfo {
   std::vector<Attrs> sample_attrs;    ///< attribute sets to exercise (>= 1)
   double tolerance_scale = 1.0;       ///< widens the per-dtype tolerance
   bool integer_valued_inputs = false; ///< sample whole numbers (floor_divide...)
+  bool in_place = true;               ///< output 0 may alias an input of its layout
   /// Families other than elementwise: the operand shapes of a case whose
   /// primary shape is `shape` (the first input's), or nullopt when `attrs`
   /// do not fit that shape. Unset: elementwise rules.

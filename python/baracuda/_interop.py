@@ -107,15 +107,20 @@ class _Torch:
 
     @staticmethod
     def export(x, dtype):
-        x = x.detach()  # DLPack refuses tensors that require grad
-        if x.is_conj():
-            x = x.resolve_conj()
-        if x.is_neg():
-            x = x.resolve_neg()
-        if dtype in ("fp8_e4m3", "fp8_e5m2"):
-            import torch
-            return x.view(torch.uint8), dtype
-        return x, None
+        """A raw view (pointer, dtype, shape, strides, DLPack device): no
+        DLPack export, whose stream handshake costs microseconds per tensor.
+        The caller holds `x` for the call."""
+        if x.is_conj() or x.is_neg():  # rare: a resolved copy, which the caller's list holds through DLPack
+            x = x.resolve_conj().resolve_neg().detach()
+            if dtype in ("fp8_e4m3", "fp8_e5m2"):
+                import torch
+                return x.view(torch.uint8), dtype
+            return x, None
+        device = x.device
+        cuda = device.type == "cuda"
+        if not cuda and device.type != "cpu":
+            raise ValueError(f"baracuda: tensors on {device} are not supported (cpu or cuda)")
+        return (x.data_ptr(), dtype, tuple(x.shape), x.stride(), 2 if cuda else 1, device.index or 0), None
 
     @staticmethod
     def stream(like):

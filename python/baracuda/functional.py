@@ -696,3 +696,73 @@ fix = trunc  # noqa: F821
 
 __all__ = sorted(name for name, value in globals().items()
                  if not name.startswith("_") and callable(value) and getattr(value, "__module__", None) == __name__)
+
+
+# ---------------------------------------------------------------- matrix products
+
+def matmul(input, other, *, out=None):
+    """torch.matmul: vectors, matrices and broadcast batches (cuBLASLt on CUDA)."""
+    return _call("matmul", (input, other), {}, out)
+
+
+def mm(input, mat2, *, out=None):
+    """torch.mm."""
+    return _call("mm", (input, mat2), {}, out)
+
+
+def bmm(input, mat2, *, out=None):
+    """torch.bmm."""
+    return _call("bmm", (input, mat2), {}, out)
+
+
+def mv(input, vec, *, out=None):
+    """torch.mv."""
+    return _call("mv", (input, vec), {}, out)
+
+
+def dot(input, other, *, out=None):
+    """torch.dot."""
+    return _call("dot", (input, other), {}, out)
+
+
+def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+    """torch.addmm: beta * input + alpha * mat1 @ mat2 (input is not read when beta == 0)."""
+    return _call("addmm", (input, mat1, mat2), {"beta": beta, "alpha": alpha}, out)
+
+
+def baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
+    """torch.baddbmm."""
+    return _call("baddbmm", (input, batch1, batch2), {"beta": beta, "alpha": alpha}, out)
+
+
+_ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+
+
+def _no_bias(input):
+    adapter, a, (dtype, _) = _operand(input)
+    return adapter.empty(dtype, (0,), a)
+
+
+def linear(input, weight, bias=None, *, activation=None, out=None):
+    """torch.nn.functional.linear, with an optional fused activation epilogue:
+    None, 'relu', 'gelu' (exact), 'gelu_tanh' or 'silu'."""
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"linear: activation must be one of {sorted(k for k in _ACTIVATIONS if k)}, got {activation!r}")
+    return _call("linear", (input, weight, _no_bias(input) if bias is None else bias),
+                 {"activation": _ACTIVATIONS[activation]}, out)
+
+
+def matmul_backward(grad_output, input, other, *, alpha=1):
+    """(grad_input, grad_other) of torch.matmul, summed over broadcast batch dims; alpha scales both."""
+    return _call("matmul_backward", (grad_output, input, other), {"alpha": alpha})
+
+
+def linear_backward(grad_output, input, weight, *, bias=True):
+    """(grad_input, grad_weight, grad_bias) of linear without activation; grad_bias is None when bias=False."""
+    gi, gw, gb = _call("linear_backward", (grad_output, input, weight), {"bias": 1 if bias else 0})
+    return gi, gw, (gb if bias else None)
+
+
+def set_allow_tf32(allow):
+    """Lets f32 matrix products multiply in TF32 (as torch.backends.cuda.matmul.allow_tf32); off by default."""
+    _C.set_allow_tf32(bool(allow))

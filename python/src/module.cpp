@@ -11,6 +11,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -160,11 +161,38 @@ struct Placement {
   }
 };
 
+/// A view the caller describes itself: (data pointer, dtype name, shape,
+/// element strides, DLPack device type, device id). Torch tensors come this
+/// way: no DLPack export (whose stream handshake costs microseconds per
+/// operand); the caller keeps the tensor alive for the call.
+TensorView import_raw(const OpInfo& info, const nb::tuple& t, const std::string& name, Placement& placement) {
+  if (nb::len(t) != 6)
+    throw nb::type_error(cat(info.name, ": '", name, "' as a raw view needs 6 fields, got ", nb::len(t)).c_str());
+  const auto dt = dtype_from_name(nb::cast<std::string>(t[1]));
+  if (!dt) fail(ErrorKind::unsupported, info.name, ": '", name, "' has dtype ", nb::cast<std::string>(t[1]), " baracuda does not know");
+  const nb::tuple shape = nb::borrow<nb::tuple>(t[2]), strides = nb::borrow<nb::tuple>(t[3]);
+  const size_t rank = nb::len(shape);
+  if (rank > static_cast<size_t>(kMaxRank) || nb::len(strides) != rank)
+    fail(ErrorKind::invalid_problem, info.name, ": '", name, "' has rank ", rank, " (maximum ", kMaxRank,
+         ") or strides of another rank");
+  placement.add(info, name, nb::cast<int>(t[4]), nb::cast<int>(t[5]));
+  TensorView v;
+  v.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(t[0]));
+  v.dtype = *dt;
+  v.rank = static_cast<int>(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    v.shape[i] = nb::cast<int64_t>(shape[i]);
+    v.stride[i] = nb::cast<int64_t>(strides[i]);
+  }
+  return v;
+}
+
 /// Imports one DLPack array as a view. `dtype` overrides the exported dtype
 /// (same element size) for types a producer cannot export (torch fp8, ...).
 template <class Array>
 TensorView import_array(const OpInfo& info, nb::handle obj, const std::string& name, nb::handle dtype,
                         Placement& placement, std::vector<Array>& keep) {
+  if (nb::isinstance<nb::tuple>(obj)) return import_raw(info, nb::borrow<nb::tuple>(obj), name, placement);
   Array a;
   if (!nb::try_cast(obj, a))
     throw nb::type_error(cat(info.name, ": '", name, "' must be ",
@@ -227,7 +255,7 @@ class PlanCache {
   using PlanRef = std::shared_ptr<const Plan>;
   static constexpr size_t kMaxEntries = 4096;
 
-  static std::string key(const OpDesc& desc, const Placement& where, const std::optional<Backend>& backend) {
+  static std::string key(const OpDesc& desc, const Placement& where, const PlanPreference& pref) {
     std::string k = desc.op;
     auto put = [&k](const auto& v) { k.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
     for (const auto* list : {&desc.inputs, &desc.outputs}) {
@@ -244,7 +272,9 @@ class PlanCache {
     }
     put(where.cuda);
     put(where.device);
-    put(backend ? static_cast<int>(*backend) : -1);
+    put(pref.backend ? static_cast<int>(*pref.backend) : -1);
+    put(pref.allow_tf32);
+    put(pref.skip_candidates);
     return k;
   }
 
@@ -273,6 +303,9 @@ class PlanCache {
   std::mutex mutex_;
   std::unordered_map<std::string, PlanRef> plans_;
 };
+
+/// torch.backends.cuda.matmul.allow_tf32's counterpart: f32 GEMMs may multiply in TF32.
+std::atomic<bool> allow_tf32{false};
 
 PlanCache& plan_cache() {
   static PlanCache* cache = new PlanCache();  // leaked: plans must outlive interpreter teardown order
@@ -317,12 +350,25 @@ void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& 
 
   PlanPreference pref;
   pref.backend = backend_arg(backend);
+  pref.allow_tf32 = allow_tf32.load();
   DeviceGuard guard(placement.cuda, placement.device);
   const Stream s = placement.cuda ? Stream::cuda(reinterpret_cast<CUstream_st*>(stream)) : Stream::host();
-  auto plan = plan_cache().get(PlanCache::key(desc, placement, pref.backend), s, desc, pref);
+  auto plan = plan_cache().get(PlanCache::key(desc, placement, pref), s, desc, pref);
 
   const OpArgs args{in_views, out_views};
-  check(plan->can_implement(args));
+  // A candidate that cannot take these strides (a vendor library's layout
+  // rules) hands over to the next one, unless a backend was asked for.
+  Status accepted = plan->can_implement(args);
+  while (!accepted && accepted.kind() == ErrorKind::unsupported && !pref.backend) {
+    ++pref.skip_candidates;
+    try {
+      plan = plan_cache().get(PlanCache::key(desc, placement, pref), s, desc, pref);
+    } catch (const Error&) {
+      break;  // no candidate left: report the first refusal
+    }
+    accepted = plan->can_implement(args);
+  }
+  check(accepted);
   Workspace ws;
   std::vector<OutArray> ws_keep;
   std::vector<char> host_scratch;
@@ -448,5 +494,8 @@ NB_MODULE(_baracuda, m) {
         "device"_a = "cpu", "backend"_a = nb::none(),
         "The plan `select` picks for these specs on 'cpu' or 'cuda': sku, backend, workspace_size, precision.");
   m.def("clear_plan_cache", [] { plan_cache().clear(); }, "Drops every cached plan.");
+  m.def("set_allow_tf32", [](bool allow) { allow_tf32.store(allow); },
+        "Whether f32 GEMMs may multiply in TF32 (torch.backends.cuda.matmul.allow_tf32); off by default.");
+  m.def("get_allow_tf32", [] { return allow_tf32.load(); });
   m.def("plan_cache_size", [] { return plan_cache().size(); }, "Number of cached plans.");
 }

@@ -79,6 +79,7 @@ const std::vector<OpInfo>& registry() {
     register_norm_ops(all);
     register_scan_ops(all);
     register_loss_ops(all);
+    register_gemm_ops(all);
     return all;
   }();
   return ops;
@@ -131,7 +132,7 @@ Result<PlanPtr> select(const Stream& stream, const OpDesc& desc, const PlanPrefe
       reject("no CUDA device is available");
       continue;
     }
-    auto plan = info->make_plan(backend, stream, desc);
+    auto plan = info->make_plan(backend, stream, desc, pref);
     if (!plan) {
       // A wrong descriptor is the caller's error, whatever the candidate.
       if (plan.status().kind() == ErrorKind::invalid_problem) return plan.status();

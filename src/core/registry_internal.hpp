@@ -12,5 +12,6 @@ void register_softmax_ops(std::vector<OpInfo>& ops);
 void register_norm_ops(std::vector<OpInfo>& ops);
 void register_scan_ops(std::vector<OpInfo>& ops);
 void register_loss_ops(std::vector<OpInfo>& ops);
+void register_gemm_ops(std::vector<OpInfo>& ops);
 
 }  // namespace baracuda

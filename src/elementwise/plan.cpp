@@ -423,7 +423,7 @@ void add_op(std::vector<OpInfo>& ops, Kind kind) {
     info.infer = [&stored, index = ops.size()](const OpDesc& partial) {
       return infer_desc(stored, registry()[index], partial);
     };
-    info.make_plan = [&stored, index = ops.size()](Backend backend, const Stream&, const OpDesc& desc) -> Result<PlanPtr> {
+    info.make_plan = [&stored, index = ops.size()](Backend backend, const Stream&, const OpDesc& desc, const PlanPreference&) -> Result<PlanPtr> {
       const OpInfo& self = registry()[index];
       auto full = infer_desc(stored, self, desc);
       if (!full) return full.status();

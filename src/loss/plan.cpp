@@ -252,7 +252,7 @@ void add_pointwise(std::vector<OpInfo>& ops) {
     };
     const size_t index = ops.size();
     info.infer = [&d](const OpDesc& partial) { return infer_pointwise(d, partial); };
-    info.make_plan = [&d, index](Backend backend, const Stream&, const OpDesc& desc) -> Result<PlanPtr> {
+    info.make_plan = [&d, index](Backend backend, const Stream&, const OpDesc& desc, const PlanPreference&) -> Result<PlanPtr> {
       auto full = infer_pointwise(d, desc);
       if (!full) return full.status();
       const DType t = full->inputs[d.backward ? 1 : 0].dtype;
@@ -479,7 +479,7 @@ void add_class_op(std::vector<OpInfo>& ops, ClassDef def_in, const char* doc) {
   };
   const size_t index = ops.size();
   info.infer = [&def](const OpDesc& partial) { return infer_class(def, partial); };
-  info.make_plan = [&def, index](Backend backend, const Stream&, const OpDesc& desc) -> Result<PlanPtr> {
+  info.make_plan = [&def, index](Backend backend, const Stream&, const OpDesc& desc, const PlanPreference&) -> Result<PlanPtr> {
     auto full = infer_class(def, desc);
     if (!full) return full.status();
     const DType t = full->inputs[input_index(def, "input")].dtype, target = full->inputs[input_index(def, "target")].dtype;

@@ -282,7 +282,7 @@ void add_ops(std::vector<OpInfo>& ops) {
     };
     const size_t index = ops.size();
     info.infer = [&stored](const OpDesc& partial) { return infer_desc(stored, partial); };
-    info.make_plan = [&stored, index](Backend backend, const Stream&, const OpDesc& desc) -> Result<PlanPtr> {
+    info.make_plan = [&stored, index](Backend backend, const Stream&, const OpDesc& desc, const PlanPreference&) -> Result<PlanPtr> {
       auto full = infer_desc(stored, desc);
       if (!full) return full.status();
       const DType t = full->inputs[stored.backward ? 1 : 0].dtype;

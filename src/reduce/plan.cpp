@@ -413,7 +413,7 @@ void add_op(std::vector<OpInfo>& ops, Def def_in) {
   };
   const size_t index = ops.size();
   info.infer = [&def](const OpDesc& partial) { return infer_desc(def, partial); };
-  info.make_plan = [&def, index](Backend backend, const Stream&, const OpDesc& desc) -> Result<PlanPtr> {
+  info.make_plan = [&def, index](Backend backend, const Stream&, const OpDesc& desc, const PlanPreference&) -> Result<PlanPtr> {
     auto full = infer_desc(def, desc);
     if (!full) return full.status();
     auto r = describe(def, *full);
@@ -587,7 +587,7 @@ void add_grad_op(std::vector<OpInfo>& ops, const Def& fwd, size_t fwd_index, con
   };
   const size_t index = ops.size();
   info.infer = [&fwd, index](const OpDesc& partial) { return infer_grad(fwd, registry()[index], partial); };
-  info.make_plan = [&fwd, index, grad_name](Backend backend, const Stream&, const OpDesc& desc) -> Result<PlanPtr> {
+  info.make_plan = [&fwd, index, grad_name](Backend backend, const Stream&, const OpDesc& desc, const PlanPreference&) -> Result<PlanPtr> {
     const OpInfo& self = registry()[index];
     auto full = infer_grad(fwd, self, desc);
     if (!full) return full.status();

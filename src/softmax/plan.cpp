@@ -173,7 +173,7 @@ void add_ops(std::vector<OpInfo>& ops) {
     };
     const size_t index = ops.size();
     info.infer = [&def, index](const OpDesc& partial) { return infer_desc(def, registry()[index], partial); };
-    info.make_plan = [&def, index](Backend backend, const Stream&, const OpDesc& desc) -> Result<PlanPtr> {
+    info.make_plan = [&def, index](Backend backend, const Stream&, const OpDesc& desc, const PlanPreference&) -> Result<PlanPtr> {
       const OpInfo& self = registry()[index];
       auto full = infer_desc(def, self, desc);
       if (!full) return full.status();

@@ -1,0 +1,106 @@
+"""Matrix products against PyTorch on one GPU, side by side in one run:
+TFLOP/s (2*M*N*K / median time; TB/s of weights for the weight-bound row)
+with bench_elementwise's back-to-back CUDA-event timing for both libraries."""
+import argparse
+
+import torch
+
+import baracuda.functional as F
+from bench_elementwise import median_ms
+from bench_rows import close
+
+TF = torch.nn.functional
+
+
+def row(name, dtype, ours, theirs, work, unit="TFLOP/s", check=None):
+    t_ours, t_torch = median_ms(ours, samples=15), median_ms(theirs, samples=15)
+    scale = 1e9  # FLOP or bytes per ms -> T per s
+    ok = "" if check is None else ("" if check() else "  MISMATCH")
+    print(f"{name:<44} {str(dtype).replace('torch.', ''):<9} {work / t_ours / scale:10.1f} {work / t_torch / scale:10.1f}"
+          f" {unit:<8} {t_torch / t_ours:6.2f}{ok}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", default="", help="substring of row names to run")
+    args = parser.parse_args()
+    want = lambda name: args.only in name  # noqa: E731
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print(f"{'op':<44} {'dtype':<9} {'ours':>10} {'torch':>10} {'unit':<8} {'ratio':>6}")
+    bf16 = torch.bfloat16
+    if want("mm"):
+        for m, n, k in ((8192, 8192, 8192), (4096, 14336, 4096)):
+            a = torch.randn(m, k, device="cuda", dtype=bf16)
+            b = torch.randn(k, n, device="cuda", dtype=bf16)
+            o1, o2 = torch.empty(m, n, device="cuda", dtype=bf16), torch.empty(m, n, device="cuda", dtype=bf16)
+            row(f"mm {m}x{n}x{k}", bf16, lambda: F.mm(a, b, out=o1), lambda: torch.mm(a, b, out=o2), 2 * m * n * k,
+                check=lambda: close(F.mm(a, b), torch.mm(a, b), 2e-2 * k ** 0.5))
+            del a, b, o1, o2
+    m, n, k = 4096, 14336, 4096
+    x = torch.randn(m, k, device="cuda", dtype=bf16)
+    w = torch.randn(n, k, device="cuda", dtype=bf16) * 0.02
+    bias = torch.randn(n, device="cuda", dtype=bf16)
+    flops = 2 * m * n * k
+    if want("linear"):
+        o1 = torch.empty(m, n, device="cuda", dtype=bf16)
+        row(f"linear {m}x{n}x{k}", bf16, lambda: F.linear(x, w, out=o1), lambda: TF.linear(x, w), flops,
+            check=lambda: close(F.linear(x, w), TF.linear(x, w), 2e-2))
+        row(f"linear+bias+gelu_tanh {m}x{n}x{k} (fused)", bf16,
+            lambda: F.linear(x, w, bias, activation="gelu_tanh", out=o1),
+            lambda: TF.gelu(TF.linear(x, w, bias), approximate="tanh"), flops,
+            check=lambda: close(F.linear(x, w, bias, activation="gelu_tanh"),
+                                TF.gelu(TF.linear(x, w, bias), approximate="tanh"), 3e-2))
+        row(f"matmul+bias+gelu {m}x{n}x{k} (torch 3 kernels)", bf16,
+            lambda: F.linear(x, w, bias, activation="gelu", out=o1),
+            lambda: TF.gelu(torch.matmul(x, w.t()) + bias), flops,
+            check=lambda: close(F.linear(x, w, bias, activation="gelu"), TF.gelu(torch.matmul(x, w.t()) + bias), 3e-2))
+        row(f"linear+bias+relu {m}x{n}x{k}", bf16, lambda: F.linear(x, w, bias, activation="relu", out=o1),
+            lambda: torch.relu(TF.linear(x, w, bias)), flops)
+        del o1
+    if want("decode"):
+        xs = torch.randn(16, k, device="cuda", dtype=bf16)
+        o1 = torch.empty(16, n, device="cuda", dtype=bf16)
+        row(f"linear 16x{n}x{k} (weights TB/s)", bf16, lambda: F.linear(xs, w, out=o1), lambda: TF.linear(xs, w),
+            n * k * 2, unit="TB/s", check=lambda: close(F.linear(xs, w), TF.linear(xs, w), 2e-2))
+    if want("backward"):
+        g = torch.randn(m, n, device="cuda", dtype=bf16)
+        def torch_backward():
+            return torch.matmul(g, w), torch.matmul(g.t(), x), g.sum(0)
+        row(f"linear_backward {m}x{n}x{k} (dx, dW, db)", bf16, lambda: F.linear_backward(g, x, w),
+            torch_backward, 2 * flops)
+        del g
+    if want("f32"):
+        for tf32 in (False, True):
+            a = torch.randn(4096, 4096, device="cuda")
+            b = torch.randn(4096, 4096, device="cuda")
+            o1 = torch.empty(4096, 4096, device="cuda")
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            F.set_allow_tf32(tf32)
+            row(f"mm 4096^3 {'tf32' if tf32 else 'true f32'}", torch.float32, lambda: F.mm(a, b, out=o1),
+                lambda: torch.mm(a, b), 2 * 4096 ** 3)
+        F.set_allow_tf32(False)
+        torch.backends.cuda.matmul.allow_tf32 = False
+    if want("host"):  # host cost of one call (tiny shapes, no synchronisation): what small products pay
+        import time
+        a, b = torch.randn(8, 8, device="cuda", dtype=bf16), torch.randn(8, 8, device="cuda", dtype=bf16)
+        o1 = torch.empty(8, 8, device="cuda", dtype=bf16)
+        for name, fn in (("F.mm out=", lambda: F.mm(a, b, out=o1)), ("torch.mm out=", lambda: torch.mm(a, b, out=o1)),
+                         ("F.mm", lambda: F.mm(a, b)), ("F.linear", lambda: F.linear(a, b)),
+                         ("F.add", lambda: F.add(a, b)), ("torch.add", lambda: torch.add(a, b))):
+            for _ in range(200):
+                fn()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(2000):
+                fn()
+            us = (time.perf_counter() - t) / 2000 * 1e6
+            torch.cuda.synchronize()
+            print(f"host cost {name:<36} {us:8.1f} us per call", flush=True)
+    if want("bmm"):
+        a = torch.randn(64, 512, 128, device="cuda", dtype=bf16)
+        b = torch.randn(64, 128, 512, device="cuda", dtype=bf16)
+        row("bmm 64x512x512x128", bf16, lambda: F.bmm(a, b), lambda: torch.bmm(a, b), 2 * 64 * 512 * 512 * 128)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Matrix products through baracuda.functional: on numpy arrays (host
+backend) against numpy in float64, and on CUDA tensors against torch
+(skipped without torch + CUDA), forward and backward, every candidate."""
+import numpy as np
+import pytest
+
+import baracuda
+import baracuda.functional as F
+from torch_parity import CUDA, DTYPES, close, gpu, torch
+
+RNG = np.random.default_rng(0)
+
+
+def _x(*shape):
+    return RNG.uniform(-2, 2, size=shape)
+
+
+# ---------------------------------------------------------------- host backend vs numpy
+
+@pytest.mark.parametrize("a_shape,b_shape", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((4,), (2, 4, 3)),
+                                             ((2, 1, 3, 4), (5, 4, 2)), ((4,), (4,)), ((3, 4), (4,))])
+def test_matmul_matches_numpy(a_shape, b_shape):
+    a, b = _x(*a_shape), _x(*b_shape)
+    np.testing.assert_allclose(F.matmul(a, b), np.matmul(a, b), rtol=1e-12, atol=1e-12)
+
+
+def test_named_products_match_numpy():
+    a, b, c, v = _x(3, 4), _x(4, 5), _x(5), _x(4)
+    np.testing.assert_allclose(F.mm(a, b), a @ b, rtol=1e-12)
+    np.testing.assert_allclose(F.mv(a, v), a @ v, rtol=1e-12)
+    np.testing.assert_allclose(F.dot(v, v), v @ v, rtol=1e-12)
+    np.testing.assert_allclose(F.bmm(_x(2, 3, 4)[:1], _x(1, 4, 5)).shape, (1, 3, 5))
+    np.testing.assert_allclose(F.addmm(c, a, b, beta=0.5, alpha=2), 0.5 * c + 2 * (a @ b), rtol=1e-12)
+    x, w, bias = _x(2, 3, 4), _x(6, 4), _x(6)
+    np.testing.assert_allclose(F.linear(x, w, bias), x @ w.T + bias, rtol=1e-12)
+    np.testing.assert_allclose(F.linear(x, w), x @ w.T, rtol=1e-12)
+    np.testing.assert_allclose(F.linear(x, w, bias, activation="relu"), np.maximum(x @ w.T + bias, 0), rtol=1e-12)
+    a3, g = _x(2, 3, 4), _x(2, 3, 5)
+    ga, gb = F.matmul_backward(g, a3, b)
+    np.testing.assert_allclose(ga, g @ b.T, rtol=1e-12)
+    np.testing.assert_allclose(gb, np.einsum("bmk,bmn->kn", a3, g), rtol=1e-12)
+    gi, gw, gbias = F.linear_backward(g[..., :4] @ np.eye(4, 6), x, w)
+    np.testing.assert_allclose(gbias, (g[..., :4] @ np.eye(4, 6)).sum(axis=(0, 1)), rtol=1e-12)
+
+
+def test_non_contiguous_views_fall_back_to_a_candidate_that_takes_them():
+    a = _x(6, 8)[::-1, ::2]  # negative row stride, gaps
+    b = _x(4, 3)
+    np.testing.assert_allclose(F.mm(a, b), a @ b, rtol=1e-12)
+
+
+# ---------------------------------------------------------------- CUDA vs torch
+
+def _t(shape, dtype, scale=1.0):
+    return (torch.rand(shape, device="cuda", dtype=torch.float64) * 4 - 2).mul(scale).to(getattr(torch, dtype))
+
+
+def _run(op, inputs, outputs, attrs, backend):
+    baracuda._baracuda.run(op, inputs, outputs, attrs, torch.cuda.current_stream().cuda_stream, None, backend, None)
+    return outputs
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", ["cublaslt", "cuda"])
+@pytest.mark.parametrize("a_shape,b_shape", [((64, 96), (96, 80)), ((3, 37, 45), (45, 29)), ((45,), (2, 45, 7)),
+                                             ((2, 1, 5, 16), (3, 16, 8)), ((200,), (200,)), ((31, 200), (200,))])
+def test_matmul_matches_torch_on_every_candidate(dtype, backend, a_shape, b_shape):
+    a, b = _t(a_shape, dtype), _t(b_shape, dtype)
+    ad, bd = a.double().requires_grad_(), b.double().requires_grad_()
+    want = torch.matmul(ad, bd)
+    got, = _run("matmul", [a, b], [torch.empty(want.shape, device="cuda", dtype=a.dtype)], {}, backend)
+    close(got, want.detach(), dtype, scale=8, msg=f"{backend} {a_shape} @ {b_shape}")
+    g = _t(want.shape, dtype)
+    want.backward(g.double())
+    ga, gb = _run("matmul_backward", [g, a, b], [torch.empty_like(a), torch.empty_like(b)], {"alpha": 1.0}, backend)
+    close(ga, ad.grad, dtype, scale=8, msg=f"{backend} grad a {a_shape} @ {b_shape}")
+    close(gb, bd.grad, dtype, scale=8, msg=f"{backend} grad b {a_shape} @ {b_shape}")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu"])
+def test_linear_matches_torch(dtype, activation):
+    x, w, bias = _t((4, 33, 96), dtype), _t((72, 96), dtype, 0.2), _t((72,), dtype)
+    ref = torch.nn.functional.linear(x.double(), w.double(), bias.double())
+    act = {None: lambda v: v, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+           "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh"), "silu": torch.nn.functional.silu}
+    close(F.linear(x, w, bias, activation=activation), act[activation](ref), dtype, scale=8, msg=str(activation))
+    g = _t(ref.shape, dtype)
+    xd, wd, bd = (t.double().requires_grad_() for t in (x, w, bias))
+    torch.nn.functional.linear(xd, wd, bd).backward(g.double())
+    gi, gw, gb = F.linear_backward(g, x, w)
+    close(gi, xd.grad, dtype, scale=8)
+    close(gw, wd.grad, dtype, scale=16)
+    close(gb, bd.grad, dtype, scale=16)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_addmm_baddbmm_match_torch(dtype):
+    for c_shape in [(40, 24), (24,), (40, 1)]:
+        c, a, b = _t(c_shape, dtype), _t((40, 56), dtype), _t((56, 24), dtype)
+        close(F.addmm(c, a, b, beta=0.5, alpha=-2),
+              torch.addmm(c.double(), a.double(), b.double(), beta=0.5, alpha=-2), dtype, scale=8)
+    c, a, b = _t((3, 1, 24), dtype), _t((3, 40, 56), dtype), _t((3, 56, 24), dtype)
+    close(F.baddbmm(c, a, b, beta=2, alpha=1), torch.baddbmm(c.double(), a.double(), b.double(), beta=2), dtype, scale=8)
+
+
+@gpu
+def test_transposed_and_strided_torch_views():
+    a, b = _t((128, 64), "bfloat16").t(), _t((128, 96), "bfloat16")  # a column-major: cuBLASLt takes it
+    close(F.mm(a, b), torch.mm(a.double(), b.double()), "bfloat16", scale=8)
+    odd, w = _t((64, 256), "float32")[:, ::2], _t((128, 32), "float32")  # no unit stride: the bespoke kernel
+    close(F.mm(odd, w), torch.mm(odd.double(), w.double()), "float32", scale=8)
+
+
+@gpu
+def test_int8_products_are_exact():
+    a = torch.randint(-100, 100, (64, 96), device="cuda", dtype=torch.int8)
+    b = torch.randint(-100, 100, (96, 32), device="cuda", dtype=torch.int8)
+    got = F.mm(a, b)
+    assert got.dtype == torch.int32
+    assert torch.equal(got.cpu(), a.cpu().int() @ b.cpu().int())
+
+
+@gpu
+def test_tf32_switch():
+    a, b = _t((256, 256), "float32"), _t((256, 256), "float32")
+    exact = F.mm(a, b)
+    close(exact, torch.mm(a.double(), b.double()), "float32", scale=8)
+    F.set_allow_tf32(True)
+    try:
+        fast = F.mm(a, b)
+    finally:
+        F.set_allow_tf32(False)
+    err = (fast.double() - torch.mm(a.double(), b.double())).abs().max().item()
+    assert err < 0.2  # TF32 rounds inputs to 10-bit mantissas

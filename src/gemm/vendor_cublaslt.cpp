@@ -1,0 +1,381 @@
+// The cuBLASLt engine of the GEMM family. cuBLASLt is column-major: a
+// row-major D is computed as D^T = B^T A^T, which also puts linear's bias
+// (over N) on cuBLASLt's rows, where its bias epilogue adds it. The
+// innermost batch dim becomes cuBLASLt's strided batch; other batch dims and
+// the reduction dims of gradients loop on the host (reductions accumulate
+// with beta = 1, the epilogue on the last step). Algorithms come from the
+// heuristics and are cached per layout and alignment.
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "core/cuda_check.hpp"
+#include "elementwise/ops.hpp"
+#include "elementwise/prepare.hpp"
+#include "gemm/engine.hpp"
+#include "vendor/cublaslt.hpp"
+
+namespace baracuda::gemm {
+namespace {
+
+using namespace vendor;
+
+struct LtTypes {
+  cudaDataType_t ab, cd;
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+};
+
+std::optional<LtTypes> lt_types(DType in, DType out, bool tf32) {
+  if (in != out && !(in == DType::i8 && out == DType::i32)) return std::nullopt;
+  switch (in) {
+    case DType::f32: return LtTypes{CUDA_R_32F, CUDA_R_32F, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::f16: return LtTypes{CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::bf16: return LtTypes{CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::f64: return LtTypes{CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F};
+    case DType::i8: return LtTypes{CUDA_R_8I, CUDA_R_32I, CUBLAS_COMPUTE_32I, CUDA_R_32I};
+    default: return std::nullopt;
+  }
+}
+
+/// A logical r x c operand (element (i, j) at i * rs + j * cs) as cuBLASLt
+/// stores it: a column-major matrix, used transposed or not.
+struct LtMatrix {
+  bool trans = false;
+  int64_t rows = 0, cols = 0, ld = 1;  // of the stored matrix
+};
+
+std::optional<LtMatrix> lt_matrix(int64_t r, int64_t c, int64_t rs, int64_t cs) {
+  if ((rs == 1 || r == 1) && (c == 1 || cs >= std::max<int64_t>(r, 1)))
+    return LtMatrix{false, r, c, c == 1 ? std::max<int64_t>(r, 1) : cs};
+  if ((cs == 1 || c == 1) && (r == 1 || rs >= std::max<int64_t>(c, 1)))
+    return LtMatrix{true, c, r, r == 1 ? std::max<int64_t>(c, 1) : rs};
+  return std::nullopt;
+}
+
+enum Role { kA, kB, kC, kD, kRoles };
+
+/// A problem in cuBLASLt's terms.
+struct Formulation {
+  bool swapped = false;  ///< cuBLASLt's A is our B^T, its B our A^T, its D our D^T
+  int64_t m = 0, n = 0, k = 0;
+  LtMatrix mat[kRoles];
+  bool stage_c = false;  ///< C is copied into D first (a broadcast C)
+  const Operand* op[kRoles] = {};
+  // The innermost batch dim, when cuBLASLt takes it; the rest loops.
+  int lt_batch_dims = 0;
+  int64_t batch_count = 1;
+  int64_t batch_stride[kRoles] = {};
+};
+
+Result<Formulation> formulate(const Problem& p) {
+  auto attempt = [&](bool swapped) -> std::optional<Formulation> {
+    Formulation f;
+    f.swapped = swapped;
+    f.k = p.k;
+    const Operand &a = p.a, &b = p.b;
+    std::optional<LtMatrix> la, lb, ld, lc;
+    if (swapped) {
+      f.m = p.n, f.n = p.m;
+      la = lt_matrix(p.n, p.k, b.col_stride, b.row_stride);
+      lb = lt_matrix(p.k, p.m, a.col_stride, a.row_stride);
+      ld = lt_matrix(p.n, p.m, p.d.col_stride, p.d.row_stride);
+      if (p.reads_c()) lc = lt_matrix(p.n, p.m, p.c.col_stride, p.c.row_stride);
+      f.op[kA] = &b, f.op[kB] = &a;
+    } else {
+      f.m = p.m, f.n = p.n;
+      la = lt_matrix(p.m, p.k, a.row_stride, a.col_stride);
+      lb = lt_matrix(p.k, p.n, b.row_stride, b.col_stride);
+      ld = lt_matrix(p.m, p.n, p.d.row_stride, p.d.col_stride);
+      if (p.reads_c()) lc = lt_matrix(p.m, p.n, p.c.row_stride, p.c.col_stride);
+      f.op[kA] = &a, f.op[kB] = &b;
+    }
+    if (!la || !lb || !ld || ld->trans) return std::nullopt;
+    f.mat[kA] = *la, f.mat[kB] = *lb, f.mat[kD] = *ld;
+    // C is read from its own memory only when cuBLASLt can: a broadcast C,
+    // or one that reduction steps after the first would replace by D, is
+    // copied into D first; without C, D stands in (beta = 0).
+    f.stage_c = p.reads_c() && (!lc || lc->trans || p.red_count() > 1);
+    const bool own_c = p.reads_c() && !f.stage_c;
+    f.op[kC] = own_c ? &p.c : &p.d, f.op[kD] = &p.d;
+    f.mat[kC] = own_c ? *lc : *ld;
+    return f;
+  };
+  std::optional<Formulation> f = attempt(true);
+  if (!f && !p.bias.data) f = attempt(false);
+  if (!f)
+    return unsupported("cuBLASLt needs each of A, B and D with a unit stride in one of its last two dims and the other "
+                       "stride spanning it, and D's rows contiguous when a bias is added (A strides [",
+                       p.a.row_stride, ", ", p.a.col_stride, "], B [", p.b.row_stride, ", ", p.b.col_stride, "], D [",
+                       p.d.row_stride, ", ", p.d.col_stride, "])");
+  if (p.bias.data && p.bias.col_stride != 1 && p.n > 1)
+    return unsupported("cuBLASLt needs a contiguous bias, got stride ", p.bias.col_stride);
+  if (p.batch_rank > 0) {
+    const int i = p.batch_rank - 1;
+    bool fits = p.batch_shape[i] <= INT32_MAX && p.d.batch_stride[i] > 0;
+    for (int r = 0; r < kRoles; ++r) fits = fits && f->op[r]->batch_stride[i] >= 0;
+    if (fits) {
+      f->lt_batch_dims = 1;
+      f->batch_count = p.batch_shape[i];
+      for (int r = 0; r < kRoles; ++r) f->batch_stride[r] = f->op[r]->batch_stride[i];
+    }
+  }
+  return *f;
+}
+
+/// The largest power of two (<= 256) dividing the address and every byte
+/// step the runs take from it.
+uint32_t alignment(const void* base, std::initializer_list<int64_t> byte_steps) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(base) | 256;
+  for (int64_t s : byte_steps) bits |= static_cast<uint64_t>(s < 0 ? -s : s);
+  return static_cast<uint32_t>(bits & (~bits + 1));
+}
+
+class LtEngine final : public Engine {
+ public:
+  LtEngine(const LtRequest& request, LtTypes types, cublasLtHandle_t handle, ew::LaunchFn copy, ew::LaunchFn act,
+           GemmFn fallback)
+      : request_(request), types_(types), handle_(handle), copy_(copy), act_(act), fallback_(fallback) {}
+
+  /// Formulates the problem and finds (and caches) its algorithms: a layout
+  /// or alignment cuBLASLt has no algorithm for is refused here, not in run.
+  Status supports(const Problem& p) const override {
+    if (p.m == 0 || p.n == 0 || p.k == 0 || p.batch_count() == 0 || p.red_count() == 0) return Status::ok();
+    auto f = formulate(p);
+    if (!f) return f.status();
+    std::lock_guard lock(mutex_);
+    for (bool last : {true, false}) {
+      if (!last && !split_epilogue(p)) break;
+      auto call = call_for(p, *f, last);
+      if (!call) return call.status();
+    }
+    return Status::ok();
+  }
+  Status prepare(const Problem& p) const override { return supports(p); }
+
+  size_t workspace() const override { return request_.max_workspace; }
+
+  Status run(const Problem& p, const Workspace& workspace, CUstream_st* stream) const override;
+
+ private:
+  /// The descriptors and algorithm of one cuBLASLt call, cached per layout,
+  /// alignment and epilogue; the bias pointer is set at each run.
+  struct Call {
+    MatmulDesc op;
+    MatrixLayout layout[kRoles];
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    cublasLtMatmulAlgo_t algo{};
+  };
+
+  /// cuBLASLt's f64 GELU is not f64-accurate: f64 runs our activation after.
+  bool fused_act() const {
+    return request_.act == Activation::relu || (request_.act == Activation::gelu_tanh && request_.out != DType::f64);
+  }
+  bool epilogue(const Problem& p) const { return p.bias.data || fused_act(); }
+  /// Several reduction steps with an epilogue: all but the last go without it.
+  bool split_epilogue(const Problem& p) const { return p.red_count() > 1 && epilogue(p); }
+
+  Status describe(const Problem& p, const Formulation& f, bool last, Call& call) const;
+  /// The call for these layouts (`last`: with the epilogue); mutex_ held.
+  Result<Call*> call_for(const Problem& p, const Formulation& f, bool last) const;
+  Status stage(const Problem& p, const Operand& src, ew::LaunchFn fn, CUstream_st* stream) const;
+
+  LtRequest request_;
+  LtTypes types_;
+  cublasLtHandle_t handle_;
+  ew::LaunchFn copy_, act_;
+  GemmFn fallback_;
+  mutable std::mutex mutex_;
+  mutable std::map<std::vector<int64_t>, std::unique_ptr<Call>> calls_;
+};
+
+Status LtEngine::describe(const Problem& p, const Formulation& f, bool last, Call& d) const {
+  cublasLtMatmulDesc_t op = nullptr;
+  BARACUDA_CUBLAS_TRY(cublasLtMatmulDescCreate(&op, types_.compute, types_.scale));
+  d.op.reset(op);
+  const cublasOperation_t ta = f.mat[kA].trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = f.mat[kB].trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_TRANSA, ta));
+  BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_TRANSB, tb));
+  d.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  if (last) {
+    const bool bias = p.bias.data != nullptr;
+    if (fused_act() && request_.act == Activation::relu) d.epilogue = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    else if (fused_act()) d.epilogue = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+    else if (bias) d.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    if (bias) {  // the heuristics read its alignment from the pointer
+      const void* ptr = p.bias.data;
+      BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ptr));
+    }
+  }
+  BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_EPILOGUE, d.epilogue));
+  for (int r = 0; r < kRoles; ++r) {
+    const LtMatrix& m = f.mat[r];
+    cublasLtMatrixLayout_t layout = nullptr;
+    BARACUDA_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&layout, r == kC || r == kD ? types_.cd : types_.ab, uint64_t(m.rows),
+                                                   uint64_t(m.cols), m.ld));
+    d.layout[r].reset(layout);
+    if (f.lt_batch_dims) {
+      const int32_t count = static_cast<int32_t>(f.batch_count);
+      const int64_t stride = f.batch_stride[r];
+      BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatrixLayoutSetAttribute, layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, count));
+      BARACUDA_CUBLAS_TRY(
+          set_attr(cublasLtMatrixLayoutSetAttribute, layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, stride));
+    }
+  }
+  return Status::ok();
+}
+
+Result<LtEngine::Call*> LtEngine::call_for(const Problem& p, const Formulation& f, bool last) const {
+  const size_t in_size = dtype_size(p.in_dtype), out_size = dtype_size(p.out_dtype);
+  // Alignment of each operand: its address and every byte step a run takes
+  // from it (cuBLASLt's batch, the host loops over batch and reduction dims).
+  auto align_of = [&](const Operand& o, size_t size, int64_t lt_stride) {
+    uint64_t bits = reinterpret_cast<uintptr_t>(o.data) | 256;
+    auto step = [&](int64_t s) { bits |= static_cast<uint64_t>(s < 0 ? -s : s) * size; };
+    step(lt_stride);
+    for (int i = 0; i < p.batch_rank - f.lt_batch_dims; ++i) step(o.batch_stride[i]);
+    for (int i = 0; i < p.red_rank; ++i) step(o.red_stride[i]);
+    return static_cast<uint32_t>(bits & (~bits + 1));
+  };
+  const uint32_t align[kRoles] = {align_of(*f.op[kA], in_size, f.batch_stride[kA]),
+                                  align_of(*f.op[kB], in_size, f.batch_stride[kB]),
+                                  align_of(*f.op[kC], out_size, f.batch_stride[kC]),
+                                  align_of(*f.op[kD], out_size, f.batch_stride[kD])};
+  const uint32_t bias_align = last && p.bias.data ? alignment(p.bias.data, {}) : 0;
+  std::vector<int64_t> key{f.swapped, f.lt_batch_dims, f.batch_count, bias_align, last};
+  for (int r = 0; r < kRoles; ++r)
+    key.insert(key.end(), {f.mat[r].trans, f.mat[r].rows, f.mat[r].cols, f.mat[r].ld, f.batch_stride[r], align[r]});
+  if (auto it = calls_.find(key); it != calls_.end()) return it->second.get();
+
+  auto call = std::make_unique<Call>();
+  BARACUDA_TRY(describe(p, f, last, *call));
+  cublasLtMatmulPreference_t raw = nullptr;
+  BARACUDA_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&raw));
+  MatmulPreference pref(raw);
+  const uint64_t max_ws = request_.max_workspace;
+  BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulPreferenceSetAttribute, raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, max_ws));
+  const cublasLtMatmulPreferenceAttributes_t align_attr[kRoles] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int r = 0; r < kRoles; ++r)
+    BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulPreferenceSetAttribute, raw, align_attr[r], align[r]));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(handle_, call->op.get(), call->layout[kA].get(), call->layout[kB].get(),
+                                     call->layout[kC].get(), call->layout[kD].get(), raw, 1, &result, &found);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && (found == 0 || result.state)))
+    return unsupported("cuBLASLt has no algorithm for ", dtype_name(p.in_dtype), " ", f.m, "x", f.n, "x", f.k,
+                       " with these layouts and alignments (A ", f.mat[kA].trans ? "T" : "N", " ld ", f.mat[kA].ld,
+                       ", B ", f.mat[kB].trans ? "T" : "N", " ld ", f.mat[kB].ld, ", D ld ", f.mat[kD].ld, ")");
+  BARACUDA_CUBLAS_TRY(status);
+  call->algo = result.algo;
+  return calls_.emplace(std::move(key), std::move(call)).first->second.get();
+}
+
+/// Writes `src` (a broadcast addend, fn = copy) or D itself (fn = the
+/// activation, in place) into D over the problem's batch dims and M x N.
+Status LtEngine::stage(const Problem& p, const Operand& src, ew::LaunchFn fn, CUstream_st* stream) const {
+  Shape shape(p.batch_shape, p.batch_shape + p.batch_rank);
+  shape.push_back(p.m);
+  shape.push_back(p.n);
+  auto view = [&](const Operand& o) {
+    std::vector<int64_t> strides(o.batch_stride, o.batch_stride + p.batch_rank);
+    strides.push_back(o.row_stride);
+    strides.push_back(o.col_stride);
+    return *TensorView::strided(o.data, p.out_dtype, shape, strides);
+  };
+  const TensorView dst = view(p.d), from = view(src);
+  const ew::LaunchList list = ew::plan_launches(shape, std::span(&dst, 1), std::span(&from, 1));
+  return fn(list.launches[0], ew::Params{}, stream);
+}
+
+Status LtEngine::run(const Problem& p, const Workspace& workspace, CUstream_st* stream) const {
+  if (p.m == 0 || p.n == 0 || p.batch_count() == 0) return Status::ok();
+  if (p.k == 0 || p.red_count() == 0) return fallback_(p, stream);
+  auto formulated = formulate(p);
+  if (!formulated) return formulated.status();
+  const Formulation& f = *formulated;
+  if (f.stage_c) BARACUDA_TRY(stage(p, p.c, copy_, stream));
+  const int64_t reds = p.red_count();
+  const int loop_batch_rank = p.batch_rank - f.lt_batch_dims;
+  int64_t loop_batches = 1;
+  for (int i = 0; i < loop_batch_rank; ++i) loop_batches *= p.batch_shape[i];
+  // alpha and beta in the scale type.
+  union Scalar {
+    float f32;
+    double f64;
+    int32_t i32;
+  };
+  auto scalar = [&](double v) {
+    Scalar s{};
+    if (types_.scale == CUDA_R_64F) s.f64 = v;
+    else if (types_.scale == CUDA_R_32I) s.i32 = static_cast<int32_t>(v);
+    else s.f32 = static_cast<float>(v);
+    return s;
+  };
+  const Scalar alpha = scalar(p.alpha), beta_first = scalar(p.reads_c() ? p.beta : 0.0), one = scalar(1.0);
+  const size_t in_size = dtype_size(p.in_dtype), out_size = dtype_size(p.out_dtype);
+  {
+    // One run at a time per engine: the cached descriptors carry the bias pointer.
+    std::lock_guard lock(mutex_);
+    auto last = call_for(p, f, true);
+    if (!last) return last.status();
+    Call* plain = *last;
+    if (split_epilogue(p)) {
+      auto c = call_for(p, f, false);
+      if (!c) return c.status();
+      plain = *c;
+    }
+    if (p.bias.data) {
+      const void* ptr = p.bias.data;
+      BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, (*last)->op.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, ptr));
+    }
+    for (int64_t bi = 0; bi < loop_batches; ++bi) {
+      auto at = [&](const Operand& o, size_t size) {
+        return o.data + offset_of(bi, loop_batch_rank, p.batch_shape, o.batch_stride) * int64_t(size);
+      };
+      for (int64_t r = 0; r < reds; ++r) {
+        auto red_at = [&](const Operand& o, size_t size) {
+          return at(o, size) + offset_of(r, p.red_rank, p.red_shape, o.red_stride) * int64_t(size);
+        };
+        // Reduction steps accumulate into D (beta = 1); only the last carries the epilogue.
+        const Call& call = r < reds - 1 ? *plain : **last;
+        const Scalar& beta = r == 0 ? beta_first : one;
+        BARACUDA_CUBLAS_TRY(cublasLtMatmul(handle_, call.op.get(), &alpha, red_at(*f.op[kA], in_size),
+                                           call.layout[kA].get(), red_at(*f.op[kB], in_size), call.layout[kB].get(),
+                                           &beta, at(*f.op[kC], out_size), call.layout[kC].get(), at(p.d, out_size),
+                                           call.layout[kD].get(), &call.algo, workspace.data, workspace.bytes, stream));
+      }
+    }
+  }
+  if (request_.act != Activation::none && !fused_act()) BARACUDA_TRY(stage(p, p.d, act_, stream));
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> make_lt_engine(const LtRequest& request) {
+  auto types = lt_types(request.in, request.out, request.tf32);
+  if (!types)
+    return unsupported("cuBLASLt serves f32 f16 bf16 f64 and i8 -> i32, not ", dtype_name(request.in), " -> ",
+                       dtype_name(request.out));
+  if (request.in == DType::i8 && (request.bias || request.act != Activation::none))
+    return unsupported("cuBLASLt's int8 GEMM takes no epilogue");
+  auto handle = lt_handle();
+  if (!handle) return handle.status();
+  const ew::KernelTable& kernels = ew::cuda_kernels();
+  ew::LaunchFn copy = kernels.find(launch_key("cast", request.out, request.out));
+  ew::LaunchFn act = nullptr;
+  if (request.act != Activation::none) {  // unfused activations (all of them in f64) run in place after
+    act = kernels.find(launch_key(activation_name(request.act), request.out, request.out));
+    if (!act) return unsupported("no CUDA ", activation_name(request.act), " kernel for ", dtype_name(request.out));
+  }
+  GemmFn fallback = cuda_gemms().find(launch_key("gemm", request.in, request.out));
+  if (!copy || !fallback) return unsupported("no CUDA copy or bespoke GEMM kernel for ", dtype_name(request.out));
+  return std::unique_ptr<Engine>(std::make_unique<LtEngine>(request, *types, *handle, copy, act, fallback));
+}
+
+}  // namespace baracuda::gemm
