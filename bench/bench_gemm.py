@@ -22,9 +22,9 @@ def row(name, dtype, ours, theirs, work, unit="TFLOP/s", check=None):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", default="", help="substring of row names to run")
+    parser.add_argument("--only", default="", help="comma-separated substrings of the row groups to run")
     args = parser.parse_args()
-    want = lambda name: args.only in name  # noqa: E731
+    want = lambda name: any(part in name for part in args.only.split(","))  # noqa: E731
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"{'op':<44} {'dtype':<9} {'ours':>10} {'torch':>10} {'unit':<8} {'ratio':>6}")
     bf16 = torch.bfloat16
@@ -96,6 +96,34 @@ def main():
             us = (time.perf_counter() - t) / 2000 * 1e6
             torch.cuda.synchronize()
             print(f"host cost {name:<36} {us:8.1f} us per call", flush=True)
+    if want("graph"):  # device time alone: 20 calls captured in a CUDA graph, replayed (also proves capture works)
+        def graph_ms(fn, calls=20):
+            fn()
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(calls):
+                    fn()
+            return median_ms(g.replay, samples=15, reps=3) / calls
+        xs = torch.randn(16, k, device="cuda", dtype=bf16)
+        o1, o2 = torch.empty(16, n, device="cuda", dtype=bf16), torch.empty(16, n, device="cuda", dtype=bf16)
+        a3 = torch.randn(64, 512, 128, device="cuda", dtype=bf16)
+        b3 = torch.randn(64, 128, 512, device="cuda", dtype=bf16)
+        o3, o4 = torch.empty(64, 512, 512, device="cuda", dtype=bf16), torch.empty(64, 512, 512, device="cuda", dtype=bf16)
+        for name, ours, theirs, work, unit in (
+                (f"graph: linear 16x{n}x{k} (weights TB/s)", lambda: F.linear(xs, w, out=o1),
+                 lambda: torch.mm(xs, w.t(), out=o2), n * k * 2, "TB/s"),
+                ("graph: bmm 64x512x512x128", lambda: F.bmm(a3, b3, out=o3), lambda: torch.bmm(a3, b3, out=o4),
+                 2 * 64 * 512 * 512 * 128, "TFLOP/s")):
+            t_ours, t_torch = graph_ms(ours), graph_ms(theirs)
+            print(f"{name:<44} {'bfloat16':<9} {work / t_ours / 1e9:10.2f} {work / t_torch / 1e9:10.2f} {unit:<8}"
+                  f" {t_torch / t_ours:6.2f}", flush=True)
+    if args.only and want("profile"):  # where the host time of one call goes
+        import cProfile
+        import pstats
+        a, b = torch.randn(8, 8, device="cuda", dtype=bf16), torch.randn(8, 8, device="cuda", dtype=bf16)
+        cProfile.runctx("for _ in range(2000): F.add(a, b)", globals(), {"F": F, "a": a, "b": b}, "/tmp/add.prof")
+        pstats.Stats("/tmp/add.prof").sort_stats("tottime").print_stats(14)
     if want("bmm"):
         a = torch.randn(64, 512, 128, device="cuda", dtype=bf16)
         b = torch.randn(64, 128, 512, device="cuda", dtype=bf16)
