@@ -177,27 +177,27 @@ TEST(GemmExact, SmallIntegerProducts) {
   int lt_int8_runs = 0;
   // |sums| <= 64: exact even in bf16; the second shape is cuBLASLt's int8 kind.
   for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{37, 45, 16}, {64, 32, 16}}) {
-  const std::vector<double> a = small_ints(M * K, rng), b = small_ints(K * N, rng);
-  std::vector<double> want(M * N, 0);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k) want[m * N + n] += a[m * K + k] * b[k * N + n];
-  for (Backend backend : backends()) {
-    for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i8, DType::i32, DType::i64}) {
-      for (bool col_major : {false, true}) {
-        const Shape sa = col_major ? Shape{1, M} : Shape{}, sb = col_major ? Shape{1, K} : Shape{};
-        auto r = exec(backend, "mm", {{a, {M, K}, t, sa}, {b, {K, N}, t, sb}});
-        const std::string what = cat(backend_name(backend), " ", dtype_name(t), col_major ? " column-major" : "");
-        if (!r && r.status().kind() == ErrorKind::unsupported && backend == Backend::cublaslt && t != DType::f32 &&
-            t != DType::f16 && t != DType::bf16 && t != DType::f64) {
-          continue;  // cuBLASLt takes int8 only in some layouts, i32/i64 never: the bespoke kernel serves them
+    const std::vector<double> a = small_ints(M * K, rng), b = small_ints(K * N, rng);
+    std::vector<double> want(M * N, 0);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) want[m * N + n] += a[m * K + k] * b[k * N + n];
+    for (Backend backend : backends()) {
+      for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i8, DType::i32, DType::i64}) {
+        for (bool col_major : {false, true}) {
+          const Shape sa = col_major ? Shape{1, M} : Shape{}, sb = col_major ? Shape{1, K} : Shape{};
+          auto r = exec(backend, "mm", {{a, {M, K}, t, sa}, {b, {K, N}, t, sb}});
+          const std::string what = cat(backend_name(backend), " ", dtype_name(t), col_major ? " column-major" : "");
+          if (!r && r.status().kind() == ErrorKind::unsupported && backend == Backend::cublaslt && t != DType::f32 &&
+              t != DType::f16 && t != DType::bf16 && t != DType::f64) {
+            continue;  // cuBLASLt takes int8 only in some layouts, i32/i64 never: the bespoke kernel serves them
+          }
+          ASSERT_TRUE(r) << what << ": " << r.status().to_string();
+          EXPECT_EQ((*r)[0], want) << what;
+          if (backend == Backend::cublaslt && t == DType::i8) ++lt_int8_runs;
         }
-        ASSERT_TRUE(r) << what << ": " << r.status().to_string();
-        EXPECT_EQ((*r)[0], want) << what;
-        if (backend == Backend::cublaslt && t == DType::i8) ++lt_int8_runs;
       }
     }
-  }
   }
   if (cuda_available()) EXPECT_GT(lt_int8_runs, 0) << "cuBLASLt ran no int8 product";
 }

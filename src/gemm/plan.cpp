@@ -277,23 +277,19 @@ class GemmPlan final : public FamilyPlan {
   }
 
   Status can_implement(const OpArgs& args) const override {
-    BARACUDA_TRY(FamilyPlan::can_implement(args));
-    for (size_t j = 0; j < args.outputs.size(); ++j)
-      for (size_t i = has_addend(def_.kind) ? 1 : 0; i < args.inputs.size(); ++i)
-        if (args.outputs[j].numel() > 0 && args.inputs[i].numel() > 0 && memory_overlaps(args.outputs[j], args.inputs[i]))
-          return invalid(def_.name, ": output '", def_.outputs[j], "' overlaps input '", def_.inputs[i],
-                         "'; a product cannot be written over its operands");
     Bound bound;
-    BARACUDA_TRY(bind_op(def_, desc_, args, bound).with_context(def_.name));
+    BARACUDA_TRY(check_and_bind(args, bound));
     for (int i = 0; i < bound.count; ++i)
       BARACUDA_TRY(engine_->supports(bound.problems[i]).with_context(cat(def_.name, " on ", backend_name(sku_.backend))));
     return Status::ok();
   }
 
+  /// The engine's layout check is left to engine->run, which formulates the
+  /// problem anyway and fails with the same message: not done twice per call.
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
-    BARACUDA_TRY(check_run(workspace, args));
     Bound bound;
-    BARACUDA_TRY(bind_op(def_, desc_, args, bound).with_context(def_.name));
+    BARACUDA_TRY(check_and_bind(args, bound));
+    BARACUDA_TRY(check_workspace(def_.name, workspace, workspace_));
     for (int i = 0; i < bound.count; ++i)
       BARACUDA_TRY(engine_->run(bound.problems[i], workspace, stream.cuda_stream()).with_context(def_.name));
     if (def_.kind == Kind::linear_backward && args.outputs[2].numel() > 0) {
@@ -306,6 +302,18 @@ class GemmPlan final : public FamilyPlan {
   }
 
  private:
+  /// The shared argument checks, no output over a product operand (addmm's
+  /// input may be its output, in place), then the bound problems.
+  Status check_and_bind(const OpArgs& args, Bound& bound) const {
+    BARACUDA_TRY(FamilyPlan::can_implement(args));
+    for (size_t j = 0; j < args.outputs.size(); ++j)
+      for (size_t i = has_addend(def_.kind) ? 1 : 0; i < args.inputs.size(); ++i)
+        if (args.outputs[j].numel() > 0 && args.inputs[i].numel() > 0 && memory_overlaps(args.outputs[j], args.inputs[i]))
+          return invalid(def_.name, ": output '", def_.outputs[j], "' overlaps input '", def_.inputs[i],
+                         "'; a product cannot be written over its operands");
+    return bind_op(def_, desc_, args, bound).with_context(def_.name);
+  }
+
   const Def& def_;
   std::unique_ptr<const Engine> engine_;
   red::SumStep bias_sum_;

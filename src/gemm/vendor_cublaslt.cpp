@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "core/cuda_check.hpp"
@@ -126,10 +127,11 @@ Result<Formulation> formulate(const Problem& p) {
 }
 
 /// The largest power of two (<= 256) dividing the address and every byte
-/// step the runs take from it.
-uint32_t alignment(const void* base, std::initializer_list<int64_t> byte_steps) {
+/// step (elements * `size`) a run takes from it.
+template <class Steps>
+uint32_t alignment(const void* base, size_t size, const Steps& element_steps) {
   uint64_t bits = reinterpret_cast<uintptr_t>(base) | 256;
-  for (int64_t s : byte_steps) bits |= static_cast<uint64_t>(s < 0 ? -s : s);
+  for (int64_t s : element_steps) bits |= static_cast<uint64_t>(s < 0 ? -s : s) * size;
   return static_cast<uint32_t>(bits & (~bits + 1));
 }
 
@@ -229,21 +231,21 @@ Status LtEngine::describe(const Problem& p, const Formulation& f, bool last, Cal
 
 Result<LtEngine::Call*> LtEngine::call_for(const Problem& p, const Formulation& f, bool last) const {
   const size_t in_size = dtype_size(p.in_dtype), out_size = dtype_size(p.out_dtype);
-  // Alignment of each operand: its address and every byte step a run takes
-  // from it (cuBLASLt's batch, the host loops over batch and reduction dims).
+  // Alignment of each operand: its address and every step a run takes from
+  // it (cuBLASLt's batch, the host loops over batch and reduction dims).
   auto align_of = [&](const Operand& o, size_t size, int64_t lt_stride) {
-    uint64_t bits = reinterpret_cast<uintptr_t>(o.data) | 256;
-    auto step = [&](int64_t s) { bits |= static_cast<uint64_t>(s < 0 ? -s : s) * size; };
-    step(lt_stride);
-    for (int i = 0; i < p.batch_rank - f.lt_batch_dims; ++i) step(o.batch_stride[i]);
-    for (int i = 0; i < p.red_rank; ++i) step(o.red_stride[i]);
-    return static_cast<uint32_t>(bits & (~bits + 1));
+    int64_t steps[1 + 2 * kMaxRank];
+    int n = 0;
+    steps[n++] = lt_stride;
+    for (int i = 0; i < p.batch_rank - f.lt_batch_dims; ++i) steps[n++] = o.batch_stride[i];
+    for (int i = 0; i < p.red_rank; ++i) steps[n++] = o.red_stride[i];
+    return alignment(o.data, size, std::span<const int64_t>(steps, n));
   };
   const uint32_t align[kRoles] = {align_of(*f.op[kA], in_size, f.batch_stride[kA]),
                                   align_of(*f.op[kB], in_size, f.batch_stride[kB]),
                                   align_of(*f.op[kC], out_size, f.batch_stride[kC]),
                                   align_of(*f.op[kD], out_size, f.batch_stride[kD])};
-  const uint32_t bias_align = last && p.bias.data ? alignment(p.bias.data, {}) : 0;
+  const uint32_t bias_align = last && p.bias.data ? alignment(p.bias.data, 1, std::span<const int64_t>()) : 0;
   std::vector<int64_t> key{f.swapped, f.lt_batch_dims, f.batch_count, bias_align, last};
   for (int r = 0; r < kRoles; ++r)
     key.insert(key.end(), {f.mat[r].trans, f.mat[r].rows, f.mat[r].cols, f.mat[r].ld, f.batch_stride[r], align[r]});
