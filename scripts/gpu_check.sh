@@ -28,13 +28,13 @@ step() {  # name, command...
   return $rc
 }
 : > "$OUT/steps.txt"
-STEPS=${STEPS:-gpu_tests capi memcheck pytest suite bench bench_rows bench_gemm}
+STEPS=${STEPS:-gpu_tests capi memcheck pytest suite bench bench_rows bench_gemm bench_attention bench_decode bench_rope}
 for name in $STEPS; do
   case $name in
     gpu_tests) step gpu_tests "$BUILD_DIR/tests/baracuda_tests" --gtest_filter="${GTEST_FILTER:-*}" ;;
     capi) step capi "$BUILD_DIR/tests/baracuda_capi_test" ;;
     memcheck)  # every CUDA plan at the quick sizes (each launcher path), plus graph capture and misaligned
-      filter="Ops/*.CudaMatchesReference/*:Ops/Gemm.BespokeCuda*:Ops/Gemm.CublasLt*:GemmExact.*:GemmLayouts.*:CudaElementwise.Graph*:CudaElementwise.Misaligned*:CudaReduce.*"
+      filter="Ops/*.CudaMatchesReference/*:Ops/Gemm.BespokeCuda*:Ops/Gemm.CublasLt*:GemmExact.*:GemmLayouts.*:CudaElementwise.Graph*:CudaElementwise.Misaligned*:CudaReduce.*:Ops/Attention.BespokeCuda*:Ops/Attention.Cudnn*:Attention*.*:*Rope*:*KvAppend*:*Decode*"
       BARACUDA_TEST_QUICK=1 step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 \
         "$BUILD_DIR/tests/baracuda_tests" --gtest_filter="${MEMCHECK_FILTER:-$filter}" ;;
     pytest) PYTHONPATH="$BUILD_DIR/python" step pytest python3 -m pytest -q ${PYTEST_ARGS:-python/tests} ;;
@@ -42,6 +42,9 @@ for name in $STEPS; do
     bench) PYTHONPATH="$BUILD_DIR/python" step bench python3 bench/bench_elementwise.py ${BENCH_ARGS:-} ;;
     bench_rows) PYTHONPATH="$BUILD_DIR/python" step bench_rows python3 bench/bench_rows.py ${BENCH_ROWS_ARGS:-} ;;
     bench_gemm) PYTHONPATH="$BUILD_DIR/python" step bench_gemm python3 bench/bench_gemm.py ${BENCH_GEMM_ARGS:-} ;;
+    bench_attention) PYTHONPATH="$BUILD_DIR/python" step bench_attention python3 bench/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
+    bench_decode) PYTHONPATH="$BUILD_DIR/python" step bench_decode python3 bench/bench_decode.py ${BENCH_DECODE_ARGS:-} ;;
+    bench_rope) PYTHONPATH="$BUILD_DIR/python" step bench_rope python3 bench/bench_rope.py ${BENCH_ROPE_ARGS:-} ;;
   esac
 done
 
@@ -55,3 +58,6 @@ echo "--- suite";      grep -E "FAIL|^suite:" "$OUT/suite.log" | tail -15
 echo "--- bench";      tail -32 "$OUT/bench.log"
 echo "--- bench_rows"; tail -40 "$OUT/bench_rows.log"
 echo "--- bench_gemm"; tail -20 "$OUT/bench_gemm.log"
+for b in bench_attention bench_decode bench_rope; do
+  [ -f "$OUT/$b.log" ] && { echo "--- $b"; tail -16 "$OUT/$b.log"; }
+done

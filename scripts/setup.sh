@@ -17,6 +17,13 @@ if ! python3 -c "import nanobind, numpy, pytest" 2>/dev/null; then
   echo "[setup] pip install nanobind numpy pytest"
   python3 -m pip install -q nanobind numpy pytest
 fi
+# cuDNN frontend headers (header-only; a copy in .carry/ serves machines without network).
+if [ ! -f .carry/cudnn_frontend/include/cudnn_frontend.h ] &&
+   ! python3 -c "import importlib.metadata as m; m.distribution('nvidia-cudnn-frontend')" 2>/dev/null; then
+  echo "[setup] pip install nvidia-cudnn-frontend (cuDNN frontend headers)"
+  python3 -m pip install -q --no-deps nvidia-cudnn-frontend ||
+    echo "[setup] warning: no cuDNN frontend headers; the cuDNN attention engine is left out"
+fi
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi

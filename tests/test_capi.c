@@ -138,6 +138,28 @@ int main(void) {
     baracuda_tensor bad_mm[2] = {{a, BARACUDA_F32, 2, shape_a, NULL}, {lw, BARACUDA_F32, 2, shape_lw, NULL}};
     CHECK(baracuda_plan_create(&plan, host, "mm", bad_mm, 2, NULL, 0, NULL, 0) == BARACUDA_ERROR_INVALID_PROBLEM);
     CHECK(strstr(baracuda_last_error(), "cannot be multiplied (3 != 2)") != NULL);
+    /* Attention over one query and two keys with equal scores: out is the
+       mean of the values, lse = log 2; K/V heads not dividing Q heads are named. */
+    float aq[2] = {1, 1}, ak[4] = {1, 0, 0, 1}, av[4] = {2, 4, 6, 8}, aout[2], alse[1];
+    int64_t shape_aq[3] = {1, 1, 2}, shape_ak[3] = {1, 2, 2}, shape_lse[2] = {1, 1};
+    baracuda_tensor att_in[5] = {{aq, BARACUDA_F32, 3, shape_aq, NULL}, {ak, BARACUDA_F32, 3, shape_ak, NULL},
+                                 {av, BARACUDA_F32, 3, shape_ak, NULL}, {NULL, BARACUDA_F32, 1, shape_none, NULL},
+                                 {NULL, BARACUDA_F32, 1, shape_none, NULL}};
+    baracuda_tensor att_out[2] = {{aout, BARACUDA_F32, 3, shape_aq, NULL}, {alse, BARACUDA_F32, 2, shape_lse, NULL}};
+    CHECK(baracuda_plan_create(&plan, host, "scaled_dot_product_attention", att_in, 5, NULL, 0, NULL, 0) == BARACUDA_OK);
+    if (plan) {
+      CHECK(baracuda_plan_run(plan, host, NULL, 0, att_in, 5, att_out, 2) == BARACUDA_OK);
+      CHECK(fabsf(aout[0] - 4) < 1e-6f && fabsf(aout[1] - 6) < 1e-6f);
+      CHECK(fabsf(alse[0] - (logf(2.0f) + 1 / sqrtf(2.0f))) < 1e-6f);
+      baracuda_plan_destroy(plan);
+    }
+    int64_t shape_q3[3] = {3, 1, 2}, shape_k2[3] = {2, 2, 2};
+    baracuda_tensor bad_att[5] = {{aq, BARACUDA_F32, 3, shape_q3, NULL}, {ak, BARACUDA_F32, 3, shape_k2, NULL},
+                                  {av, BARACUDA_F32, 3, shape_k2, NULL}, {NULL, BARACUDA_F32, 1, shape_none, NULL},
+                                  {NULL, BARACUDA_F32, 1, shape_none, NULL}};
+    CHECK(baracuda_plan_create(&plan, host, "scaled_dot_product_attention", bad_att, 5, NULL, 0, NULL, 0) ==
+          BARACUDA_ERROR_INVALID_PROBLEM);
+    CHECK(strstr(baracuda_last_error(), "key/value heads (2) must divide query heads (3)") != NULL);
     /* A bad axis names the problem. */
     baracuda_attr bad_dims = {"dims", 4};
     CHECK(baracuda_plan_create(&plan, host, "sum", &x, 1, NULL, 0, &bad_dims, 1) == BARACUDA_ERROR_INVALID_PROBLEM);

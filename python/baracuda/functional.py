@@ -766,3 +766,162 @@ def linear_backward(grad_output, input, weight, *, bias=True):
 def set_allow_tf32(allow):
     """Lets f32 matrix products multiply in TF32 (as torch.backends.cuda.matmul.allow_tf32); off by default."""
     _C.set_allow_tf32(bool(allow))
+
+
+# ---------------------------------------------------------------- attention
+
+def _empty(like, dtype=None):
+    """A [0] operand on `like`'s device: an absent mask or ALiBi slopes."""
+    adapter, a, (d, _) = _operand(like)
+    return adapter.empty(dtype or d, (0,), a)
+
+
+def _slopes(query, alibi_slopes):
+    """ALiBi slopes, or an absent [0] operand: f32 (f64 for f64 queries), as lse."""
+    if alibi_slopes is not None:
+        return alibi_slopes
+    return _empty(query, "f64" if _spec(query)[0] == "f64" else "f32")
+
+
+def _attention_attrs(op, dropout_p, causal, scale, window, bottom_right, softcap, seed, offset):
+    left, right = (-1, -1) if window is None else window
+    if scale is not None and scale <= 0:
+        raise ValueError(f"{op}: scale must be > 0 or None (1/sqrt(D)), got {scale}")
+    return {"scale": 0.0 if scale is None else float(scale), "causal": 1 if causal else 0,
+            "bottom_right": 1 if bottom_right else 0, "window_left": int(left), "window_right": int(right),
+            "softcap": float(softcap), "dropout_p": float(dropout_p), "seed": int(seed), "offset": int(offset)}
+
+
+def _check_gqa(op, query, key, enable_gqa):
+    hq, hkv = _spec(query)[1][-3], _spec(key)[1][-3]
+    if hq != hkv and not enable_gqa:
+        raise ValueError(f"{op}: query has {hq} heads and key {hkv}; pass enable_gqa=True for grouped-query attention")
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False, *, window=None, bottom_right=False, softcap=0.0, alibi_slopes=None,
+                                 seed=0, offset=0, return_lse=False, out=None):
+    """torch.nn.functional.scaled_dot_product_attention over [B, H, S, D] (or [H, S, D]) views.
+
+    Beyond torch: ``window=(left, right)`` keys around the query's position
+    (-1 unbounded), ``bottom_right`` aligns the causal diagonal and the window
+    to the last key (KV-cache prefill), ``softcap``, ``alibi_slopes`` (f32 [H]
+    or [B, H]), a reproducible dropout from ``seed`` and ``offset`` (Philox;
+    torch's RNG is not used), and ``return_lse`` for (out, lse) with lse
+    [B, H, S] f32 (the natural-log log-sum-exp the backward needs). A query
+    that sees no key gets zeros (torch's math backend gives NaN).
+    """
+    _check_gqa("scaled_dot_product_attention", query, key, enable_gqa)
+    attrs = _attention_attrs("scaled_dot_product_attention", dropout_p, is_causal, scale, window, bottom_right, softcap,
+                             seed, offset)
+    mask = _empty(query) if attn_mask is None else attn_mask
+    slopes = _slopes(query, alibi_slopes)
+    o, lse = _call("scaled_dot_product_attention", (query, key, value, mask, slopes), attrs, out)
+    return (o, lse) if return_lse else o
+
+
+def scaled_dot_product_attention_backward(grad_output, query, key, value, out, lse, attn_mask=None, dropout_p=0.0,
+                                          is_causal=False, scale=None, enable_gqa=False, *, window=None,
+                                          bottom_right=False, softcap=0.0, alibi_slopes=None, seed=0, offset=0):
+    """(grad_query, grad_key, grad_value) from the forward's out and lse (the same options)."""
+    _check_gqa("scaled_dot_product_attention_backward", query, key, enable_gqa)
+    attrs = _attention_attrs("scaled_dot_product_attention_backward", dropout_p, is_causal, scale, window,
+                             bottom_right, softcap, seed, offset)
+    mask = _empty(query) if attn_mask is None else attn_mask
+    slopes = _slopes(query, alibi_slopes)
+    return _call("scaled_dot_product_attention_backward", (grad_output, query, key, value, out, lse, mask, slopes), attrs)
+
+
+def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q=0, max_seqlen_kv=0, *,
+                     dropout_p=0.0, causal=False, scale=None, window=None, bottom_right=False, softcap=0.0,
+                     alibi_slopes=None, seed=0, offset=0, return_lse=False, out=None):
+    """Attention over packed sequences (flash_attn_varlen_func): query [Tq, Hq, D], key/value [Tk, Hkv, D];
+    sequence b is tokens cu_seqlens[b]:cu_seqlens[b + 1] (int32 on the tensors' device). lse is [Hq, Tq]."""
+    attrs = _attention_attrs("varlen_attention", dropout_p, causal, scale, window, bottom_right, softcap, seed, offset)
+    attrs.update(max_seqlen_q=int(max_seqlen_q), max_seqlen_kv=int(max_seqlen_kv))
+    slopes = _slopes(query, alibi_slopes)
+    o, lse = _call("varlen_attention", (query, key, value, cu_seqlens_q, cu_seqlens_kv, slopes), attrs, out)
+    return (o, lse) if return_lse else o
+
+
+def varlen_attention_backward(grad_output, query, key, value, out, lse, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q=0,
+                              max_seqlen_kv=0, *, dropout_p=0.0, causal=False, scale=None, window=None,
+                              bottom_right=False, softcap=0.0, alibi_slopes=None, seed=0, offset=0):
+    """(grad_query, grad_key, grad_value) of varlen_attention."""
+    attrs = _attention_attrs("varlen_attention_backward", dropout_p, causal, scale, window, bottom_right, softcap, seed,
+                             offset)
+    attrs.update(max_seqlen_q=int(max_seqlen_q), max_seqlen_kv=int(max_seqlen_kv))
+    slopes = _slopes(query, alibi_slopes)
+    return _call("varlen_attention_backward", (grad_output, query, key, value, out, lse, cu_seqlens_q, cu_seqlens_kv,
+                                               slopes), attrs)
+
+
+# ---------------------------------------------------------------- rotary embedding and the KV cache
+
+_ROPE_SCALING = {None: 0, "none": 0, "linear": 1, "ntk": 2, "llama3": 3}
+
+
+def _rope_attrs(op, base, rotary_dim, interleaved, scaling, factor, low_freq_factor, high_freq_factor,
+                original_max_position):
+    if scaling not in _ROPE_SCALING:
+        raise ValueError(f"{op}: scaling must be None, 'linear', 'ntk' or 'llama3', got {scaling!r}")
+    return {"base": float(base), "rotary_dim": int(rotary_dim or 0), "interleaved": 1 if interleaved else 0,
+            "scaling": _ROPE_SCALING[scaling], "factor": float(factor), "low_freq_factor": float(low_freq_factor),
+            "high_freq_factor": float(high_freq_factor), "original_max_position": float(original_max_position)}
+
+
+def rope(x, positions, base=10000.0, rotary_dim=None, interleaved=False, scaling=None, factor=1.0,
+         low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192, *, inplace=False, out=None):
+    """Rotary position embedding of x [batch, seq, heads, dim] (or [seq, heads, dim]) at integer
+    positions [batch, seq] or [seq]. Pairs (d, d + rotary_dim/2) (NeoX/Llama rotate_half) or, with
+    interleaved=True, (2i, 2i+1) (GPT-J); dims past rotary_dim (None: all) pass through. scaling:
+    None, 'linear' (positions / factor), 'ntk' (base * factor^(rd/(rd-2))) or 'llama3' (with
+    low_freq_factor, high_freq_factor, original_max_position). Angles are formed in f64; cos/sin and
+    the rotation run in f32 (f64 for f64)."""
+    attrs = _rope_attrs("rope", base, rotary_dim, interleaved, scaling, factor, low_freq_factor, high_freq_factor,
+                        original_max_position)
+    return _call("rope", (x, positions), attrs, x if inplace else out)
+
+
+def rope_backward(grad_output, positions, base=10000.0, rotary_dim=None, interleaved=False, scaling=None, factor=1.0,
+                  low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192, *, inplace=False, out=None):
+    """Gradient of rope with respect to x: grad_output turned back by the same angles."""
+    attrs = _rope_attrs("rope_backward", base, rotary_dim, interleaved, scaling, factor, low_freq_factor,
+                        high_freq_factor, original_max_position)
+    return _call("rope_backward", (grad_output, positions), attrs, grad_output if inplace else out)
+
+
+def kv_append(k_new, v_new, k_cache, v_cache, cache_seqlens, block_table=None):
+    """Writes new keys/values into a KV cache in place and returns (k_cache, v_cache).
+
+    k_new [B, T, Hkv, D], v_new [B, T, Hkv, Dv]; cache_seqlens int32 [B] (tokens already cached):
+    token t of sequence b goes to position cache_seqlens[b] + t. Paged caches [num_blocks,
+    block_size, Hkv, D] with block_table int32 [B, max_blocks]; block_table None: contiguous caches
+    [B, max_seqlen, Hkv, D]. Caches may be fp8 (e4m3/e5m2). Only the appended slots are written;
+    out-of-range positions or block ids raise on the host and are skipped on CUDA."""
+    if block_table is None:
+        adapter, a, _ = _operand(k_new)
+        block_table = adapter.empty("i32", (0,), a)
+    _call("kv_append", (k_new, v_new, block_table, cache_seqlens), {}, (k_cache, v_cache))
+    return k_cache, v_cache
+
+
+# ---------------------------------------------------------------- decode attention
+
+def decode_attention(q, k_cache, v_cache, seq_lens, block_table=None, *, scale=None, softcap=0.0, window_left=-1,
+                     num_splits=0, out=None):
+    """Flash decoding of one new query token per sequence: returns (out, lse).
+
+    q [B, Hq, D]; paged caches k_cache [num_blocks, block_size, Hkv, D], v_cache [num_blocks,
+    block_size, Hkv, Dv] with block_table int32 [B, max_blocks], or block_table None and
+    per-sequence caches [B, S_max, Hkv, D] (any strides: torch's [B, Hkv, S, D] as
+    ``k.transpose(1, 2)``). seq_lens int32 [B] counts the cached tokens, the new one included.
+    Hkv divides Hq (GQA). scale None: 1/sqrt(D); softcap > 0: score = softcap * tanh(score /
+    softcap); window_left >= 0: only keys j >= seq_len - 1 - window_left. out [B, Hq, Dv] in q's
+    dtype, lse [B, Hq] f32 (f64 for f64; -inf and out 0 for an empty sequence)."""
+    if block_table is None:
+        adapter, a, _ = _operand(q)
+        block_table = adapter.empty("i32", (0,), a)
+    attrs = {"scale": 0.0 if scale is None else float(scale), "softcap": float(softcap),
+             "window_left": int(window_left), "num_splits": int(num_splits)}
+    return _call("decode_attention", (q, k_cache, v_cache, block_table, seq_lens), attrs, out)

@@ -80,6 +80,9 @@ const std::vector<OpInfo>& registry() {
     register_scan_ops(all);
     register_loss_ops(all);
     register_gemm_ops(all);
+    register_attention_ops(all);
+    register_rope_ops(all);
+    register_decode_ops(all);
     return all;
   }();
   return ops;

@@ -13,5 +13,8 @@ void register_norm_ops(std::vector<OpInfo>& ops);
 void register_scan_ops(std::vector<OpInfo>& ops);
 void register_loss_ops(std::vector<OpInfo>& ops);
 void register_gemm_ops(std::vector<OpInfo>& ops);
+void register_attention_ops(std::vector<OpInfo>& ops);
+void register_rope_ops(std::vector<OpInfo>& ops);
+void register_decode_ops(std::vector<OpInfo>& ops);
 
 }  // namespace baracuda

@@ -1,0 +1,104 @@
+"""Scaled dot-product attention against PyTorch on one GPU, side by side in
+one run: TFLOP/s with FLOPs = 4*B*H*S^2*D (halved when causal; backward
+2.5x forward), CUDA-event medians for both libraries. Rows: the default
+candidate (cuDNN's fused attention where it serves) and the bespoke
+kernel on a smaller problem."""
+import argparse
+
+import torch
+
+import baracuda
+import baracuda.functional as F
+from bench_elementwise import median_ms
+
+TF = torch.nn.functional
+
+
+def row(name, ours, theirs, flops, check=None):
+    t_ours, t_torch = median_ms(ours, samples=10), median_ms(theirs, samples=10)
+    ok = "" if check is None else ("" if check() else "  MISMATCH")
+    print(f"{name:<52} {flops / t_ours / 1e9:9.1f} {flops / t_torch / 1e9:9.1f} TFLOP/s {t_torch / t_ours:6.2f}{ok}",
+          flush=True)
+
+
+def close(a, b, tol):
+    return (a.double() - b.double()).abs().max().item() < tol
+
+
+def run_backend(op, inputs, outputs, attrs, backend):
+    baracuda._baracuda.run(op, inputs, outputs, attrs, torch.cuda.current_stream().cuda_stream, None, backend, None)
+    return outputs
+
+
+ATTRS = dict(scale=0.0, causal=0, bottom_right=0, window_left=-1, window_right=-1, softcap=0.0, dropout_p=0.0,
+             seed=0, offset=0)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", default="", help="comma-separated substrings of the row groups to run")
+    args = parser.parse_args()
+    want = lambda name: any(part in name for part in args.only.split(","))  # noqa: E731
+    print(f"{'op':<52} {'ours':>9} {'torch':>9} {'unit':<7} {'ratio':>6}")
+    bf16 = torch.bfloat16
+    configs = [("fwd", 4, 32, 32, 4096, 128), ("d64", 4, 32, 32, 4096, 64), ("gqa", 4, 32, 8, 4096, 128)]
+    for group, b, hq, hkv, s, d in configs:
+        if not want(group) and not want("bwd"):
+            continue
+        q = torch.randn(b, hq, s, d, device="cuda", dtype=bf16)
+        k = torch.randn(b, hkv, s, d, device="cuda", dtype=bf16)
+        v = torch.randn(b, hkv, s, d, device="cuda", dtype=bf16)
+        gqa = hq != hkv
+        for causal in (False, True):
+            flops = 4 * b * hq * s * s * d // (2 if causal else 1)
+            tag = f"B{b} H{hq}/{hkv} S{s} D{d}{' causal' if causal else ''}"
+            if want(group):
+                row(f"sdpa fwd {tag}", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa),
+                    lambda: TF.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa), flops,
+                    check=lambda: close(F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa),
+                                        TF.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa), 3e-2))
+            if want("bwd") and group != "d64":
+                out, lse = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa, return_lse=True)
+                g = torch.randn_like(out)
+                qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
+                ref = TF.scaled_dot_product_attention(qr, kr, vr, is_causal=causal, enable_gqa=gqa)
+                row(f"sdpa bwd {tag}",
+                    lambda: F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, is_causal=causal, enable_gqa=gqa),
+                    lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True), flops * 5 // 2,
+                    check=lambda: close(F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, is_causal=causal,
+                                                                                enable_gqa=gqa)[0],
+                                        torch.autograd.grad(ref, (qr,), g, retain_graph=True)[0], 5e-2))
+                del ref, qr, kr, vr, g, out, lse
+        del q, k, v
+    if want("bespoke"):
+        # The bespoke kernels serve what cuDNN refuses (dropout, softcap, ALiBi, boolean masks, f32/f64...):
+        # forward on tensor cores (f16/bf16, D 64/128), backward on CUDA cores.
+        for b, h, s, d, bwd in ((4, 32, 4096, 128, False), (1, 8, 1024, 128, True)):
+            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=bf16) for _ in range(3))
+            out = torch.empty_like(q)
+            lse = torch.empty(b, h, s, device="cuda")
+            m, sl = torch.empty(0, device="cuda", dtype=bf16), torch.empty(0, device="cuda")
+            row(f"bespoke CUDA fwd B{b} H{h} S{s} D{d}",
+                lambda: run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out, lse], ATTRS, "cuda"),
+                lambda: TF.scaled_dot_product_attention(q, k, v), 4 * b * h * s * s * d,
+                check=lambda: close(run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out, lse], ATTRS,
+                                                "cuda")[0], TF.scaled_dot_product_attention(q, k, v), 3e-2))
+            if bwd:
+                g = torch.randn_like(q)
+                grads = [torch.empty_like(q) for _ in range(3)]
+                qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
+                ref = TF.scaled_dot_product_attention(qr, kr, vr)
+                row(f"bespoke CUDA bwd B{b} H{h} S{s} D{d} (CUDA cores)",
+                    lambda: run_backend("scaled_dot_product_attention_backward", [g, q, k, v, out, lse, m, sl], grads,
+                                        ATTRS, "cuda"),
+                    lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True), 10 * b * h * s * s * d)
+            del q, k, v, out, lse
+        # Dropout: cuDNN refuses it (its RNG is not ours), so the default candidate is the bespoke kernel.
+        b, h, s, d = 4, 32, 4096, 128
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=bf16) for _ in range(3))
+        row(f"sdpa fwd dropout 0.1 B{b} H{h} S{s} D{d} (bespoke)",
+            lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, seed=1),
+            lambda: TF.scaled_dot_product_attention(q, k, v, dropout_p=0.1), 4 * b * h * s * s * d)
+
+if __name__ == "__main__":
+    main()

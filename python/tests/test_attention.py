@@ -1,0 +1,164 @@
+"""Attention through baracuda.functional: on numpy arrays (host backend)
+against a naive numpy softmax, and on CUDA tensors against torch's
+scaled_dot_product_attention and its autograd on every CUDA candidate
+(skipped without torch + CUDA), forward and backward."""
+import numpy as np
+import pytest
+
+import baracuda
+import baracuda.functional as F
+from torch_parity import close, gpu, torch
+
+RNG = np.random.default_rng(1)
+
+
+def _naive(q, k, v, mask=None, causal=False, scale=None):
+    """softmax(scale q k^T + mask) v in float64 with GQA by repeating key heads."""
+    group = q.shape[-3] // k.shape[-3]
+    k, v = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
+    s = q @ np.swapaxes(k, -1, -2) * (scale or 1 / np.sqrt(q.shape[-1]))
+    if mask is not None:
+        s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+def test_host_matches_numpy():
+    q, k, v = RNG.uniform(-1, 1, (2, 4, 5, 8)), RNG.uniform(-1, 1, (2, 2, 7, 8)), RNG.uniform(-1, 1, (2, 2, 7, 6))
+    np.testing.assert_allclose(F.scaled_dot_product_attention(q, k, v, enable_gqa=True), _naive(q, k, v), atol=1e-12)
+    mask = RNG.uniform(0, 1, (5, 7)) > 0.3
+    mask[:, 0] = True
+    np.testing.assert_allclose(F.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True), _naive(q, k, v, mask),
+                               atol=1e-12)
+    q2, k2 = RNG.uniform(-1, 1, (3, 6, 8)), RNG.uniform(-1, 1, (3, 6, 8))
+    v2 = RNG.uniform(-1, 1, (3, 6, 8))
+    out, lse = F.scaled_dot_product_attention(q2, k2, v2, is_causal=True, scale=0.7, return_lse=True)
+    np.testing.assert_allclose(out, _naive(q2, k2, v2, causal=True, scale=0.7), atol=1e-12)
+    assert lse.shape == (3, 6)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        F.scaled_dot_product_attention(q, k, v)
+
+
+def test_host_backward_is_consistent_with_the_forward():
+    q, k, v = RNG.uniform(-1, 1, (1, 2, 4, 4)), RNG.uniform(-1, 1, (1, 2, 6, 4)), RNG.uniform(-1, 1, (1, 2, 6, 4))
+    g = RNG.uniform(-1, 1, (1, 2, 4, 4))
+    out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)
+    dq, dk, dv = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse)
+    eps = 1e-6
+    for x, grad in ((q, dq), (k, dk), (v, dv)):
+        idx = (0, 1, 2, 3)
+        x[idx] += eps
+        plus = (F.scaled_dot_product_attention(q, k, v) * g).sum()
+        x[idx] -= 2 * eps
+        minus = (F.scaled_dot_product_attention(q, k, v) * g).sum()
+        x[idx] += eps
+        assert abs((plus - minus) / (2 * eps) - grad[idx]) < 1e-7
+
+
+def test_varlen_host_matches_dense():
+    lens = [3, 5, 1]
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    q, k, v = (RNG.uniform(-1, 1, (int(cu[-1]), 2, 8)) for _ in range(3))
+    out = F.varlen_attention(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    for b, n in enumerate(lens):
+        s = slice(cu[b], cu[b + 1])
+        dense = _naive(*(np.swapaxes(x[s], 0, 1) for x in (q, k, v)), causal=True)
+        np.testing.assert_allclose(np.swapaxes(out[s], 0, 1), dense, atol=1e-12)
+
+
+# ---------------------------------------------------------------- CUDA vs torch
+
+def _t(shape, dtype):
+    return (torch.rand(shape, device="cuda", dtype=torch.float64) * 2 - 1).to(getattr(torch, dtype))
+
+
+def _run(op, inputs, outputs, attrs, backend):
+    baracuda._baracuda.run(op, inputs, outputs, attrs, torch.cuda.current_stream().cuda_stream, None, backend, None)
+    return outputs
+
+
+ATTRS = dict(scale=0.0, causal=0, bottom_right=0, window_left=-1, window_right=-1, softcap=0.0, dropout_p=0.0,
+             seed=0, offset=0)
+
+CASES = [  # (B, Hq, Hkv, Sq, Skv, D, mask kind, causal)
+    (2, 4, 4, 64, 64, 64, None, False),
+    (1, 8, 2, 100, 100, 128, None, True),
+    (2, 4, 1, 33, 77, 64, "bool", False),
+    (1, 2, 2, 128, 96, 128, "float", False),
+]
+
+
+@gpu
+@pytest.mark.parametrize("backend", ["cudnn", "cuda"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("case", CASES)
+def test_sdpa_matches_torch_on_every_candidate(backend, dtype, case):
+    b, hq, hkv, sq, skv, d, mask_kind, causal = case
+    if backend == "cudnn" and dtype == "float32":
+        pytest.skip("cuDNN's fused attention takes f16 and bf16")
+    q, k, v = _t((b, hq, sq, d), dtype), _t((b, hkv, skv, d), dtype), _t((b, hkv, skv, d), dtype)
+    mask = None
+    if mask_kind == "bool":
+        mask = torch.rand((b, 1, sq, skv), device="cuda") > 0.3
+        mask[..., 0] = True
+    elif mask_kind == "float":
+        mask = _t((1, hq, sq, skv), dtype)
+    qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
+    want = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, mask if mask is None or mask.dtype == torch.bool else mask.double(),
+                                                            is_causal=causal, enable_gqa=True)
+    attrs = dict(ATTRS, causal=int(causal))
+    m = mask if mask is not None else torch.empty(0, device="cuda", dtype=q.dtype)
+    slopes = torch.empty(0, device="cuda", dtype=torch.float32)
+    out = torch.empty((b, hq, sq, d), device="cuda", dtype=q.dtype)
+    lse = torch.empty((b, hq, sq), device="cuda", dtype=torch.float64 if dtype == "float64" else torch.float32)
+    try:
+        _run("scaled_dot_product_attention", [q, k, v, m, slopes], [out, lse], attrs, backend)
+    except baracuda.UnsupportedError as e:  # cuDNN may refuse a case in select; it must say why
+        if backend == "cudnn":
+            pytest.skip(f"cuDNN refused: {e}")
+        raise
+    close(out, want.detach(), dtype, scale=4, msg=f"{backend} forward")
+    g = _t(want.shape, dtype)
+    want.backward(g.double())
+    grads = [torch.empty_like(x) for x in (q, k, v)]
+    _run("scaled_dot_product_attention_backward", [g, q, k, v, out, lse, m, slopes], grads, attrs, backend)
+    for name, got, ref in zip("qkv", grads, (qd.grad, kd.grad, vd.grad)):
+        scale = ref.abs().max().item()
+        torch.testing.assert_close(got.double(), ref, rtol=0, atol={"float32": 2e-4, "float16": 1e-2, "bfloat16": 5e-2}[dtype] * max(scale, 1),
+                                   msg=f"{backend} grad {name}")
+
+
+@gpu
+def test_functional_sdpa_default_candidate_with_torch_views():
+    # [B, S, H, D] memory seen as [B, H, S, D], as attention layers produce it.
+    q = _t((2, 128, 8, 64), "bfloat16").transpose(1, 2)
+    k = _t((2, 128, 2, 64), "bfloat16").transpose(1, 2)
+    v = _t((2, 128, 2, 64), "bfloat16").transpose(1, 2)
+    got = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True,
+                                                            enable_gqa=True)
+    close(got, want, "bfloat16", scale=4)
+
+
+@gpu
+def test_dropout_is_reproducible_on_the_gpu():
+    q, k, v = (_t((1, 2, 64, 32), "float16") for _ in range(3))
+    a = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, seed=5, offset=2)
+    b = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, seed=5, offset=2)
+    c = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, seed=5, offset=3)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+@gpu
+def test_varlen_matches_torch_per_sequence():
+    lens = [17, 64, 3, 90]
+    cu = torch.tensor([0] + list(np.cumsum(lens)), device="cuda", dtype=torch.int32)
+    q, k, v = (_t((int(cu[-1]), 4, 64), "bfloat16") for _ in range(3))
+    out = F.varlen_attention(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    for b in range(len(lens)):
+        s = slice(int(cu[b]), int(cu[b + 1]))
+        want = torch.nn.functional.scaled_dot_product_attention(*(x[s].transpose(0, 1).double() for x in (q, k, v)),
+                                                                is_causal=True)
+        close(out[s].transpose(0, 1), want, "bfloat16", scale=4, msg=f"sequence {b}")

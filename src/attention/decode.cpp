@@ -1,0 +1,351 @@
+// decode_attention: flash decoding of one new query token per sequence over
+// a paged KV cache (vLLM's block table) or per-sequence contiguous caches,
+// with GQA, softcap and a left window. Candidates: the split-K CUDA kernels
+// (decode_kernels.cu), then the host reference (f64), written here.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "attention/decode.hpp"
+#include "core/errors.hpp"
+#include "core/family.hpp"
+#include "core/registry_internal.hpp"
+#include "core/tensor_util.hpp"
+
+#ifdef BARACUDA_HAS_CUDA
+#include "core/cuda_check.hpp"
+#endif
+
+namespace baracuda {
+namespace attn {
+
+DecodeTable& host_decode() {
+  static DecodeTable table;
+  return table;
+}
+DecodeTable& cuda_decode() {
+  static DecodeTable table;
+  return table;
+}
+
+namespace {
+
+constexpr const char* kOp = "decode_attention";
+const std::vector<std::string> kInputs = {"q", "k_cache", "v_cache", "block_table", "seq_lens"};
+const std::vector<std::string> kOutputs = {"out", "lse"};
+enum Input { kQ, kK, kV, kTable, kSeqLens };
+
+/// lse is f32, f64 for f64 inputs (the reference computes in f64).
+DType lse_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+/// A rank-2 block table pages the caches; a [0] one means per-sequence caches.
+bool is_paged(const OpDesc& d) { return d.inputs[kTable].shape.size() == 2; }
+int64_t capacity(const OpDesc& d) {
+  const Shape& k = d.inputs[kK].shape;
+  return is_paged(d) ? d.inputs[kTable].shape[1] * k[1] : k[1];
+}
+
+bool is_whole(double x) { return std::isfinite(x) && x == std::trunc(x); }
+
+Result<OpDesc> infer_desc(const OpDesc& partial) {
+  OpDesc d = partial;
+  BARACUDA_TRY(check_inputs(kOp, d, kInputs, kQ));
+  const TensorSpec &q = d.inputs[kQ], &k = d.inputs[kK], &v = d.inputs[kV];
+  const TensorSpec &table = d.inputs[kTable], &lens = d.inputs[kSeqLens];
+  const DType t = q.dtype;
+  if (t != DType::f32 && t != DType::f16 && t != DType::bf16 && t != DType::f64)
+    return unsupported(kOp, ": dtype ", dtype_name(t), " is not supported (f32 f16 bf16 f64)");
+  for (int i : {kK, kV})
+    if (d.inputs[i].dtype != t)
+      return invalid(kOp, ": '", kInputs[i], "' dtype ", dtype_name(d.inputs[i].dtype), ", expected ", dtype_name(t),
+                     " (the dtype of 'q')");
+  for (int i : {kTable, kSeqLens})
+    if (d.inputs[i].dtype != DType::i32)
+      return invalid(kOp, ": '", kInputs[i], "' dtype ", dtype_name(d.inputs[i].dtype), ", expected i32");
+  if (q.shape.size() != 3) return invalid(kOp, ": 'q' must be [B, Hq, D], got shape ", shape_str(q.shape));
+  for (int i : {kK, kV})
+    if (d.inputs[i].shape.size() != 4)
+      return invalid(kOp, ": '", kInputs[i], "' must be [num_blocks, block_size, Hkv, dim] or [B, S_max, Hkv, dim], got shape ",
+                     shape_str(d.inputs[i].shape));
+  const bool paged = table.shape.size() == 2;
+  if (!paged && table.shape != Shape{0})
+    return invalid(kOp, ": 'block_table' must be [B, max_blocks] (paged caches) or [0] (per-sequence caches), got shape ",
+                   shape_str(table.shape));
+  const int64_t batch = q.shape[0], heads_q = q.shape[1], head_dim = q.shape[2];
+  if (paged && table.shape[0] != batch)
+    return invalid(kOp, ": 'block_table' has ", table.shape[0], " rows, expected B = ", batch, " (from 'q' ",
+                   shape_str(q.shape), ")");
+  if (!paged && k.shape[0] != batch)
+    return invalid(kOp, ": without a block table 'k_cache' must be [B, S_max, Hkv, D] with B = ", batch,
+                   ", got shape ", shape_str(k.shape));
+  if (v.shape[0] != k.shape[0] || v.shape[1] != k.shape[1] || v.shape[2] != k.shape[2])
+    return invalid(kOp, ": 'v_cache' ", shape_str(v.shape), " and 'k_cache' ", shape_str(k.shape),
+                   " must agree in all but the last dim");
+  if (k.shape[3] != head_dim)
+    return invalid(kOp, ": 'k_cache' head dim ", k.shape[3], " != 'q' head dim ", head_dim);
+  if (head_dim < 1) return invalid(kOp, ": the head dim of 'q' must be >= 1, got ", head_dim);
+  const int64_t heads_kv = k.shape[2];
+  if (heads_kv < 1 || heads_q % heads_kv != 0)
+    return invalid(kOp, ": the query heads Hq = ", heads_q, " of 'q' must be a multiple of the kv heads Hkv = ", heads_kv,
+                   " of 'k_cache' (GQA)");
+  if (lens.shape != Shape{batch})
+    return invalid(kOp, ": 'seq_lens' must be [B] = [", batch, "], got shape ", shape_str(lens.shape));
+  const double scale = d.attrs.get("scale", 0), softcap = d.attrs.get("softcap", 0);
+  const double window = d.attrs.get("window_left", -1), splits = d.attrs.get("num_splits", 0);
+  if (!std::isfinite(scale)) return invalid(kOp, ": 'scale' must be finite, got ", scale);
+  if (!(softcap >= 0) || !std::isfinite(softcap)) return invalid(kOp, ": 'softcap' must be >= 0, got ", softcap);
+  if (!is_whole(window) || window < -1)
+    return invalid(kOp, ": 'window_left' must be -1 (unbounded) or a whole number >= 0, got ", window);
+  if (!is_whole(splits) || splits < 0 || splits > kDecodeMaxSplits)
+    return invalid(kOp, ": 'num_splits' must be 0 (auto) or a whole number up to ", kDecodeMaxSplits, ", got ", splits);
+  BARACUDA_TRY(set_outputs(kOp, d, {{t, {batch, heads_q, v.shape[3]}}, {lse_dtype(t), {batch, heads_q}}}, kOutputs));
+  return d;
+}
+
+// ---------------------------------------------------------------- host reference
+
+/// Every key in f64, scores kept, then the softmax: the oracle. Checks the
+/// block-table entries and lengths it uses and names a bad one.
+template <class T>
+struct HostDecode {
+  static Status run(const DecodeProblem& p, CUstream_st*) {
+    using LseT = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    const T* q = reinterpret_cast<const T*>(p.q);
+    const T* k = reinterpret_cast<const T*>(p.k);
+    const T* v = reinterpret_cast<const T*>(p.v);
+    const int64_t cap = p.capacity(), group = p.heads_kv > 0 ? p.group() : 1;
+    std::vector<int64_t> blocks;  // the physical block of each key
+    std::vector<double> scores, acc;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const int64_t len = p.seq_lens[b * p.seq_lens_stride];
+      if (len < 0 || len > cap)
+        return invalid(kOp, ": seq_lens[", b, "] = ", len, " is outside [0, ", cap, "], the cache capacity (",
+                       p.table ? "max_blocks * block_size" : "S_max", ")");
+      const int64_t lo = decode_first_key(len, p.window_left);
+      blocks.assign(size_t(len - lo), b);
+      for (int64_t j = lo; p.table && j < len; ++j) {
+        const int64_t col = j / p.block_size, entry = p.table[b * p.table_batch + col * p.table_col];
+        if (entry < 0 || entry >= p.num_blocks)
+          return invalid(kOp, ": block_table[", b, ", ", col, "] = ", entry, " is out of range [0, ", p.num_blocks,
+                         ") (sequence ", b, " reads ", len, " cached tokens)");
+        blocks[size_t(j - lo)] = entry;
+      }
+      for (int64_t h = 0; h < p.heads_q; ++h) {
+        const T* qh = q + b * p.q_batch + h * p.q_head;
+        const int64_t hk = h / group;
+        scores.assign(size_t(len - lo), 0.0);
+        double top = -std::numeric_limits<double>::infinity();
+        for (int64_t j = lo; j < len; ++j) {
+          const T* kj = k + blocks[size_t(j - lo)] * p.k_block + (j % p.block_size) * p.k_row + hk * p.k_head;
+          double dot = 0;
+          for (int64_t d = 0; d < p.head_dim; ++d) dot += convert<double>(qh[d * p.q_dim]) * convert<double>(kj[d * p.k_dim]);
+          const double s = decode_score(dot, p.scale, p.softcap);
+          scores[size_t(j - lo)] = s;
+          top = std::max(top, s);
+        }
+        acc.assign(size_t(p.value_dim), 0.0);
+        double sum = 0;
+        for (int64_t j = lo; j < len; ++j) {
+          const double w = std::exp(scores[size_t(j - lo)] - top);
+          sum += w;
+          const T* vj = v + blocks[size_t(j - lo)] * p.v_block + (j % p.block_size) * p.v_row + hk * p.v_head;
+          for (int64_t d = 0; d < p.value_dim; ++d) acc[size_t(d)] += w * convert<double>(vj[d * p.v_dim]);
+        }
+        T* out = reinterpret_cast<T*>(p.out) + b * p.out_batch + h * p.out_head;
+        for (int64_t d = 0; d < p.value_dim; ++d) out[d * p.out_dim] = convert<T>(sum > 0 ? acc[size_t(d)] / sum : 0.0);
+        reinterpret_cast<LseT*>(p.lse)[b * p.lse_batch + h * p.lse_head] =
+            LseT(sum > 0 ? top + std::log(sum) : -std::numeric_limits<double>::infinity());
+      }
+    }
+    return Status::ok();
+  }
+};
+
+[[maybe_unused]] const bool host_registered = [] {
+  for_each_type<FloatTypes>([]<class T>(TypeTag<T>) {
+    host_decode().add(launch_key(kOp, dtype_of<T>), &HostDecode<T>::run);
+  });
+  return true;
+}();
+
+// ---------------------------------------------------------------- plan
+
+/// How a CUDA plan cuts the key axis: `splits` ranges of `split_len` keys.
+struct Splits {
+  int count = 1;
+  int64_t len = 0;
+};
+
+/// Auto: CTAs (B x Hkv x group chunks x splits) in whole waves of the
+/// device's resident slots, but no split under 256 keys, so short caches run
+/// unsplit. Decided from the descriptor, so that the workspace is exact.
+Splits choose_splits(const OpDesc& d, Backend backend) {
+  const int64_t cap = capacity(d);
+  Splits s{1, cap};
+  if (backend == Backend::host_reference || cap == 0) return s;
+  int64_t want = int64_t(d.attrs.get("num_splits", 0));
+  if (want == 0) {
+    const int64_t batch = d.inputs[kQ].shape[0], heads_kv = d.inputs[kK].shape[2];
+    const int64_t group = d.inputs[kQ].shape[1] / heads_kv;
+    const int64_t per_cta = group == 1 ? 1 : group <= 4 ? 4 : 8;  // the fast kernels' head chunk
+    const int64_t units = std::max<int64_t>(1, batch * heads_kv * ((group + per_cta - 1) / per_cta));
+    int sms = 132;
+#ifdef BARACUDA_HAS_CUDA
+    if (int n = current_sm_count(); n > 0) sms = n;
+#endif
+    // Resident slots: the fast kernels run 4 CTAs an SM. Pick the split
+    // count with the least time per key, waves / splits, so that a last
+    // partial wave does not double the run (576 CTAs on 528 slots); a
+    // larger count must win by 5% to pay for its extra partials.
+    const int64_t slots = 4 * int64_t(sms), most = std::min<int64_t>(kDecodeMaxSplits, (cap + 255) / 256);
+    double best = 0;
+    want = 1;
+    for (int64_t w = 1; w <= std::max<int64_t>(1, most); ++w) {
+      const double cost = double((units * w + slots - 1) / slots) / double(w);
+      if (w == 1 || cost < best * 0.95) best = cost, want = w;
+    }
+  }
+  want = std::clamp<int64_t>(want, 1, kDecodeMaxSplits);
+  constexpr int64_t kGrain = 16;
+  s.len = ((cap + want - 1) / want + kGrain - 1) / kGrain * kGrain;
+  s.count = int((cap + s.len - 1) / s.len);
+  return s;
+}
+
+class DecodePlan final : public FamilyPlan {
+ public:
+  DecodePlan(const OpInfo& info, OpDesc desc, Backend backend, DecodeFn fn, Splits splits)
+      : FamilyPlan(info, std::move(desc)), fn_(fn), splits_(splits) {
+    const DType t = desc_.inputs[kQ].dtype;
+    sku_ = bespoke_sku(OpCategory::attention, info.name.c_str(), t, backend);
+    if (splits_.count > 1) {
+      const size_t rows = size_t(desc_.outputs[0].shape[0] * desc_.outputs[0].shape[1]) * size_t(splits_.count);
+      workspace_ = rows * size_t(desc_.outputs[0].shape[2] + 1) * (t == DType::f64 ? sizeof(double) : sizeof(float));
+    }
+  }
+
+  Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
+    BARACUDA_TRY(check_run(workspace, args));
+    return fn_(bind(args, workspace), stream.cuda_stream());
+  }
+
+ private:
+  DecodeProblem bind(const OpArgs& args, const Workspace& workspace) const {
+    const TensorView &q = args.inputs[kQ], &k = args.inputs[kK], &v = args.inputs[kV];
+    const TensorView &table = args.inputs[kTable], &lens = args.inputs[kSeqLens];
+    const TensorView &out = args.outputs[0], &lse = args.outputs[1];
+    const bool paged = is_paged(desc_);
+    DecodeProblem p;
+    p.dtype = q.dtype;
+    p.batch = q.shape[0], p.heads_q = q.shape[1], p.head_dim = q.shape[2];
+    p.heads_kv = k.shape[2], p.value_dim = v.shape[3];
+    p.num_blocks = k.shape[0], p.block_size = k.shape[1], p.max_blocks = paged ? table.shape[1] : 1;
+    p.q = static_cast<const char*>(q.data), p.q_batch = q.stride[0], p.q_head = q.stride[1], p.q_dim = q.stride[2];
+    p.k = static_cast<const char*>(k.data);
+    p.k_block = k.stride[0], p.k_row = k.stride[1], p.k_head = k.stride[2], p.k_dim = k.stride[3];
+    p.v = static_cast<const char*>(v.data);
+    p.v_block = v.stride[0], p.v_row = v.stride[1], p.v_head = v.stride[2], p.v_dim = v.stride[3];
+    if (paged) {
+      p.table = static_cast<const int32_t*>(table.data);
+      p.table_batch = table.stride[0], p.table_col = table.stride[1];
+    }
+    p.seq_lens = static_cast<const int32_t*>(lens.data), p.seq_lens_stride = lens.stride[0];
+    p.out = static_cast<char*>(out.data), p.out_batch = out.stride[0], p.out_head = out.stride[1], p.out_dim = out.stride[2];
+    p.lse = static_cast<char*>(lse.data), p.lse_batch = lse.stride[0], p.lse_head = lse.stride[1];
+    const double scale = desc_.attrs.get("scale", 0);
+    p.scale = scale != 0 ? scale : 1.0 / std::sqrt(double(p.head_dim));
+    p.softcap = desc_.attrs.get("softcap", 0);
+    p.window_left = int64_t(desc_.attrs.get("window_left", -1));
+    p.splits = splits_.count, p.split_len = splits_.len;
+    p.workspace = workspace.data;
+    return p;
+  }
+
+  DecodeFn fn_;
+  Splits splits_;
+};
+
+Result<PlanPtr> make_plan(const OpInfo& info, Backend backend, const OpDesc& desc) {
+  auto full = infer_desc(desc);
+  if (!full) return full.status();
+  const DType t = full->inputs[kQ].dtype;
+  const bool host = backend == Backend::host_reference;
+  if (!host && backend != Backend::bespoke_cuda) return unsupported(kOp, ": no ", backend_name(backend), " backend");
+  const DecodeFn fn = (host ? host_decode() : cuda_decode()).find(launch_key(kOp, t));
+  if (!fn) return unsupported("no ", backend_name(backend), " ", kOp, " kernel for ", dtype_name(t));
+  if (!host) {
+    const int64_t d = full->inputs[kQ].shape[2], dv = full->outputs[0].shape[2];
+    if (d > 256 || dv > 256)
+      return unsupported(kOp, " on ", backend_name(backend), ": head dims up to 256, got D = ", d, ", Dv = ", dv);
+    if (capacity(*full) > kDecodeMaxCapacity)
+      return unsupported(kOp, " on ", backend_name(backend), ": a cache capacity of ", capacity(*full),
+                         " tokens exceeds ", kDecodeMaxCapacity);
+  }
+  const Splits splits = choose_splits(*full, backend);
+  return PlanPtr(std::make_unique<DecodePlan>(info, std::move(*full), backend, fn, splits));
+}
+
+// ---------------------------------------------------------------- test samples
+
+constexpr int64_t kSampleBlocks = 40;  ///< the sampled block tables index [0, 40)
+constexpr int64_t kSampleLen = 77;     ///< the sampled seq_lens lie in [0, 77]
+
+/// [B, Hq, D] (rank 3) or [x, D] (rank 2: B = 1 + x % 4, Hq = 8). Odd D:
+/// one kv head per query head, Dv = D + 3; even D: groups of 4 (or one kv
+/// head). Paged with block size 1, 3 or 16, or contiguous caches of 80 keys.
+std::optional<SampleShapes> sample_shapes(const Shape& shape) {
+  int64_t batch, heads_q, dim;
+  if (shape.size() == 3) batch = shape[0], heads_q = shape[1], dim = shape[2];
+  else if (shape.size() == 2) batch = 1 + shape[0] % 4, heads_q = 8, dim = shape[1];
+  else return std::nullopt;
+  if (batch < 1 || batch > 16 || heads_q < 1 || heads_q > 64 || dim < 1 || dim > 256) return std::nullopt;
+  const bool odd = dim % 2 == 1;
+  const int64_t heads_kv = odd ? heads_q : heads_q % 4 == 0 ? heads_q / 4 : 1;
+  const int64_t value_dim = odd ? dim + 3 : dim;
+  const bool paged = (batch + dim) % 3 != 0;
+  const int64_t block_size = !odd ? 16 : dim % 4 == 1 ? 1 : 3;
+  const Shape cache = paged ? Shape{kSampleBlocks, block_size, heads_kv, dim} : Shape{batch, 80, heads_kv, dim};
+  Shape vcache = cache;
+  vcache[3] = value_dim;
+  const Shape table = paged ? Shape{batch, (kSampleLen + block_size - 1) / block_size} : Shape{0};
+  return SampleShapes{{{batch, heads_q, dim}, cache, vcache, table, {batch}}, {}};
+}
+
+}  // namespace
+}  // namespace attn
+
+void register_decode_ops(std::vector<OpInfo>& ops) {
+  using namespace attn;
+  OpInfo info;
+  info.name = kOp;
+  info.category = OpCategory::attention;
+  info.family = "decode";
+  info.input_names = kInputs;
+  info.output_names = kOutputs;
+  info.dtypes = {DType::bf16, DType::f16, DType::f32, DType::f64};
+  info.attrs = {{"scale", 0, "score scale (0: 1 / sqrt(D))"},
+                {"softcap", 0, "0: none; else score = softcap * tanh(score / softcap)"},
+                {"window_left", -1, "-1: unbounded; else only keys j >= seq_len - 1 - window_left"},
+                {"num_splits", 0, "key splits of the CUDA kernel (0: auto)"}};
+  info.backends = {Backend::bespoke_cuda, Backend::host_reference};
+  info.doc =
+      "flash decoding: q [B, Hq, D] (one new token per sequence) over a paged KV cache k_cache [num_blocks, "
+      "block_size, Hkv, D], v_cache [num_blocks, block_size, Hkv, Dv] with block_table i32 [B, max_blocks], or "
+      "per-sequence caches [B, S_max, Hkv, D] with block_table [0]; seq_lens i32 [B] counts the cached tokens "
+      "(the new one included) -> out [B, Hq, Dv] and lse [B, Hq] (natural log, f32; -inf and out 0 when empty)";
+  info.input_dtypes = [](DType t) { return std::vector<DType>{t, t, t, DType::i32, DType::i32}; };
+  info.infer = infer_desc;
+  info.domains = {Domain{-2, 2}, Domain{-2, 2}, Domain{-2, 2}, Domain{0, double(kSampleBlocks - 1), false, false, true},
+                  Domain{0, double(kSampleLen), false, false, true}};
+  info.sample_attrs = {Attrs{}, Attrs{{"softcap", 2.5}, {"scale", 0.3}}, Attrs{{"window_left", 6}},
+                       Attrs{{"num_splits", 3}}, Attrs{{"num_splits", 7}, {"window_left", 20}, {"softcap", 10}}};
+  info.tolerance_scale = 2;
+  info.in_place = false;
+  info.sample_shapes = [](DType, const Shape& shape, const Attrs&) { return sample_shapes(shape); };
+  const size_t index = ops.size();
+  info.make_plan = [index](Backend backend, const Stream&, const OpDesc& desc, const PlanPreference&) {
+    return make_plan(registry()[index], backend, desc);
+  };
+  ops.push_back(std::move(info));
+}
+
+}  // namespace baracuda

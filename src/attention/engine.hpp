@@ -1,0 +1,38 @@
+// What runs a bound attention problem for a plan: a launcher of the host or
+// bespoke CUDA table, or cuDNN's fused attention.
+#pragma once
+
+#include <memory>
+
+#include "attention/problem.hpp"
+
+namespace baracuda::attn {
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  /// Whether this engine can run the problem (layout, options, sizes); the
+  /// reason if not, as `unsupported`. No CUDA call.
+  virtual Status supports(const Problem&) const { return Status::ok(); }
+  /// Readies the engine for a problem's layout (cuDNN: builds and caches the graph).
+  virtual Status prepare(const Problem&) const { return Status::ok(); }
+  virtual Status run(const Problem& p, const Workspace& workspace, CUstream_st* stream) const = 0;
+  /// Scratch bytes `run` needs for the problem.
+  virtual size_t workspace(const Problem&) const { return 0; }
+};
+
+/// Forward and backward launchers of the host reference and the bespoke CUDA
+/// kernels, keyed "attention:dtype" and "attention_backward:dtype".
+using AttentionFn = Status (*)(const Problem&, const Workspace&, CUstream_st*);
+using AttentionTable = LaunchTable<AttentionFn>;
+AttentionTable& host_attention();
+AttentionTable& cuda_attention();
+/// Scratch bytes of the bespoke CUDA launchers: the backward's per-row dO . O.
+size_t cuda_attention_workspace(const Problem& p);
+
+/// cuDNN's fused flash attention through the cuDNN frontend graph API
+/// (f16/bf16), forward or backward, or why it cannot serve. `deterministic`:
+/// the backward must be bitwise reproducible run to run. Defined only in CUDA builds.
+Result<std::unique_ptr<Engine>> make_cudnn_engine(bool backward, bool deterministic);
+
+}  // namespace baracuda::attn

@@ -1,0 +1,70 @@
+// Pieces the bespoke CUDA attention kernels share: the accumulator type,
+// warp reductions, tile loads into shared memory, and launch plumbing.
+// These are the generic flash kernels: tiled, online softmax, any strides,
+// every option of the score rule, f32/f64 math on CUDA cores.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "attention/engine.hpp"
+#include "attention/score.hpp"
+#include "attention/tiles.hpp"
+#include "core/cuda_check.hpp"
+
+namespace baracuda::attn {
+
+using namespace tiles;
+
+template <class T>
+using acc_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+constexpr int kChunks = kMaxDim / 32;  ///< dims of a row a lane holds (d = lane + 32 c)
+
+template <class Acc>
+__device__ __forceinline__ Acc neg_inf() {
+  return -std::numeric_limits<Acc>::infinity();
+}
+
+template <class Acc>
+__device__ __forceinline__ Acc warp_max(Acc v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+template <class Acc>
+__device__ __forceinline__ Acc warp_sum(Acc v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/// s[r * pitch + d] = base[(row0 + r) * seq + d * dim] for r < rows, d < width,
+/// as Acc; rows at or past `len` read 0. Consecutive threads take consecutive d.
+template <class T, class Acc>
+__device__ void load_rows(Acc* s, int pitch, const T* base, int64_t seq, int64_t dim, int64_t row0, int rows,
+                          int64_t len, int width) {
+  for (int e = threadIdx.x; e < rows * width; e += kThreads) {
+    const int r = e / width, d = e % width;
+    const int64_t i = row0 + r;
+    s[r * pitch + d] = i < len ? convert<Acc>(base[i * seq + d * dim]) : Acc(0);
+  }
+}
+
+/// The keys [lo, hi) any of rows [first, last] may see (key ranges grow with the row).
+__device__ __forceinline__ void tile_key_span(const Problem& p, const HeadView& v, int64_t first, int64_t last,
+                                              int64_t& lo, int64_t& hi) {
+  int64_t a, b;
+  key_range(p, first, v.len_q, v.len_kv, lo, a);
+  key_range(p, last, v.len_q, v.len_kv, b, hi);
+}
+
+/// Lets a kernel use `bytes` of dynamic shared memory (above the 48 KiB default).
+template <class Kernel>
+Status allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return Status::ok();
+  BARACUDA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  return Status::ok();
+}
+
+}  // namespace baracuda::attn

@@ -1,0 +1,348 @@
+// The bespoke CUDA attention forward, two kernels that never materialise the
+// score matrix:
+// - f16/bf16 with head dims 64 or 128 and 16-byte friendly rows (sm_80+):
+//   flash attention on tensor cores (mma.sync m16n8k16, f32 accumulators):
+//   a block per 64 query rows (16 per warp), 64-key tiles of K and V in
+//   shared memory, S = Q K^T and O += P V from registers, online softmax.
+// - everything else (f32, f64, other head dims, any strides): one block per
+//   16 query rows, 32-key tiles, a lane per key for the scores and a lane
+//   per 32nd dim for the output, on CUDA cores.
+// Both apply the whole score rule (mask, window, ALiBi, softcap, dropout).
+#include "attention/kernels.cuh"
+
+namespace baracuda::attn {
+
+namespace {
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) attention_forward(const Problem p) {
+  using Acc = acc_of<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int D = int(p.head_dim), Dv = int(p.value_dim);
+  Acc* sQ = reinterpret_cast<Acc*>(smem);  // [kRows][D]
+  Acc* sK = sQ + kRows * D;                // [kKeys][D + 1]
+  Acc* sV = sK + kKeys * (D + 1);          // [kKeys][Dv]
+  Acc* sP = sV + kKeys * Dv;               // [kRows][kKeys]
+  const HeadView v = head_view(p, blockIdx.z, blockIdx.y);
+  const int64_t row0 = int64_t(blockIdx.x) * kRows;
+  if (!v.valid || row0 >= v.len_q) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const T* q = reinterpret_cast<const T*>(p.q.data) + p.q.at(v.b, v.h, v.tok_q);
+  const T* k = reinterpret_cast<const T*>(p.k.data) + p.k.at(v.b, v.hk, v.tok_kv);
+  const T* val = reinterpret_cast<const T*>(p.v.data) + p.v.at(v.b, v.hk, v.tok_kv);
+  load_rows<T, Acc>(sQ, D, q, p.q.seq, p.q.dim, row0, kRows, v.len_q, D);
+
+  const int64_t last = min(row0 + kRows, v.len_q) - 1;
+  int64_t span_lo, span_hi;
+  tile_key_span(p, v, row0, last, span_lo, span_hi);
+
+  Acc m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kChunks];
+  int64_t lo[kRowsPerWarp], hi[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    m[r] = neg_inf<Acc>(), l[r] = 0;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) acc[r][c] = 0;
+    const int64_t i = row0 + warp * kRowsPerWarp + r;
+    lo[r] = hi[r] = 0;
+    if (i < v.len_q) key_range(p, i, v.len_q, v.len_kv, lo[r], hi[r]);
+  }
+
+  for (int64_t k0 = span_lo; k0 < span_hi; k0 += kKeys) {
+    __syncthreads();  // the previous tile is consumed (and sQ is loaded)
+    load_rows<T, Acc>(sK, D + 1, k, p.k.seq, p.k.dim, k0, kKeys, v.len_kv, D);
+    load_rows<T, Acc>(sV, Dv, val, p.v.seq, p.v.dim, k0, kKeys, v.len_kv, Dv);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int rr = warp * kRowsPerWarp + r;
+      const int64_t i = row0 + rr, j = k0 + lane;
+      if (i >= v.len_q) continue;  // warp-uniform
+      Acc s = neg_inf<Acc>();
+      if (j >= lo[r] && j < hi[r]) {
+        Acc dot = 0, capped;
+        for (int d = 0; d < D; ++d) dot += sQ[rr * D + d] * sK[lane * (D + 1) + d];
+        s = score<Acc>(p, v, dot, i, j, capped);
+      }
+      const Acc m_new = max(m[r], warp_max(s));
+      if (m_new == neg_inf<Acc>()) continue;  // nothing visible yet (warp-uniform)
+      const Acc prob = s == neg_inf<Acc>() ? Acc(0) : exp(s - m_new);
+      const Acc corr = m[r] == neg_inf<Acc>() ? Acc(0) : exp(m[r] - m_new);
+      l[r] = l[r] * corr + warp_sum(prob);
+      m[r] = m_new;
+      sP[rr * kKeys + lane] = prob > 0 ? prob * dropout_factor<Acc>(p, v, i, j) : Acc(0);
+      __syncwarp();
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const int d = lane + 32 * c;
+        if (d >= Dv) break;
+        Acc a = acc[r][c] * corr;
+        for (int jj = 0; jj < kKeys; ++jj) a += sP[rr * kKeys + jj] * sV[jj * Dv + d];
+        acc[r][c] = a;
+      }
+      __syncwarp();
+    }
+  }
+
+  using Lse = acc_of<T>;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int64_t i = row0 + warp * kRowsPerWarp + r;
+    if (i >= v.len_q) continue;
+    const Acc inv = l[r] > 0 ? Acc(1) / l[r] : Acc(0);
+    T* out = reinterpret_cast<T*>(p.out.data) + p.out.at(v.b, v.h, v.tok_q + i);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int d = lane + 32 * c;
+      if (d < Dv) out[d * p.out.dim] = convert<T>(acc[r][c] * inv);
+    }
+    if (lane == 0)
+      reinterpret_cast<Lse*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + i)] =
+          l[r] > 0 ? m[r] + log(l[r]) : neg_inf<Acc>();
+  }
+}
+
+
+// ---------------------------------------------------------------- tensor cores
+
+constexpr int kTcWarps = 4, kTcThreads = kTcWarps * 32, kTcRows = 16 * kTcWarps, kTcKeys = 64;
+
+template <int kD>
+constexpr size_t tc_smem() {
+  return size_t(kTcRows + 2 * kTcKeys) * (kD + 8) * 2;
+}
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// Four 8x8 b16 matrices; lanes 8m..8m+7 give the row addresses of matrix m.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
+}
+
+/// c += a (16x16, row) * b (16x8, col), f32 accumulators.
+template <class T>
+__device__ __forceinline__ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __half>)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+/// Two floats as one register of two f16/bf16 (the first in the low half).
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+/// 64 rows of kD elements from rows with unit dim stride, 16 bytes per load,
+/// into a tile with a pitch of kD + 8 (ldmatrix rows fall in distinct banks).
+template <int kD, class T>
+__device__ __forceinline__ void load_tile_16b(T* s, const T* base, int64_t seq, int64_t row0, int64_t len) {
+  constexpr int kPerRow = kD / 8;
+  for (int e = threadIdx.x; e < 64 * kPerRow; e += kTcThreads) {
+    const int r = e / kPerRow, c = e % kPerRow;
+    const int64_t i = row0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (i < len) v = *reinterpret_cast<const uint4*>(base + i * seq + c * 8);
+    *reinterpret_cast<uint4*>(s + r * (kD + 8) + c * 8) = v;
+  }
+}
+
+template <class T, int kD>
+__global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem p) {
+  constexpr int kPitch = kD + 8, kKeyTiles = kTcKeys / 8, kDimTiles = kD / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sK = sQ + kTcRows * kPitch;
+  T* sV = sK + kTcKeys * kPitch;
+  const HeadView v = head_view(p, blockIdx.z, blockIdx.y);
+  const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
+  if (!v.valid || row0 >= v.len_q) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
+  const T* q = reinterpret_cast<const T*>(p.q.data) + p.q.at(v.b, v.h, v.tok_q);
+  const T* k = reinterpret_cast<const T*>(p.k.data) + p.k.at(v.b, v.hk, v.tok_kv);
+  const T* val = reinterpret_cast<const T*>(p.v.data) + p.v.at(v.b, v.hk, v.tok_kv);
+  load_tile_16b<kD>(sQ, q, p.q.seq, row0, v.len_q);
+  __syncthreads();
+  uint32_t qf[kD / 16][4];  // this warp's 16 rows as A fragments
+#pragma unroll
+  for (int kd = 0; kd < kD / 16; ++kd)
+    ldmatrix_x4(qf[kd], sQ + (warp * 16 + lane % 16) * kPitch + kd * 16 + (lane / 16) * 8);
+
+  // This thread's rows: g and g + 8 of the warp's 16.
+  int64_t row[2], lo[2], hi[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row[r] = row0 + warp * 16 + lane / 4 + 8 * r;
+    lo[r] = hi[r] = 0;
+    if (row[r] < v.len_q) key_range(p, row[r], v.len_q, v.len_kv, lo[r], hi[r]);
+  }
+  int64_t span_lo, span_hi;
+  tile_key_span(p, v, row0, min(row0 + kTcRows, v.len_q) - 1, span_lo, span_hi);
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
+  float o[kDimTiles][4] = {};
+  for (int64_t k0 = span_lo; k0 < span_hi; k0 += kTcKeys) {
+    __syncthreads();
+    load_tile_16b<kD>(sK, k, p.k.seq, k0, v.len_kv);
+    load_tile_16b<kD>(sV, val, p.v.seq, k0, v.len_kv);
+    __syncthreads();
+    float s[kKeyTiles][4] = {};
+#pragma unroll
+    for (int np = 0; np < kKeyTiles / 2; ++np)
+#pragma unroll
+      for (int kd = 0; kd < kD / 16; ++kd) {
+        uint32_t b[4];
+        ldmatrix_x4(b, sK + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kPitch + kd * 16 + ((lane >> 3) & 1) * 8);
+        mma_16x8x16<T>(s[2 * np], qf[kd], b[0], b[1]);
+        mma_16x8x16<T>(s[2 * np + 1], qf[kd], b[2], b[3]);
+      }
+    // The score rule, then the online softmax over this tile.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        const int64_t j = k0 + nt * 8 + 2 * quad + (e & 1);
+        float x = -INFINITY, capped;
+        if (j >= lo[r] && j < hi[r]) x = score<float>(p, v, s[nt][e], row[r], j, capped);
+        s[nt][e] = x;
+        tile_max[r] = fmaxf(tile_max[r], x);
+      }
+    float corr[2], m_new[2], sum[2] = {0, 0};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      m_new[r] = fmaxf(m[r], tile_max[r]);
+      corr[r] = m_new[r] == -INFINITY ? 1.f : __expf(m[r] - m_new[r]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        const float pr = s[nt][e] == -INFINITY ? 0.f : __expf(s[nt][e] - m_new[r]);
+        sum[r] += pr;
+        s[nt][e] = pr;
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+      l[r] = l[r] * corr[r] + sum[r];
+      m[r] = m_new[r];
+    }
+#pragma unroll
+    for (int dt = 0; dt < kDimTiles; ++dt) o[dt][0] *= corr[0], o[dt][1] *= corr[0], o[dt][2] *= corr[1], o[dt][3] *= corr[1];
+    if (p.dropout_p > 0)
+#pragma unroll
+      for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (s[nt][e] > 0)
+            s[nt][e] *= dropout_factor<float>(p, v, row[e / 2], k0 + nt * 8 + 2 * quad + (e & 1));
+    // O += P V: the probabilities of two key tiles form one A fragment.
+#pragma unroll
+    for (int kk = 0; kk < kTcKeys / 16; ++kk) {
+      const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                             pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < kD / 16; ++dp) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, sV + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kPitch + dp * 16 + (lane >> 4) * 8);
+        mma_16x8x16<T>(o[2 * dp], a, b[0], b[1]);
+        mma_16x8x16<T>(o[2 * dp + 1], a, b[2], b[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= v.len_q) continue;
+    const float inv = l[r] > 0 ? 1.f / l[r] : 0.f;
+    T* out = reinterpret_cast<T*>(p.out.data) + p.out.at(v.b, v.h, v.tok_q + row[r]);
+#pragma unroll
+    for (int dt = 0; dt < kDimTiles; ++dt) {
+      const int d = dt * 8 + 2 * quad;
+      out[d * p.out.dim] = convert<T>(o[dt][2 * r] * inv);
+      out[(d + 1) * p.out.dim] = convert<T>(o[dt][2 * r + 1] * inv);
+    }
+    if (quad == 0)
+      reinterpret_cast<float*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + row[r])] =
+          l[r] > 0 ? m[r] + logf(l[r]) : -INFINITY;
+  }
+}
+
+/// Whether the tensor-core kernel takes the problem: equal head dims of 64 or
+/// 128, unit dim strides and 16-byte aligned rows of q, k and v, sm_80+.
+bool tensor_core_layout(const Problem& p) {
+  if (p.head_dim != p.value_dim || (p.head_dim != 64 && p.head_dim != 128) || current_sm_version() < 80) return false;
+  for (const Operand* o : {&p.q, &p.k, &p.v})
+    if (o->dim != 1 || o->seq % 8 || o->head % 8 || o->batch % 8 || reinterpret_cast<uintptr_t>(o->data) % 16)
+      return false;
+  return true;
+}
+
+template <class T, int kD>
+Status launch_tc(const Problem& p, CUstream_st* stream) {
+  constexpr size_t smem = tc_smem<kD>();
+  BARACUDA_TRY(allow_smem(attention_forward_tc<T, kD>, smem));
+  const dim3 grid(unsigned((p.seq_q + kTcRows - 1) / kTcRows), unsigned(p.heads_q), unsigned(p.batch));
+  attention_forward_tc<T, kD><<<grid, kTcThreads, smem, stream>>>(p);
+  BARACUDA_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------- launch
+
+template <class T>
+struct CudaForward {
+  static Status run(const Problem& p, const Workspace&, CUstream_st* stream) {
+    if (p.batch == 0 || p.heads_q == 0 || p.seq_q == 0) return Status::ok();
+    if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+      if (tensor_core_layout(p)) return p.head_dim == 64 ? launch_tc<T, 64>(p, stream) : launch_tc<T, 128>(p, stream);
+    }
+    const size_t smem = forward_smem(p.head_dim, p.value_dim, sizeof(acc_of<T>));
+    BARACUDA_TRY(allow_smem(attention_forward<T>, smem));
+    const dim3 grid(unsigned((p.seq_q + kRows - 1) / kRows), unsigned(p.heads_q), unsigned(p.batch));
+    attention_forward<T><<<grid, kThreads, smem, stream>>>(p);
+    BARACUDA_CUDA_TRY(cudaGetLastError());
+    return Status::ok();
+  }
+};
+
+[[maybe_unused]] const bool registered = [] {
+  for_each_type<FloatTypes>([]<class T>(TypeTag<T>) {
+    cuda_attention().add(launch_key("attention", dtype_of<T>), &CudaForward<T>::run);
+  });
+  return true;
+}();
+
+}  // namespace
+}  // namespace baracuda::attn

@@ -1,0 +1,101 @@
+// Attention family: the one problem scaled dot-product attention binds to
+// (dense [B, H, S, D] views or packed variable-length sequences), forward
+// and backward, and the score rules (mask, window, ALiBi, softcap, dropout)
+// shared by the host reference and the CUDA kernels.
+#pragma once
+
+#include <cmath>
+
+#include "baracuda/core.hpp"
+#include "core/dtype_traits.hpp"
+#include "core/launch_table.hpp"
+
+struct CUstream_st;
+
+namespace baracuda::attn {
+
+/// Element strides of a [batch, head, seq, dim] operand. Packed
+/// variable-length operands ([tokens, head, dim]) have batch = 0 and their
+/// token index is the sequence's start offset plus the position.
+struct Operand {
+  char* data = nullptr;
+  int64_t batch = 0, head = 0, seq = 0, dim = 0;
+  BCD_HD int64_t at(int64_t b, int64_t h, int64_t s) const { return b * batch + h * head + s * seq; }
+};
+
+/// out[b, h, i] = sum_j softmax_j(score(b, h, i, j)) * dropout(b, h, i, j) * v[b, h / group, j]
+/// score = scale * q[b, h, i] . k[b, h / group, j], then softcap, then ALiBi
+/// and the additive mask; keys the causal rule, the window or a false boolean
+/// mask hide get -inf. lse[b, h, i] = log sum_j exp(score) (natural log, f32;
+/// f64 for f64). A query that sees no key gets out = 0 and lse = -inf.
+struct Problem {
+  DType dtype = DType::bf16;  ///< q, k, v, out (and every gradient)
+  int64_t batch = 0, heads_q = 0, heads_kv = 0, seq_q = 0, seq_kv = 0, head_dim = 0, value_dim = 0;
+  /// Packed sequences: batch + 1 non-decreasing token offsets (int32, memory
+  /// of the backend that runs); seq_q and seq_kv are then the longest lengths.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_kv = nullptr;
+  int64_t tokens_q = 0, tokens_kv = 0;  ///< packed: rows of q and k (offsets past them are invalid)
+
+  Operand q, k, v, out;
+  Operand lse;  ///< f32 (f64 for f64 problems), dim unused
+
+  Operand mask;  ///< over [b, h, i, j] (j on `dim`), stride 0 broadcasts; data null: none
+  DType mask_dtype = DType::boolean;  ///< bool: false hides the key; a float dtype: added to the score
+  const void* alibi_slopes = nullptr;  ///< f32 (f64 for f64 problems), per (b, query head) or per query head
+  int64_t alibi_batch_stride = 0, alibi_head_stride = 1;
+
+  double scale = 1, softcap = 0;  ///< softcap > 0: score = softcap * tanh(score / softcap)
+  bool causal = false;
+  bool bottom_right = false;  ///< the diagonal meets the last key (query i sits at i + Lk - Lq)
+  int64_t window_left = -1, window_right = -1;  ///< -1: unbounded
+  float dropout_p = 0;
+  uint64_t seed = 0, offset = 0;
+
+  // Backward only: grad_out and out (dim of value_dim), lse as forward.
+  bool backward = false;
+  Operand grad_out, grad_q, grad_k, grad_v;
+
+  BCD_HD bool varlen() const { return cu_seqlens_q != nullptr; }
+  BCD_HD int64_t group() const { return heads_q / heads_kv; }
+};
+
+/// Where query i sits on the key axis: i, or i + Lk - Lq when bottom-right aligned.
+BCD_HD int64_t query_position(const Problem& p, int64_t i, int64_t len_q, int64_t len_kv) {
+  return p.bottom_right ? i + len_kv - len_q : i;
+}
+
+/// The first and one-past-last keys query i may see (causal rule and window);
+/// an empty range when none.
+BCD_HD void key_range(const Problem& p, int64_t i, int64_t len_q, int64_t len_kv, int64_t& lo, int64_t& hi) {
+  const int64_t pos = query_position(p, i, len_q, len_kv);
+  lo = 0, hi = len_kv;
+  if (p.causal && pos + 1 < hi) hi = pos + 1;
+  if (p.window_right >= 0 && pos + p.window_right + 1 < hi) hi = pos + p.window_right + 1;
+  if (p.window_left >= 0 && pos - p.window_left > lo) lo = pos - p.window_left;
+  if (hi < lo) hi = lo;
+}
+
+/// Philox-4x32-10 (Salmon et al. 2011), the counter-based generator every
+/// backend uses for dropout so that they drop the same elements.
+BCD_HD uint32_t philox_first(uint64_t key, uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3) {
+  uint32_t k0 = uint32_t(key), k1 = uint32_t(key >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t(0xD2511F53u) * c0, p1 = uint64_t(0xCD9E8D57u) * c2;
+    const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0, n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
+    c1 = uint32_t(p1), c3 = uint32_t(p0), c0 = n0, c2 = n2;
+    k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+  }
+  return c0;
+}
+
+/// Whether dropout keeps element (b, h, i, j): a uniform draw from
+/// (seed, offset + b * heads + h, i, j) at or above p. Positions are within
+/// the sequence (packed sequences draw as if dense).
+BCD_HD bool dropout_keep(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  const uint64_t row = p.offset + uint64_t(b) * uint64_t(p.heads_q) + uint64_t(h);
+  const uint32_t bits = philox_first(p.seed, uint32_t(j), uint32_t(i), uint32_t(row), uint32_t(row >> 32));
+  return float(bits) * 0x1p-32f >= p.dropout_p;
+}
+
+}  // namespace baracuda::attn

@@ -1,0 +1,413 @@
+// Attention family: every op x dtype x size x layout x option set against the
+// host reference on every candidate (cuDNN and the bespoke CUDA kernels with
+// a GPU); the host reference against a naive softmax written here; gradients
+// against finite differences; dropout's rate and reproducibility; packed
+// sequences against per-sequence dense attention; bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "baracuda/registry.hpp"
+#include "core/errors.hpp"
+#include "exec.hpp"
+#include "harness.hpp"
+#include "sweep.hpp"
+
+using namespace baracuda;
+using namespace baracuda::harness;
+using namespace baracuda::testing_support;
+
+namespace {
+
+/// The dense SDPA ops (packed sequences need valid offsets: AttentionVarlen
+/// covers them; RoPE, the KV cache and decoding have their own tests).
+std::vector<std::string> dense_ops() { return {"scaled_dot_product_attention", "scaled_dot_product_attention_backward"}; }
+
+class Attention : public testing::TestWithParam<std::string> {};
+TEST_P(Attention, HostMatchesReference) { sweep(*find_op(GetParam()), Backend::host_reference); }
+TEST_P(Attention, BespokeCudaMatchesReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  sweep(*find_op(GetParam()), Backend::bespoke_cuda);
+}
+TEST_P(Attention, CudnnMatchesReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  OpInfo halves = *find_op(GetParam());
+  halves.dtypes = {DType::f16, DType::bf16};
+  // cuDNN refuses odd head dims, dropout (its RNG is not ours), softcap and
+  // ALiBi slopes in select: those cases are skipped; some must run.
+  sweep(halves, Backend::cudnn);
+}
+INSTANTIATE_TEST_SUITE_P(Ops, Attention, testing::ValuesIn(dense_ops()), param_name);
+
+std::vector<double> uniform(int64_t n, std::mt19937& rng, double lo = -1, double hi = 1) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<double> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+struct Sizes {
+  int64_t b, hq, hkv, sq, skv, d, dv;
+};
+
+/// Attention written out naively: every score, a max-subtracted softmax.
+/// mask: additive values over [sq, skv] (-inf hides), shared by every head.
+std::vector<double> naive(const Sizes& s, const std::vector<double>& q, const std::vector<double>& k,
+                          const std::vector<double>& v, const std::vector<double>& mask, double scale, bool causal,
+                          double softcap, const std::vector<double>& slopes) {
+  std::vector<double> out(size_t(s.b * s.hq * s.sq * s.dv), 0.0);
+  for (int64_t b = 0; b < s.b; ++b)
+    for (int64_t h = 0; h < s.hq; ++h) {
+      const int64_t hk = h / (s.hq / s.hkv);
+      for (int64_t i = 0; i < s.sq; ++i) {
+        std::vector<double> sc(size_t(s.skv));
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < s.skv; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < s.d; ++d)
+            dot += q[((b * s.hq + h) * s.sq + i) * s.d + d] * k[((b * s.hkv + hk) * s.skv + j) * s.d + d];
+          double x = dot * scale;
+          if (softcap > 0) x = softcap * std::tanh(x / softcap);
+          if (!slopes.empty()) x -= slopes[h] * std::abs(double(i - j));
+          if (!mask.empty()) x += mask[i * s.skv + j];
+          if (causal && j > i) x = -INFINITY;
+          sc[j] = x;
+          mx = std::max(mx, x);
+        }
+        double sum = 0;
+        for (double& x : sc) sum += (x = std::exp(x - mx));
+        for (int64_t j = 0; j < s.skv; ++j)
+          for (int64_t d = 0; d < s.dv; ++d)
+            out[((b * s.hq + h) * s.sq + i) * s.dv + d] += sc[j] / sum * v[((b * s.hkv + hk) * s.skv + j) * s.dv + d];
+      }
+    }
+  return out;
+}
+
+/// The host reference (and the CUDA kernels) against the naive formula: GQA,
+/// causal, an additive mask, softcap and ALiBi, each on its own.
+TEST(AttentionReference, MatchesNaiveSoftmax) {
+  std::mt19937 rng(5);
+  const Sizes s{2, 4, 2, 6, 9, 8, 5};
+  const auto q = uniform(s.b * s.hq * s.sq * s.d, rng), k = uniform(s.b * s.hkv * s.skv * s.d, rng),
+             v = uniform(s.b * s.hkv * s.skv * s.dv, rng), mask = uniform(s.sq * s.skv, rng, -2, 2),
+             slopes_d = uniform(s.hq, rng, 0, 0.5);
+  const std::vector<double> none;
+  struct Case {
+    const char* name;
+    Attrs attrs;
+    bool mask, causal, alibi;
+    double softcap;
+  };
+  const Case cases[] = {{"plain", {}, false, false, false, 0},
+                        {"scale", {{"scale", 0.3}}, false, false, false, 0},
+                        {"causal", {{"causal", 1}}, false, true, false, 0},
+                        {"mask", {}, true, false, false, 0},
+                        {"softcap", {{"softcap", 0.7}}, false, false, false, 0.7},
+                        {"alibi", {}, false, false, true, 0}};
+  for (Backend backend : host_and_cuda_backends())
+    for (const Case& c : cases) {
+      for (DType t : {DType::f64, DType::f32}) {
+        const DType lt = t == DType::f64 ? DType::f64 : DType::f32;  // lse and ALiBi slopes
+        std::vector<Operand> in{{q, {s.b, s.hq, s.sq, s.d}, t},
+                                {k, {s.b, s.hkv, s.skv, s.d}, t},
+                                {v, {s.b, s.hkv, s.skv, s.dv}, t},
+                                c.mask ? Operand{mask, {s.sq, s.skv}, t} : Operand{{}, {0}, t},
+                                c.alibi ? Operand{slopes_d, {s.hq}, lt} : Operand{{}, {0}, lt}};
+        std::vector<double> slopes;
+        if (c.alibi)
+          for (double x : slopes_d) slopes.push_back(t == DType::f64 ? x : double(float(x)));
+        auto got = exec(backend, "scaled_dot_product_attention", in, c.attrs);
+        ASSERT_TRUE(got) << got.status().to_string();
+        const double scale = c.attrs.get("scale", 1 / std::sqrt(double(s.d)));
+        const auto want = naive(s, q, k, v, c.mask ? mask : none, scale, c.causal, c.softcap, slopes);
+        const double tol = t == DType::f64 ? 1e-12 : 2e-6;
+        for (size_t e = 0; e < want.size(); ++e)
+          ASSERT_NEAR((*got)[0][e], want[e], tol) << c.name << " " << backend_name(backend) << " element " << e;
+      }
+    }
+}
+
+/// A boolean mask that hides every key of a row gives that row 0 and lse -inf;
+/// the window keeps exactly the keys it names.
+TEST(AttentionReference, BooleanMaskAndWindow) {
+  std::mt19937 rng(6);
+  const Sizes s{1, 1, 1, 4, 6, 4, 4};
+  const auto q = uniform(16, rng), k = uniform(24, rng), v = uniform(24, rng);
+  std::vector<double> keep(24, 1.0);
+  for (int j = 0; j < 6; ++j) keep[1 * 6 + j] = 0;  // row 1 sees nothing
+  keep[2 * 6 + 0] = 0;                              // row 2 loses key 0
+  std::vector<double> additive(24, 0.0);
+  for (size_t e = 0; e < 24; ++e) additive[e] = keep[e] ? 0 : -INFINITY;
+  for (Backend backend : host_and_cuda_backends()) {
+    auto got = exec(backend, "scaled_dot_product_attention",
+                    {{q, {1, 1, 4, 4}, DType::f64}, {k, {1, 1, 6, 4}, DType::f64}, {v, {1, 1, 6, 4}, DType::f64},
+                     {keep, {4, 6}, DType::boolean}, {{}, {0}, DType::f64}});
+    ASSERT_TRUE(got) << got.status().to_string();
+    std::vector<double> masked = additive;
+    for (int j = 0; j < 6; ++j) masked[6 + j] = 0;  // the naive formula on row 1 is undefined: compare the others
+    const auto want = naive(s, q, k, v, masked, 0.5, false, 0, {});
+    for (int64_t i : {0, 2, 3})
+      for (int d = 0; d < 4; ++d) EXPECT_NEAR((*got)[0][i * 4 + d], want[i * 4 + d], 1e-12) << backend_name(backend);
+    for (int d = 0; d < 4; ++d) EXPECT_EQ((*got)[0][4 + d], 0.0) << backend_name(backend);
+    EXPECT_EQ((*got)[1][1], -INFINITY) << backend_name(backend);
+
+    // window_left 1, window_right 0, bottom-right: query i (at i + 2) sees keys i + 1 and i + 2.
+    auto win = exec(backend, "scaled_dot_product_attention",
+                    {{q, {1, 1, 4, 4}, DType::f64}, {k, {1, 1, 6, 4}, DType::f64}, {v, {1, 1, 6, 4}, DType::f64},
+                     {{}, {0}, DType::f64}, {{}, {0}, DType::f64}},
+                    {{"window_left", 1}, {"window_right", 0}, {"bottom_right", 1}});
+    ASSERT_TRUE(win) << win.status().to_string();
+    std::vector<double> band(24, -INFINITY);
+    for (int i = 0; i < 4; ++i) band[i * 6 + i + 1] = band[i * 6 + i + 2] = 0;
+    const auto want_band = naive(s, q, k, v, band, 0.5, false, 0, {});
+    for (size_t e = 0; e < want_band.size(); ++e) EXPECT_NEAR((*win)[0][e], want_band[e], 1e-12) << backend_name(backend);
+  }
+}
+
+/// Backward against central differences of the host forward in f64, over the
+/// options (dropout included: its mask is a fixed function of the seed).
+TEST(AttentionGradients, MatchFiniteDifferences) {
+  std::mt19937 rng(9);
+  const Sizes s{1, 4, 2, 5, 7, 3, 4};
+  struct Case {
+    const char* name;
+    Attrs attrs;
+    bool mask, alibi;
+  };
+  const Case cases[] = {{"plain", {}, false, false},
+                        {"causal+bottom_right", {{"causal", 1}, {"bottom_right", 1}}, false, false},
+                        {"window", {{"window_left", 2}, {"window_right", 1}}, false, false},
+                        {"softcap+scale", {{"softcap", 0.8}, {"scale", 0.9}}, false, false},
+                        {"mask+alibi", {}, true, true},
+                        {"dropout", {{"dropout_p", 0.4}, {"seed", 3}}, false, false}};
+  for (const Case& c : cases) {
+    std::vector<Operand> fwd{{uniform(s.b * s.hq * s.sq * s.d, rng), {s.b, s.hq, s.sq, s.d}, DType::f64},
+                             {uniform(s.b * s.hkv * s.skv * s.d, rng), {s.b, s.hkv, s.skv, s.d}, DType::f64},
+                             {uniform(s.b * s.hkv * s.skv * s.dv, rng), {s.b, s.hkv, s.skv, s.dv}, DType::f64},
+                             c.mask ? Operand{uniform(s.sq * s.skv, rng), {s.sq, s.skv}, DType::f64}
+                                    : Operand{{}, {0}, DType::f64},
+                             c.alibi ? Operand{uniform(s.hq, rng, 0, 0.5), {s.hq}, DType::f64}
+                                     : Operand{{}, {0}, DType::f64}};
+    auto y = exec(Backend::host_reference, "scaled_dot_product_attention", fwd, c.attrs);
+    ASSERT_TRUE(y) << y.status().to_string();
+    const std::vector<double> g = uniform(int64_t((*y)[0].size()), rng);
+    auto loss = [&](const std::vector<Operand>& ops) {
+      auto out = exec(Backend::host_reference, "scaled_dot_product_attention", ops, c.attrs);
+      double l = 0;
+      for (size_t i = 0; i < g.size(); ++i) l += g[i] * (*out)[0][i];
+      return l;
+    };
+    const Operand grad{g, {s.b, s.hq, s.sq, s.dv}, DType::f64}, out{(*y)[0], grad.shape, DType::f64},
+        lse{(*y)[1], {s.b, s.hq, s.sq}, DType::f64};
+    for (Backend backend : host_and_cuda_backends()) {
+      auto grads = exec(backend, "scaled_dot_product_attention_backward", {grad, fwd[0], fwd[1], fwd[2], out, lse, fwd[3], fwd[4]},
+                        c.attrs);
+      ASSERT_TRUE(grads) << grads.status().to_string();
+      int nonzero = 0;
+      for (int operand = 0; operand < 3; ++operand)
+        for (size_t i = 0; i < fwd[operand].values.size(); ++i) {
+          std::vector<Operand> plus = fwd, minus = fwd;
+          const double h = 1e-6;
+          plus[operand].values[i] += h;
+          minus[operand].values[i] -= h;
+          const double fd = (loss(plus) - loss(minus)) / (2 * h);
+          nonzero += std::abs(fd) > 1e-3;
+          EXPECT_NEAR((*grads)[operand][i], fd, 1e-7 + 1e-6 * std::abs(fd))
+              << c.name << " " << backend_name(backend) << " operand " << operand << " element " << i;
+        }
+      EXPECT_GT(nonzero, 20) << c.name;
+    }
+  }
+}
+
+/// Dropout: uniform weights over N keys and one-hot values make out[d] the
+/// kept weight of key d: 1 / (N (1 - p)) or 0. The drop rate is near p, the
+/// same seed and offset give the same mask, another offset another mask.
+TEST(AttentionDropout, RateAndReproducibility) {
+  const int64_t n = 256;
+  std::vector<double> zeros(n * 8, 0.0), onehot(n * n, 0.0);
+  for (int64_t j = 0; j < n; ++j) onehot[j * n + j] = 1;
+  for (Backend backend : host_and_cuda_backends()) {
+    auto run = [&](double offset) {
+      const Attrs a{{"dropout_p", 0.25}, {"seed", 42}, {"offset", offset}};
+      auto r = exec(backend, "scaled_dot_product_attention",
+                    {{std::vector<double>(8, 0.0), {1, 1, 1, 8}, DType::f32}, {zeros, {1, 1, n, 8}, DType::f32},
+                     {onehot, {1, 1, n, n}, DType::f32}, {{}, {0}, DType::f32}, {{}, {0}, DType::f32}},
+                    a);
+      EXPECT_TRUE(r) << r.status().to_string();
+      return r ? (*r)[0] : std::vector<double>{};
+    };
+    const auto first = run(0), again = run(0), other = run(1);
+    EXPECT_EQ(first, again) << backend_name(backend);
+    EXPECT_NE(first, other) << backend_name(backend);
+    int dropped = 0;
+    for (double x : first) {
+      if (x == 0) ++dropped;
+      else EXPECT_NEAR(x, 1.0 / (n * 0.75), 1e-7);
+    }
+    EXPECT_GT(dropped, 40) << backend_name(backend);  // 64 expected
+    EXPECT_LT(dropped, 90) << backend_name(backend);
+  }
+  // Every backend draws the same mask.
+  if (cuda_available()) {
+    const std::vector<Operand> in{{std::vector<double>(8, 0.0), {1, 1, 1, 8}, DType::f32}, {zeros, {1, 1, n, 8}, DType::f32},
+                                  {onehot, {1, 1, n, n}, DType::f32}, {{}, {0}, DType::f32}, {{}, {0}, DType::f32}};
+    const Attrs a{{"dropout_p", 0.5}, {"seed", 1234567}};
+    auto host = exec(Backend::host_reference, "scaled_dot_product_attention", in, a);
+    auto cuda = exec(Backend::bespoke_cuda, "scaled_dot_product_attention", in, a);
+    ASSERT_TRUE(host && cuda);
+    EXPECT_EQ((*host)[0], (*cuda)[0]);
+  }
+}
+
+/// Packed sequences: each sequence of varlen_attention (and its backward)
+/// equals dense attention over that sequence alone.
+TEST(AttentionVarlen, MatchesDensePerSequence) {
+  std::mt19937 rng(12);
+  const std::vector<int64_t> lq{3, 0, 7, 1}, lk{5, 4, 7, 9};
+  const int64_t hq = 4, hkv = 2, d = 8, dv = 6;
+  std::vector<double> cq{0}, ck{0};
+  for (size_t b = 0; b < lq.size(); ++b) cq.push_back(cq.back() + double(lq[b])), ck.push_back(ck.back() + double(lk[b]));
+  const int64_t tq = int64_t(cq.back()), tk = int64_t(ck.back());
+  const auto q = uniform(tq * hq * d, rng), k = uniform(tk * hkv * d, rng), v = uniform(tk * hkv * dv, rng),
+             g = uniform(tq * hq * dv, rng);
+  const Attrs attrs{{"causal", 1}, {"bottom_right", 1}, {"max_seqlen_q", 7}, {"max_seqlen_kv", 9}};
+  for (Backend backend : host_and_cuda_backends()) {
+    for (DType t : {DType::f64, DType::f32}) {
+      const DType lt = t == DType::f64 ? DType::f64 : DType::f32;
+      const std::vector<Operand> in{{q, {tq, hq, d}, t},          {k, {tk, hkv, d}, t},        {v, {tk, hkv, dv}, t},
+                                    {cq, {5}, DType::i32}, {ck, {5}, DType::i32}, {{}, {0}, lt}};
+      auto packed = exec(backend, "varlen_attention", in, attrs);
+      ASSERT_TRUE(packed) << packed.status().to_string();
+      auto grads = exec(backend, "varlen_attention_backward",
+                        {{g, {tq, hq, dv}, t}, in[0], in[1], in[2], {(*packed)[0], {tq, hq, dv}, t},
+                         {(*packed)[1], {hq, tq}, lt}, in[3], in[4], in[5]},
+                        attrs);
+      ASSERT_TRUE(grads) << grads.status().to_string();
+      const double tol = t == DType::f64 ? 1e-12 : 1e-5;
+      for (size_t b = 0; b < lq.size(); ++b) {
+        // Sequence b as dense [1, H, S, D] views of the packed tokens (a [S, H, D] slice, transposed).
+        auto slice = [&](const std::vector<double>& x, int64_t first, int64_t len, int64_t heads, int64_t dim) {
+          std::vector<double> out;
+          for (int64_t h = 0; h < heads; ++h)
+            for (int64_t s = 0; s < len; ++s)
+              for (int64_t e = 0; e < dim; ++e) out.push_back(x[((first + s) * heads + h) * dim + e]);
+          return out;
+        };
+        const int64_t q0 = int64_t(cq[b]), k0 = int64_t(ck[b]);
+        const std::vector<Operand> dense{{slice(q, q0, lq[b], hq, d), {1, hq, lq[b], d}, t},
+                                         {slice(k, k0, lk[b], hkv, d), {1, hkv, lk[b], d}, t},
+                                         {slice(v, k0, lk[b], hkv, dv), {1, hkv, lk[b], dv}, t},
+                                         {{}, {0}, t},
+                                         {{}, {0}, lt}};
+        const Attrs dense_attrs{{"causal", 1}, {"bottom_right", 1}};
+        auto want = exec(Backend::host_reference, "scaled_dot_product_attention", dense, dense_attrs);
+        ASSERT_TRUE(want) << want.status().to_string();
+        const auto got_out = slice((*packed)[0], q0, lq[b], hq, dv);
+        for (size_t e = 0; e < got_out.size(); ++e) EXPECT_NEAR(got_out[e], (*want)[0][e], tol) << "sequence " << b;
+        auto want_g = exec(Backend::host_reference, "scaled_dot_product_attention_backward",
+                           {{slice(g, q0, lq[b], hq, dv), {1, hq, lq[b], dv}, t}, dense[0], dense[1], dense[2],
+                            {(*want)[0], {1, hq, lq[b], dv}, t}, {(*want)[1], {1, hq, lq[b]}, lt}, dense[3], dense[4]},
+                           dense_attrs);
+        ASSERT_TRUE(want_g) << want_g.status().to_string();
+        const std::vector<double> got[3] = {slice((*grads)[0], q0, lq[b], hq, d), slice((*grads)[1], k0, lk[b], hkv, d),
+                                            slice((*grads)[2], k0, lk[b], hkv, dv)};
+        for (int o = 0; o < 3; ++o)
+          for (size_t e = 0; e < got[o].size(); ++e)
+            EXPECT_NEAR(got[o][e], (*want_g)[o][e], tol) << backend_name(backend) << " sequence " << b << " grad " << o;
+      }
+    }
+  }
+}
+
+/// Offsets that are not a valid packing: the reference names the sequence.
+TEST(AttentionVarlen, BadOffsetsAreNamed) {
+  const std::vector<Operand> in{{std::vector<double>(4 * 2 * 4, 0.5), {4, 2, 4}, DType::f32},
+                                {std::vector<double>(4 * 2 * 4, 0.5), {4, 2, 4}, DType::f32},
+                                {std::vector<double>(4 * 2 * 4, 0.5), {4, 2, 4}, DType::f32},
+                                {{0, 3, 2}, {3}, DType::i32},
+                                {{0, 2, 4}, {3}, DType::i32},
+                                {{}, {0}, DType::f32}};
+  auto r = exec(Backend::host_reference, "varlen_attention", in);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.status().message().find("sequence 1 has offsets q [3, 2)"), std::string::npos) << r.status().message();
+}
+
+/// Bigger than one tile in every direction on the CUDA kernels (the sweep's
+/// sizes stay small for the host reference): bf16 and f32, causal, GQA,
+/// transposed [B, S, H, D] memory.
+TEST(AttentionCuda, MultiTileAgainstReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(21);
+  const int64_t b = 2, hq = 4, hkv = 2, sq = 133, skv = 161, d = 128;
+  const auto q = uniform(b * hq * sq * d, rng), k = uniform(b * hkv * skv * d, rng), v = uniform(b * hkv * skv * d, rng),
+             g = uniform(b * hq * sq * d, rng);
+  // [B, S, H, D] memory seen as [B, H, S, D].
+  auto bshd = [](int64_t heads, int64_t seq, int64_t dim) { return Shape{seq * heads * dim, dim, heads * dim, 1}; };
+  for (DType t : {DType::bf16, DType::f32}) {
+    const Attrs attrs{{"causal", 1}};
+    std::vector<Operand> in{{q, {b, hq, sq, d}, t, bshd(hq, sq, d)}, {k, {b, hkv, skv, d}, t, bshd(hkv, skv, d)},
+                            {v, {b, hkv, skv, d}, t, bshd(hkv, skv, d)}, {{}, {0}, t}, {{}, {0}, DType::f32}};
+    auto host = exec(Backend::host_reference, "scaled_dot_product_attention", in, attrs);
+    auto cuda = exec(Backend::bespoke_cuda, "scaled_dot_product_attention", in, attrs);
+    ASSERT_TRUE(host && cuda);
+    const double tol = t == DType::bf16 ? 2e-2 : 1e-5;
+    for (size_t e = 0; e < (*host)[0].size(); ++e) ASSERT_NEAR((*cuda)[0][e], (*host)[0][e], tol) << dtype_name(t) << " out " << e;
+    for (size_t e = 0; e < (*host)[1].size(); ++e) ASSERT_NEAR((*cuda)[1][e], (*host)[1][e], 1e-4) << dtype_name(t) << " lse " << e;
+    const DType lt = DType::f32;
+    const std::vector<Operand> bwd{{g, {b, hq, sq, d}, t}, in[0], in[1], in[2], {(*host)[0], {b, hq, sq, d}, t},
+                                   {(*host)[1], {b, hq, sq}, lt}, in[3], in[4]};
+    auto gh = exec(Backend::host_reference, "scaled_dot_product_attention_backward", bwd, attrs);
+    auto gc = exec(Backend::bespoke_cuda, "scaled_dot_product_attention_backward", bwd, attrs);
+    ASSERT_TRUE(gh && gc);
+    for (int o = 0; o < 3; ++o) {
+      double scale = 0;
+      for (double x : (*gh)[o]) scale = std::max(scale, std::abs(x));
+      for (size_t e = 0; e < (*gh)[o].size(); ++e)
+        ASSERT_NEAR((*gc)[o][e], (*gh)[o][e], (t == DType::bf16 ? 2e-2 : 1e-5) * scale) << dtype_name(t) << " grad " << o << " " << e;
+    }
+  }
+}
+
+TEST(AttentionErrors, BadInputIsNamed) {
+  auto message = [](const std::string& op, std::vector<TensorSpec> in, const Attrs& attrs = {}) {
+    auto r = infer(op, std::move(in), attrs);
+    return r ? std::string("(no error)") : r.status().message();
+  };
+  auto has = [](const std::string& m, const std::string& part) { return m.find(part) != std::string::npos; };
+  const DType h = DType::bf16, f = DType::f32;
+  const TensorSpec none{h, {0}}, no_alibi{f, {0}};
+  const std::string sdpa = "scaled_dot_product_attention";
+  std::string m = message(sdpa, {{h, {2, 6, 5, 8}}, {h, {2, 4, 7, 8}}, {h, {2, 4, 7, 8}}, none, no_alibi});
+  EXPECT_TRUE(has(m, "key/value heads (4) must divide query heads (6)")) << m;
+  m = message(sdpa, {{h, {2, 4, 5, 8}}, {h, {2, 4, 7, 16}}, {h, {2, 4, 7, 8}}, none, no_alibi});
+  EXPECT_TRUE(has(m, "'key' head dim 16 != 'query' head dim 8")) << m;
+  m = message(sdpa, {{h, {2, 4, 5, 8}}, {h, {2, 4, 7, 8}}, {h, {2, 4, 6, 8}}, none, no_alibi});
+  EXPECT_TRUE(has(m, "'value' [2, 4, 6, 8] must match 'key' [2, 4, 7, 8] in heads and length")) << m;
+  m = message(sdpa, {{h, {2, 4, 5, 8}}, {h, {3, 4, 7, 8}}, {h, {3, 4, 7, 8}}, none, no_alibi});
+  EXPECT_TRUE(has(m, "batch sizes differ")) << m;
+  m = message(sdpa, {{h, {2, 4, 5, 8}}, {h, {2, 4, 7, 8}}, {h, {2, 4, 7, 8}}, {h, {5, 6}}, no_alibi});
+  EXPECT_TRUE(has(m, "'attn_mask' [5, 6] does not broadcast to the scores [2, 4, 5, 7]")) << m;
+  m = message(sdpa, {{h, {2, 4, 5, 8}}, {h, {2, 4, 7, 8}}, {h, {2, 4, 7, 8}}, {f, {5, 7}}, no_alibi});
+  EXPECT_TRUE(has(m, "'attn_mask' dtype f32, expected bool or the query dtype bf16")) << m;
+  m = message(sdpa, {{h, {2, 4, 5, 8}}, {h, {2, 4, 7, 8}}, {h, {2, 4, 7, 8}}, none, {f, {3}}});
+  EXPECT_TRUE(has(m, "'alibi_slopes' must be [4] or [2, 4] or [0], got [3]")) << m;
+  m = message(sdpa, {{h, {2, 4, 5, 8}}, {h, {2, 4, 7, 8}}, {h, {2, 4, 7, 8}}, none, no_alibi}, {{"dropout_p", 1}});
+  EXPECT_TRUE(has(m, "'dropout_p' must be in [0, 1), got 1")) << m;
+  m = message(sdpa, {{h, {2, 4, 5, 8}}, {h, {2, 4, 7, 8}}, {h, {2, 4, 7, 8}}, none, no_alibi}, {{"window_left", -2}});
+  EXPECT_TRUE(has(m, "'window_left' must be an integer >= -1")) << m;
+  m = message(sdpa, {{h, {4, 5, 8}}, {h, {2, 4, 7, 8}}, {h, {2, 4, 7, 8}}, none, no_alibi});
+  EXPECT_TRUE(has(m, "must have the rank of 'query'")) << m;
+  m = message(sdpa, {{DType::i32, {2, 4, 5, 8}}, {h, {2, 4, 7, 8}}, {h, {2, 4, 7, 8}}, none, no_alibi});
+  EXPECT_TRUE(has(m, "dtype i32 is not supported")) << m;
+  m = message("varlen_attention", {{h, {9, 4, 8}}, {h, {7, 2, 8}}, {h, {7, 2, 8}}, {DType::i64, {3}}, {DType::i64, {3}}, no_alibi});
+  EXPECT_TRUE(has(m, "sequence offsets must be i32")) << m;
+  m = message("scaled_dot_product_attention_backward",
+              {{h, {2, 4, 5, 8}}, {h, {2, 4, 5, 8}}, {h, {2, 4, 7, 8}}, {h, {2, 4, 7, 8}}, {h, {2, 4, 5, 8}}, {f, {2, 4, 6}},
+               none, no_alibi});
+  EXPECT_TRUE(has(m, "'lse' [2, 4, 6], expected [2, 4, 5]")) << m;
+}
+
+}  // namespace
