@@ -364,16 +364,22 @@ __global__ void __launch_bounds__(kThreads) decode_combine(const DecodeProblem p
   const int splits = p.splits;
   const M* part = static_cast<const M*>(p.workspace) + row * splits * p.value_dim;
   const M* lse = static_cast<const M*>(p.workspace) + p.batch * p.heads_q * splits * p.value_dim + row * splits;
+  // The splits' lse in shared memory once (not a serial global read per
+  // thread), then weights relative to the largest.
+  for (int s = threadIdx.x; s < splits; s += kThreads) weight[s] = lse[s];
+  __syncthreads();
   M top = neg_inf<M>();
-  for (int s = 0; s < splits; ++s) top = m_max(top, lse[s]);
+  for (int s = 0; s < splits; ++s) top = m_max(top, weight[s]);
+  __syncthreads();
   for (int s = threadIdx.x; s < splits; s += kThreads)
-    weight[s] = top == neg_inf<M>() ? M(0) : m_exp(lse[s] - top);
+    weight[s] = top == neg_inf<M>() ? M(0) : m_exp(weight[s] - top);
   __syncthreads();
   M sum = M(0);
   for (int s = 0; s < splits; ++s) sum += weight[s];
   const M inv = sum > M(0) ? M(1) / sum : M(0);
   for (int64_t d = threadIdx.x; d < p.value_dim; d += kThreads) {
     M total = M(0);
+#pragma unroll 8  // independent loads in flight; the adds stay in split order
     for (int s = 0; s < splits; ++s) total += weight[s] * part[s * p.value_dim + d];
     reinterpret_cast<T*>(p.out)[b * p.out_batch + h * p.out_head + d * p.out_dim] = convert<T>(total * inv);
   }
