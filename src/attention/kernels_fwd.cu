@@ -2,8 +2,10 @@
 // score matrix:
 // - f16/bf16 with head dims 64 or 128 and 16-byte friendly rows (sm_80+):
 //   flash attention on tensor cores (mma.sync m16n8k16, f32 accumulators):
-//   a block per 64 query rows (16 per warp), 64-key tiles of K and V in
-//   shared memory, S = Q K^T and O += P V from registers, online softmax.
+//   a block per 64 query rows (16 per warp), 64-key tiles of K and V
+//   double-buffered in shared memory by cp.async, S = Q K^T and O += P V
+//   from registers, online softmax; tiles every row sees whole skip the
+//   per-element score rule.
 // - everything else (f32, f64, other head dims, any strides): one block per
 //   16 query rows, 32-key tiles, a lane per key for the scores and a lane
 //   per 32nd dim for the output, on CUDA cores.
@@ -107,9 +109,10 @@ __global__ void __launch_bounds__(kThreads) attention_forward(const Problem p) {
 
 constexpr int kTcWarps = 4, kTcThreads = kTcWarps * 32, kTcRows = 16 * kTcWarps, kTcKeys = 64;
 
+/// Two stages of K and V tiles (Q is staged once in the second stage's K tile).
 template <int kD>
 constexpr size_t tc_smem() {
-  return size_t(kTcRows + 2 * kTcKeys) * (kD + 8) * 2;
+  return size_t(4 * kTcKeys) * (kD + 8) * 2;
 }
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
@@ -120,12 +123,31 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(row)));
+               : "r"(shared_address(row)) : "memory");
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(row)));
+               : "r"(shared_address(row)) : "memory");
+}
+
+/// 16 bytes global -> shared without registers; `bytes` 0 writes zeros.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src), "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
 }
 
 /// c += a (16x16, row) * b (16x8, col), f32 accumulators.
@@ -159,27 +181,35 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-/// 64 rows of kD elements from rows with unit dim stride, 16 bytes per load,
-/// into a tile with a pitch of kD + 8 (ldmatrix rows fall in distinct banks).
+/// Issues the copy of 64 rows of kD elements (unit dim stride, 16-byte rows)
+/// into a tile with a pitch of kD + 8 (ldmatrix rows fall in distinct banks);
+/// rows at or past `len` are zero-filled.
 template <int kD, class T>
-__device__ __forceinline__ void load_tile_16b(T* s, const T* base, int64_t seq, int64_t row0, int64_t len) {
+__device__ __forceinline__ void issue_tile(T* s, const T* base, int64_t seq, int64_t row0, int64_t len) {
   constexpr int kPerRow = kD / 8;
   for (int e = threadIdx.x; e < 64 * kPerRow; e += kTcThreads) {
     const int r = e / kPerRow, c = e % kPerRow;
     const int64_t i = row0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (i < len) v = *reinterpret_cast<const uint4*>(base + i * seq + c * 8);
-    *reinterpret_cast<uint4*>(s + r * (kD + 8) + c * 8) = v;
+    cp_async_16(s + r * (kD + 8) + c * 8, i < len ? base + i * seq + c * 8 : base, i < len ? 16 : 0);
   }
+}
+
+/// Whether no score of the tile needs the rule: every key is inside every
+/// row's range and there is no mask, ALiBi or softcap.
+__device__ __forceinline__ bool tile_plain(const Problem& p, const HeadView& v, int64_t row0, int64_t row_last,
+                                           int64_t k0, int keys) {
+  if (p.mask.data || p.alibi_slopes || p.softcap > 0 || k0 + keys > v.len_kv) return false;
+  int64_t lo_first, hi_first, lo_last, hi_last;
+  key_range(p, row0, v.len_q, v.len_kv, lo_first, hi_first);
+  key_range(p, row_last, v.len_q, v.len_kv, lo_last, hi_last);
+  return k0 >= lo_last && k0 + keys <= hi_first;
 }
 
 template <class T, int kD>
 __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem p) {
-  constexpr int kPitch = kD + 8, kKeyTiles = kTcKeys / 8, kDimTiles = kD / 8;
+  constexpr int kPitch = kD + 8, kKeyTiles = kTcKeys / 8, kDimTiles = kD / 8, kTile = kTcKeys * kPitch;
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + kTcRows * kPitch;
-  T* sV = sK + kTcKeys * kPitch;
+  T* sK[2] = {reinterpret_cast<T*>(smem), reinterpret_cast<T*>(smem) + 2 * kTile};  // stage s: K, then V
   const HeadView v = head_view(p, blockIdx.z, blockIdx.y);
   const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
   if (!v.valid || row0 >= v.len_q) return;
@@ -187,12 +217,25 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
   const T* q = reinterpret_cast<const T*>(p.q.data) + p.q.at(v.b, v.h, v.tok_q);
   const T* k = reinterpret_cast<const T*>(p.k.data) + p.k.at(v.b, v.hk, v.tok_kv);
   const T* val = reinterpret_cast<const T*>(p.v.data) + p.v.at(v.b, v.hk, v.tok_kv);
-  load_tile_16b<kD>(sQ, q, p.q.seq, row0, v.len_q);
+  const int64_t row_last = min(row0 + kTcRows, v.len_q) - 1;
+  int64_t span_lo, span_hi;
+  tile_key_span(p, v, row0, row_last, span_lo, span_hi);
+
+  // Q through stage 1's K tile into registers; stage 0 starts loading meanwhile.
+  issue_tile<kD>(sK[1], q, p.q.seq, row0, v.len_q);
+  cp_async_commit();
+  if (span_lo < span_hi) {
+    issue_tile<kD>(sK[0], k, p.k.seq, span_lo, v.len_kv);
+    issue_tile<kD>(sK[0] + kTile, val, p.v.seq, span_lo, v.len_kv);
+  }
+  cp_async_commit();
+  cp_async_wait<1>();
   __syncthreads();
   uint32_t qf[kD / 16][4];  // this warp's 16 rows as A fragments
 #pragma unroll
   for (int kd = 0; kd < kD / 16; ++kd)
-    ldmatrix_x4(qf[kd], sQ + (warp * 16 + lane % 16) * kPitch + kd * 16 + (lane / 16) * 8);
+    ldmatrix_x4(qf[kd], sK[1] + (warp * 16 + lane % 16) * kPitch + kd * 16 + (lane / 16) * 8);
+  __syncthreads();  // stage 1 is free for the next tile
 
   // This thread's rows: g and g + 8 of the warp's 16.
   int64_t row[2], lo[2], hi[2];
@@ -202,39 +245,54 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
     lo[r] = hi[r] = 0;
     if (row[r] < v.len_q) key_range(p, row[r], v.len_q, v.len_kv, lo[r], hi[r]);
   }
-  int64_t span_lo, span_hi;
-  tile_key_span(p, v, row0, min(row0 + kTcRows, v.len_q) - 1, span_lo, span_hi);
-
+  const float scale = float(p.scale);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
   float o[kDimTiles][4] = {};
-  for (int64_t k0 = span_lo; k0 < span_hi; k0 += kTcKeys) {
+  int stage = 0;
+  for (int64_t k0 = span_lo; k0 < span_hi; k0 += kTcKeys, stage ^= 1) {
+    if (k0 + kTcKeys < span_hi) {  // the next tile streams in while this one is used
+      issue_tile<kD>(sK[stage ^ 1], k, p.k.seq, k0 + kTcKeys, v.len_kv);
+      issue_tile<kD>(sK[stage ^ 1] + kTile, val, p.v.seq, k0 + kTcKeys, v.len_kv);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
     __syncthreads();
-    load_tile_16b<kD>(sK, k, p.k.seq, k0, v.len_kv);
-    load_tile_16b<kD>(sV, val, p.v.seq, k0, v.len_kv);
-    __syncthreads();
+    const T* tK = sK[stage];
+    const T* tV = sK[stage] + kTile;
     float s[kKeyTiles][4] = {};
 #pragma unroll
     for (int np = 0; np < kKeyTiles / 2; ++np)
 #pragma unroll
       for (int kd = 0; kd < kD / 16; ++kd) {
         uint32_t b[4];
-        ldmatrix_x4(b, sK + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kPitch + kd * 16 + ((lane >> 3) & 1) * 8);
+        ldmatrix_x4(b, tK + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kPitch + kd * 16 + ((lane >> 3) & 1) * 8);
         mma_16x8x16<T>(s[2 * np], qf[kd], b[0], b[1]);
         mma_16x8x16<T>(s[2 * np + 1], qf[kd], b[2], b[3]);
       }
-    // The score rule, then the online softmax over this tile.
+    // The score rule (only scale where the whole tile is visible), then the
+    // online softmax over this tile.
     float tile_max[2] = {-INFINITY, -INFINITY};
+    if (tile_plain(p, v, row0, row_last, k0, kTcKeys)) {
 #pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt)
+      for (int nt = 0; nt < kKeyTiles; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        const int64_t j = k0 + nt * 8 + 2 * quad + (e & 1);
-        float x = -INFINITY, capped;
-        if (j >= lo[r] && j < hi[r]) x = score<float>(p, v, s[nt][e], row[r], j, capped);
-        s[nt][e] = x;
-        tile_max[r] = fmaxf(tile_max[r], x);
-      }
+        for (int e = 0; e < 4; ++e) {
+          s[nt][e] *= scale;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
+        }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2;
+          const int64_t j = k0 + nt * 8 + 2 * quad + (e & 1);
+          float x = -INFINITY, capped;
+          if (j >= lo[r] && j < hi[r]) x = score<float>(p, v, s[nt][e], row[r], j, capped);
+          s[nt][e] = x;
+          tile_max[r] = fmaxf(tile_max[r], x);
+        }
+    }
     float corr[2], m_new[2], sum[2] = {0, 0};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -276,12 +334,14 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
 #pragma unroll
       for (int dp = 0; dp < kD / 16; ++dp) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, sV + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kPitch + dp * 16 + (lane >> 4) * 8);
+        ldmatrix_x4_trans(b, tV + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kPitch + dp * 16 + (lane >> 4) * 8);
         mma_16x8x16<T>(o[2 * dp], a, b[0], b[1]);
         mma_16x8x16<T>(o[2 * dp + 1], a, b[2], b[3]);
       }
     }
+    __syncthreads();  // this stage is refilled two tiles on
   }
+  cp_async_wait<0>();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= v.len_q) continue;
