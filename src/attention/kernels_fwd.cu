@@ -169,6 +169,13 @@ __device__ __forceinline__ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4
 #endif
 }
 
+/// 2^x on the special-function unit (ex2.approx; 2^-inf = 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 /// Two floats as one register of two f16/bf16 (the first in the low half).
 template <class T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -245,7 +252,9 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
     lo[r] = hi[r] = 0;
     if (row[r] < v.len_q) key_range(p, row[r], v.len_q, v.len_kv, lo[r], hi[r]);
   }
-  const float scale = float(p.scale);
+  // Scores are kept in log2 units (times log2 e): exp becomes one ex2.
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scale_log2 = float(p.scale * 1.4426950408889634);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
   float o[kDimTiles][4] = {};
   int stage = 0;
@@ -277,7 +286,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
       for (int nt = 0; nt < kKeyTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[nt][e] *= scale;
+          s[nt][e] *= scale_log2;
           tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
         }
     } else {
@@ -288,25 +297,26 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
           const int r = e / 2;
           const int64_t j = k0 + nt * 8 + 2 * quad + (e & 1);
           float x = -INFINITY, capped;
-          if (j >= lo[r] && j < hi[r]) x = score<float>(p, v, s[nt][e], row[r], j, capped);
+          if (j >= lo[r] && j < hi[r]) x = score<float>(p, v, s[nt][e], row[r], j, capped) * kLog2e;
           s[nt][e] = x;
           tile_max[r] = fmaxf(tile_max[r], x);
         }
     }
-    float corr[2], m_new[2], sum[2] = {0, 0};
+    float corr[2], m_new[2], m_ref[2], sum[2] = {0, 0};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
       m_new[r] = fmaxf(m[r], tile_max[r]);
-      corr[r] = m_new[r] == -INFINITY ? 1.f : __expf(m[r] - m_new[r]);
+      corr[r] = m_new[r] == -INFINITY ? 1.f : fast_exp2(m[r] - m_new[r]);
+      m_ref[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];  // all -inf so far: exp2(-inf - 0) = 0, no NaN
     }
 #pragma unroll
     for (int nt = 0; nt < kKeyTiles; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e / 2;
-        const float pr = s[nt][e] == -INFINITY ? 0.f : __expf(s[nt][e] - m_new[r]);
+        const float pr = fast_exp2(s[nt][e] - m_ref[r]);
         sum[r] += pr;
         s[nt][e] = pr;
       }
@@ -355,7 +365,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
     }
     if (quad == 0)
       reinterpret_cast<float*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + row[r])] =
-          l[r] > 0 ? m[r] + logf(l[r]) : -INFINITY;
+          l[r] > 0 ? (m[r] + log2f(l[r])) * 0.6931471805599453f : -INFINITY;
   }
 }
 
