@@ -160,12 +160,7 @@ struct HostDecode {
   }
 };
 
-[[maybe_unused]] const bool host_registered = [] {
-  for_each_type<FloatTypes>([]<class T>(TypeTag<T>) {
-    host_decode().add(launch_key(kOp, dtype_of<T>), &HostDecode<T>::run);
-  });
-  return true;
-}();
+[[maybe_unused]] const bool host_registered = register_launchers<FloatTypes, HostDecode>(host_decode(), kOp);
 
 // ---------------------------------------------------------------- plan
 

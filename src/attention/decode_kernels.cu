@@ -26,6 +26,7 @@
 #include <limits>
 
 #include "attention/decode.hpp"
+#include "attention/device.cuh"
 #include "core/cuda_check.hpp"
 
 namespace baracuda::attn {
@@ -74,34 +75,6 @@ template <class M>
 __device__ __forceinline__ M m_max(M a, M b) {
   return a > b ? a : b;
 }
-template <class M>
-__device__ __forceinline__ M neg_inf() {
-  return -std::numeric_limits<M>::infinity();
-}
-
-// The "memory" clobbers keep the compiler from moving shared-memory reads of
-// a stage across the copy into it or the wait for it: no barrier does so.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  const int bytes = valid ? 16 : 0;  // 0: no read, the 16 bytes are zero-filled
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(bytes) : "memory");
-#else
-  *static_cast<uint4*>(dst) = valid ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-#endif
-}
-
 /// kChunk elements at `src` (16-byte aligned shared memory) in the math type.
 template <class T, class M>
 __device__ __forceinline__ void load_chunk(const T* src, M (&dst)[kChunk]) {
@@ -190,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) decode_split(const DecodeProblem p, 
         T* dst = &sm.kv[st][op][n * kDim + c * kChunk];
         const int64_t off = op == 0 ? off_k[ps] : off_v[ps];
         if constexpr (kVec) {
-          cp_async16(dst, ok[ps] ? src + off + c * kChunk : src, ok[ps]);
+          cp_async_16(dst, ok[ps] ? src + off + c * kChunk : src, ok[ps]);
         } else {
 #pragma unroll
           for (int e = 0; e < kChunk; ++e) {
@@ -445,12 +418,7 @@ struct CudaDecode {
   }
 };
 
-[[maybe_unused]] const bool registered = [] {
-  for_each_type<FloatTypes>([]<class T>(TypeTag<T>) {
-    cuda_decode().add(launch_key("decode_attention", dtype_of<T>), &CudaDecode<T>::run);
-  });
-  return true;
-}();
+[[maybe_unused]] const bool registered = register_launchers<FloatTypes, CudaDecode>(cuda_decode(), "decode_attention");
 
 }  // namespace
 

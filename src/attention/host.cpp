@@ -70,11 +70,13 @@ double load_lse(const Problem& p, const HeadView& v, int64_t i) {
   return double(reinterpret_cast<const L*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + i)]);
 }
 
+/// lse's storage: the device math type (f32, f64 for f64 problems).
 template <class T>
-struct HostAttention {
-  using Lse = std::conditional_t<std::is_same_v<T, double>, double, float>;
+using lse_t = math_t<T, false>;
 
-  static Status forward(const Problem& p, const Workspace&, CUstream_st*) {
+template <class T>
+struct HostForward {
+  static Status run(const Problem& p, const Workspace&, CUstream_st*) {
     BARACUDA_TRY(check_sequences(p));
     std::vector<double> s, capped, acc(size_t(p.value_dim));
     for (int64_t b = 0; b < p.batch; ++b)
@@ -93,16 +95,20 @@ struct HostAttention {
             }
           T* out = reinterpret_cast<T*>(p.out.data) + row_offset(p.out, v, i);
           for (int64_t d = 0; d < p.value_dim; ++d) out[d * p.out.dim] = convert<T>(acc[d]);
-          store_lse<Lse>(p, v, i, lse);
+          store_lse<lse_t<T>>(p, v, i, lse);
         }
       }
     return Status::ok();
   }
 
+};
+
+template <class T>
+struct HostBackward {
   /// dV_j = sum_i P_ij z_ij dO_i;  dP_ij = z_ij dO_i . V_j;  dS_ij = P_ij (dP_ij - dO_i . O_i);
   /// dQ_i = sum_j dS_ij s'_ij K_j;  dK_j = sum_i dS_ij s'_ij Q_i, summed over the query
   /// heads that share a key head. P comes from the saved lse.
-  static Status backward(const Problem& p, const Workspace&, CUstream_st*) {
+  static Status run(const Problem& p, const Workspace&, CUstream_st*) {
     BARACUDA_TRY(check_sequences(p));
     std::vector<double> s, capped, dq(size_t(p.head_dim)), dk, dv;
     for (int64_t b = 0; b < p.batch; ++b)
@@ -114,7 +120,7 @@ struct HostAttention {
           const HeadView v = head_view(p, b, h);
           for (int64_t i = 0; i < v.len_q; ++i) {
             row_scores<T>(p, v, i, s, capped);
-            const double lse = load_lse<Lse>(p, v, i);
+            const double lse = load_lse<lse_t<T>>(p, v, i);
             const int64_t qo = row_offset(p.q, v, i), go = row_offset(p.grad_out, v, i), oo = row_offset(p.out, v, i);
             double row_dot = 0;
             for (int64_t d = 0; d < p.value_dim; ++d) row_dot += at<T>(p.grad_out, go, d) * at<T>(p.out, oo, d);
@@ -150,13 +156,9 @@ struct HostAttention {
   }
 };
 
-[[maybe_unused]] const bool registered = [] {
-  for_each_type<FloatTypes>([]<class T>(TypeTag<T>) {
-    host_attention().add(launch_key("attention", dtype_of<T>), &HostAttention<T>::forward);
-    host_attention().add(launch_key("attention_backward", dtype_of<T>), &HostAttention<T>::backward);
-  });
-  return true;
-}();
+[[maybe_unused]] const bool registered =
+    register_launchers<FloatTypes, HostForward>(host_attention(), "attention") &&
+    register_launchers<FloatTypes, HostBackward>(host_attention(), "attention_backward");
 
 }  // namespace
 }  // namespace baracuda::attn

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include "attention/device.cuh"
 #include "attention/engine.hpp"
 #include "attention/score.hpp"
 #include "attention/tiles.hpp"
@@ -15,29 +16,11 @@ namespace baracuda::attn {
 
 using namespace tiles;
 
+/// Accumulators (and lse): f32, f64 for f64, as every family's device math.
 template <class T>
-using acc_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
+using acc_of = math_t<T, false>;
 
 constexpr int kChunks = kMaxDim / 32;  ///< dims of a row a lane holds (d = lane + 32 c)
-
-template <class Acc>
-__device__ __forceinline__ Acc neg_inf() {
-  return -std::numeric_limits<Acc>::infinity();
-}
-
-template <class Acc>
-__device__ __forceinline__ Acc warp_max(Acc v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-template <class Acc>
-__device__ __forceinline__ Acc warp_sum(Acc v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 /// s[r * pitch + d] = base[(row0 + r) * seq + d * dim] for r < rows, d < width,
 /// as Acc; rows at or past `len` read 0. Consecutive threads take consecutive d.

@@ -245,12 +245,8 @@ struct CudaBackward {
   }
 };
 
-[[maybe_unused]] const bool registered = [] {
-  for_each_type<FloatTypes>([]<class T>(TypeTag<T>) {
-    cuda_attention().add(launch_key("attention_backward", dtype_of<T>), &CudaBackward<T>::run);
-  });
-  return true;
-}();
+[[maybe_unused]] const bool registered =
+    register_launchers<FloatTypes, CudaBackward>(cuda_attention(), "attention_backward");
 
 }  // namespace
 }  // namespace baracuda::attn

@@ -115,10 +115,6 @@ constexpr size_t tc_smem() {
   return size_t(4 * kTcKeys) * (kD + 8) * 2;
 }
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 /// Four 8x8 b16 matrices; lanes 8m..8m+7 give the row addresses of matrix m.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -129,25 +125,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(shared_address(row)) : "memory");
-}
-
-/// 16 bytes global -> shared without registers; `bytes` 0 writes zeros.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src), "r"(bytes)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-#endif
 }
 
 /// c += a (16x16, row) * b (16x8, col), f32 accumulators.
@@ -197,7 +174,7 @@ __device__ __forceinline__ void issue_tile(T* s, const T* base, int64_t seq, int
   for (int e = threadIdx.x; e < 64 * kPerRow; e += kTcThreads) {
     const int r = e / kPerRow, c = e % kPerRow;
     const int64_t i = row0 + r;
-    cp_async_16(s + r * (kD + 8) + c * 8, i < len ? base + i * seq + c * 8 : base, i < len ? 16 : 0);
+    cp_async_16(s + r * (kD + 8) + c * 8, i < len ? base + i * seq + c * 8 : base, i < len);
   }
 }
 
@@ -407,12 +384,7 @@ struct CudaForward {
   }
 };
 
-[[maybe_unused]] const bool registered = [] {
-  for_each_type<FloatTypes>([]<class T>(TypeTag<T>) {
-    cuda_attention().add(launch_key("attention", dtype_of<T>), &CudaForward<T>::run);
-  });
-  return true;
-}();
+[[maybe_unused]] const bool registered = register_launchers<FloatTypes, CudaForward>(cuda_attention(), "attention");
 
 }  // namespace
 }  // namespace baracuda::attn

@@ -225,16 +225,32 @@ Operand lse_operand(const TensorView& v, bool varlen) {
   return o;
 }
 
-Result<Problem> bind(const Def& def, const OpDesc& desc, const OpArgs& args) {
+/// What a descriptor fixes: sizes and the score rule's attributes. The plan
+/// keeps it; each call only adds its views (bind_views).
+Result<Problem> problem_of(const Def& def, const OpDesc& desc) {
   auto dims = dims_of(def, desc);
   if (!dims) return dims.status();
   const Dims& s = *dims;
-  const auto& in = args.inputs;
-  const size_t iq = input_index(def, "query");
   Problem p;
-  p.dtype = in[iq].dtype;
+  p.dtype = desc.inputs[input_index(def, "query")].dtype;
   p.batch = s.batch, p.heads_q = s.heads_q, p.heads_kv = s.heads_kv, p.seq_q = s.seq_q, p.seq_kv = s.seq_kv;
   p.head_dim = s.head_dim, p.value_dim = s.value_dim, p.tokens_q = s.tokens_q, p.tokens_kv = s.tokens_kv;
+  const double scale = attr(desc, "scale", 0);
+  p.scale = scale > 0 ? scale : 1.0 / std::sqrt(double(s.head_dim));
+  p.softcap = attr(desc, "softcap", 0);
+  p.causal = attr(desc, "causal", 0) != 0;
+  p.bottom_right = attr(desc, "bottom_right", 0) != 0;
+  p.window_left = int64_t(attr(desc, "window_left", -1)), p.window_right = int64_t(attr(desc, "window_right", -1));
+  p.dropout_p = float(attr(desc, "dropout_p", 0));
+  p.seed = uint64_t(attr(desc, "seed", 0)), p.offset = uint64_t(attr(desc, "offset", 0));
+  p.backward = def.backward;
+  return p;
+}
+
+/// The descriptor's problem with the pointers and strides of one call's views.
+Problem bind_views(const Def& def, Problem p, const OpArgs& args) {
+  const auto& in = args.inputs;
+  const size_t iq = input_index(def, "query");
   p.q = operand(in[iq], def.varlen), p.k = operand(in[iq + 1], def.varlen), p.v = operand(in[iq + 2], def.varlen);
   if (def.varlen) {
     p.cu_seqlens_q = static_cast<const int32_t*>(in[input_index(def, "cu_seqlens_q")].data);
@@ -254,17 +270,8 @@ Result<Problem> bind(const Def& def, const OpDesc& desc, const OpArgs& args) {
     p.alibi_batch_stride = alibi.rank == 2 ? alibi.stride[0] : 0;
     p.alibi_head_stride = alibi.stride[alibi.rank - 1];
   }
-  const double scale = attr(desc, "scale", 0);
-  p.scale = scale > 0 ? scale : 1.0 / std::sqrt(double(s.head_dim));
-  p.softcap = attr(desc, "softcap", 0);
-  p.causal = attr(desc, "causal", 0) != 0;
-  p.bottom_right = attr(desc, "bottom_right", 0) != 0;
-  p.window_left = int64_t(attr(desc, "window_left", -1)), p.window_right = int64_t(attr(desc, "window_right", -1));
-  p.dropout_p = float(attr(desc, "dropout_p", 0));
-  p.seed = uint64_t(attr(desc, "seed", 0)), p.offset = uint64_t(attr(desc, "offset", 0));
   const auto& out = args.outputs;
   if (def.backward) {
-    p.backward = true;
     p.grad_out = operand(in[0], def.varlen);
     p.out = operand(in[input_index(def, "out")], def.varlen);
     p.lse = lse_operand(in[input_index(def, "lse")], def.varlen);
@@ -276,28 +283,11 @@ Result<Problem> bind(const Def& def, const OpDesc& desc, const OpArgs& args) {
   return p;
 }
 
-/// Contiguous views of a descriptor at aligned addresses that are never
-/// dereferenced: cuDNN builds its graph for the common layout at plan time.
-struct ProbeViews {
-  std::vector<TensorView> inputs, outputs;
-  std::vector<int32_t> offsets;  // packed sequences: even split, host memory (never read by cuDNN's supports)
-  explicit ProbeViews(const OpDesc& d) {
-    uintptr_t address = uintptr_t(1) << 40;
-    auto view = [&](const TensorSpec& s) {
-      auto v = TensorView::contiguous(reinterpret_cast<void*>(address), s.dtype, s.shape);
-      address += uintptr_t(1) << 36;
-      return *v;
-    };
-    for (const auto& s : d.inputs) inputs.push_back(view(s));
-    for (const auto& s : d.outputs) outputs.push_back(view(s));
-  }
-};
-
 class AttentionPlan final : public FamilyPlan {
  public:
-  AttentionPlan(const Def& def, const OpInfo& info, OpDesc desc, std::unique_ptr<const Engine> engine, size_t workspace,
-                KernelSku sku)
-      : FamilyPlan(info, std::move(desc)), def_(def), engine_(std::move(engine)) {
+  AttentionPlan(const Def& def, const OpInfo& info, OpDesc desc, const Problem& problem,
+                std::unique_ptr<const Engine> engine, size_t workspace, KernelSku sku)
+      : FamilyPlan(info, std::move(desc)), def_(def), problem_(problem), engine_(std::move(engine)) {
     sku_ = sku;
     workspace_ = workspace;
   }
@@ -327,10 +317,11 @@ class AttentionPlan final : public FamilyPlan {
       for (size_t i = 0; i < args.inputs.size(); ++i)
         if (args.outputs[j].numel() > 0 && args.inputs[i].numel() > 0 && memory_overlaps(args.outputs[j], args.inputs[i]))
           return invalid(def_.name, ": output '", def_.outputs[j], "' overlaps input '", def_.inputs[i], "'");
-    return bind(def_, desc_, args);
+    return bind_views(def_, problem_, args);
   }
 
   const Def& def_;
+  const Problem problem_;  ///< sizes and attributes; views are bound per call
   std::unique_ptr<const Engine> engine_;
 };
 
@@ -405,16 +396,17 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
   if (!full) return full.status();
   const DType t = full->inputs[input_index(def, "query")].dtype;
   KernelSku sku = bespoke_sku(OpCategory::attention, info.name.c_str(), t, backend);
+  auto fixed = problem_of(def, *full);
+  if (!fixed) return fixed.status();
   ProbeViews probe(*full);
-  auto problem = bind(def, *full, OpArgs{probe.inputs, probe.outputs});
-  if (!problem) return problem.status();
+  const Problem problem = bind_views(def, *fixed, OpArgs{probe.inputs, probe.outputs});
   std::unique_ptr<const Engine> engine;
   if (backend == Backend::cudnn) {
 #ifdef BARACUDA_HAS_CUDA
     auto e = make_cudnn_engine(def.backward, pref.deterministic_only);
     if (!e) return e.status();
-    BARACUDA_TRY((*e)->supports(*problem));
-    BARACUDA_TRY((*e)->prepare(*problem));
+    BARACUDA_TRY((*e)->supports(problem));
+    BARACUDA_TRY((*e)->prepare(problem));
     sku.layout = Layout::any_strided;
     sku.precision.deterministic = sku.precision.bit_stable_on_same_hardware = !def.backward || pref.deterministic_only;
     engine = std::move(*e);
@@ -428,10 +420,10 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
     if (!fn) return unsupported("no ", backend_name(backend), " attention kernel for ", dtype_name(t));
     if (backend == Backend::bespoke_cuda) engine = std::make_unique<CudaEngine>(fn, device_max_smem());
     else engine = std::make_unique<TableEngine>(fn);
-    BARACUDA_TRY(engine->supports(*problem));
+    BARACUDA_TRY(engine->supports(problem));
   }
-  const size_t workspace = engine->workspace(*problem);
-  return PlanPtr(std::make_unique<AttentionPlan>(def, info, std::move(*full), std::move(engine), workspace, sku));
+  const size_t workspace = engine->workspace(problem);
+  return PlanPtr(std::make_unique<AttentionPlan>(def, info, std::move(*full), *fixed, std::move(engine), workspace, sku));
 }
 
 // ---------------------------------------------------------------- test samples

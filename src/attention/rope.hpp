@@ -189,7 +189,7 @@ using KvPairs = TypeList<KvPair<float, float>, KvPair<__half, __half>, KvPair<__
 /// Registers `Rope<T>::run` for the four floats and `Kv<In, Cache>::run` for every pair.
 template <template <class> class Rope, template <class, class> class Kv>
 bool register_rope_kernels(RopeTable& rope, KvCopyTable& kv) {
-  for_each_type<FloatTypes>([&]<class T>(TypeTag<T>) { rope.add(launch_key("rope", dtype_of<T>), &Rope<T>::run); });
+  register_launchers<FloatTypes, Rope>(rope, "rope");
   for_each_type<KvPairs>([&]<class P>(TypeTag<P>) {
     using In = typename P::in;
     using Cache = typename P::cache;

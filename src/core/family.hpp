@@ -11,6 +11,14 @@ namespace baracuda {
 /// float atomics); the arch of the current device for CUDA plans.
 KernelSku bespoke_sku(OpCategory category, const char* op, DType element, Backend backend);
 
+/// Contiguous views of a descriptor's operands at aligned addresses that are
+/// never dereferenced: the common layout a vendor library (cuBLASLt's
+/// heuristics, cuDNN's graphs) is prepared for at plan time.
+struct ProbeViews {
+  std::vector<TensorView> inputs, outputs;
+  explicit ProbeViews(const OpDesc& desc);
+};
+
 /// An error naming `op` unless `workspace` holds `needed` bytes.
 Status check_workspace(std::string_view op, const Workspace& workspace, size_t needed);
 

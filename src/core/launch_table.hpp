@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "baracuda/core.hpp"
+#include "core/dtype_traits.hpp"
 
 namespace baracuda {
 
@@ -31,5 +32,13 @@ class LaunchTable {
  private:
   std::unordered_map<std::string, Fn> fns_;
 };
+
+/// Adds `Launch<T>::run` under launch_key(op, T) for every T of `List`;
+/// returns true, for a file's static registration.
+template <class List, template <class> class Launch, class Table>
+bool register_launchers(Table& table, std::string_view op) {
+  for_each_type<List>([&]<class T>(TypeTag<T>) { table.add(launch_key(op, dtype_of<T>), &Launch<T>::run); });
+  return true;
+}
 
 }  // namespace baracuda

@@ -248,22 +248,6 @@ Status bind_op(const Def& def, const OpDesc& desc, const OpArgs& args, Bound& bo
   return internal_error(def.name, ": unknown kind");
 }
 
-/// Contiguous views of a descriptor at 256-byte aligned addresses that are
-/// never dereferenced: cuBLASLt's heuristics see the common layout at plan time.
-struct ProbeViews {
-  std::vector<TensorView> inputs, outputs;
-  explicit ProbeViews(const OpDesc& d) {
-    uintptr_t address = uintptr_t(1) << 40;
-    auto view = [&](const TensorSpec& s) {
-      auto v = TensorView::contiguous(reinterpret_cast<void*>(address), s.dtype, s.shape);
-      address += uintptr_t(1) << 36;
-      return *v;
-    };
-    for (const auto& s : d.inputs) inputs.push_back(view(s));
-    for (const auto& s : d.outputs) outputs.push_back(view(s));
-  }
-};
-
 /// cuBLASLt's scratch: its heuristics pick from algorithms needing at most this.
 constexpr size_t kLtWorkspace = size_t(32) << 20;
 
