@@ -22,12 +22,15 @@ def close(a, b, tol=2e-2):
 
 
 class Ours:
-    """One preallocated call of the op: outputs and the plan's exact workspace given, no allocation per call."""
+    """One preallocated call of the op, as an engine makes it: outputs and the
+    plan's exact workspace given, operands passed as raw views (pointer,
+    dtype, shape, strides, device) exported once, the stream looked up once:
+    no allocation, DLPack export or stream query per call."""
 
     def __init__(self, q, k, v, table, seq_lens):
-        self.inputs = [q, k, v, table, seq_lens]
+        self.tensors = [q, k, v, table, seq_lens]  # kept alive for the raw views
         names = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32", torch.int32: "i32"}
-        specs = [(names[x.dtype], list(x.shape)) for x in self.inputs]
+        specs = [(names[x.dtype], list(x.shape)) for x in self.tensors]
         info = baracuda._baracuda.plan_info(OP, specs, {}, None, "cuda")
         self.sku = info["sku"]
         self.workspace = torch.empty(max(info["workspace_size"], 1), dtype=torch.uint8, device="cuda")
@@ -35,16 +38,25 @@ class Ours:
         self.out = torch.empty(b, hq, v.shape[-1], dtype=q.dtype, device="cuda")
         self.lse = torch.empty(b, hq, dtype=torch.float32, device="cuda")
 
+        def raw(x):
+            return (x.data_ptr(), names.get(x.dtype, "u8"), tuple(x.shape), x.stride(), 2, x.get_device())
+        self.inputs = [raw(x) for x in self.tensors]
+        self.outputs = [raw(self.out), raw(self.lse)]
+        self.raw_workspace = raw(self.workspace)
+        self.stream = torch.cuda.current_stream().cuda_stream
+
     def __call__(self):
-        baracuda._baracuda.run(OP, self.inputs, [self.out, self.lse], {}, torch.cuda.current_stream().cuda_stream,
-                               None, None, self.workspace)
+        baracuda._baracuda.run(OP, self.inputs, self.outputs, {}, self.stream, None, None, self.raw_workspace)
         return self.out
 
     def graphed(self):
         self()  # plans are cached before capture
         graph = torch.cuda.CUDAGraph()
+        eager_stream = self.stream
         with torch.cuda.graph(graph):
+            self.stream = torch.cuda.current_stream().cuda_stream  # capture runs on a side stream
             self()
+        self.stream = eager_stream
         return graph.replay
 
 

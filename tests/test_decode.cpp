@@ -302,14 +302,17 @@ struct Config {
   std::vector<int32_t> lens;
 };
 
-/// Awkward sizes: seq_len 1, lengths off the block size, block sizes 1, 3
-/// and 16, D 40/64/128/17, groups 1, 4, 5 and 8, an empty sequence.
+/// Awkward sizes: seq_len 1, lengths off the block size, block sizes 1, 3,
+/// 16 and 32, D 40/64/128/17, groups 1, 4, 5, 8, 16 and 20 (two head chunks
+/// of the tensor-core kernel, the second partial), an empty sequence, a
+/// thousand keys.
 const std::vector<Config>& configs() {
   static const std::vector<Config> all = {
       {4, 1, 40, 40, 16, {1, 0, 37}},          {8, 8, 64, 64, 1, {5, 16, 0, 33}},
       {8, 1, 128, 128, 16, {100, 17}},         {4, 4, 128, 128, 16, {1}},
       {8, 2, 64, 64, 0, {50, 1, 23}},          {5, 1, 40, 24, 3, {29, 2}},
       {32, 8, 128, 128, 16, {300, 0, 129}},    {2, 1, 17, 9, 0, {7, 0}},
+      {40, 2, 128, 128, 16, {200, 65}},        {16, 1, 64, 64, 32, {1000, 517}},
   };
   return all;
 }

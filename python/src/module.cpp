@@ -388,8 +388,11 @@ void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& 
       ws = {host_scratch.data(), needed};
     }
   } else if (needed) {
+    // A DLPack array or a raw view (which keeps nothing in ws_keep): its bytes from the view.
     TensorView w = import_array(info, workspace, "workspace", nb::none(), placement, ws_keep);
-    ws = {w.data, ws_keep[0].nbytes()};
+    if (!w.is_contiguous())
+      fail(ErrorKind::invalid_problem, op, ": 'workspace' must be contiguous, got shape ", shape_str(w.shape_vec()));
+    ws = {w.data, size_t(w.numel()) * dtype_size(w.dtype)};
     if (ws.bytes < needed)
       throw Error(Status::too_small(ErrorKind::workspace_too_small, needed, ws.bytes,
                                     cat(op, ": workspace has ", ws.bytes, " bytes, the plan needs ", needed)));

@@ -177,3 +177,34 @@ def test_cuda_bad_entries_do_not_fault():
     out, lse = F.decode_attention(q, kt, vt, seq_lens, torch.tensor(table, device="cuda"))
     torch.cuda.synchronize()
     assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
+
+
+@gpu
+def test_cuda_raw_views_and_raw_workspace():
+    """An engine's call: operands, outputs and the plan's workspace as raw views (pointer, dtype, shape,
+    strides, device), no DLPack; equal to the functional call, and a short raw workspace is refused."""
+    import baracuda._baracuda as B
+    dt = torch.bfloat16
+    b, hq, hkv, s, d = 2, 32, 8, 5000, 128
+    k = torch.randn(b, s, hkv, d, device="cuda", dtype=dt)
+    v = torch.randn(b, s, hkv, d, device="cuda", dtype=dt)
+    q = torch.randn(b, hq, d, device="cuda", dtype=dt)
+    table = torch.empty(0, dtype=torch.int32, device="cuda")
+    seq_lens = torch.tensor([s, 777], dtype=torch.int32, device="cuda")
+    want = F.decode_attention(q, k, v, seq_lens)
+    names = {dt: "bf16", torch.int32: "i32", torch.float32: "f32", torch.uint8: "u8"}
+
+    def raw(x):
+        return (x.data_ptr(), names[x.dtype], tuple(x.shape), x.stride(), 2, x.get_device())
+    inputs = [q, k, v, table, seq_lens]
+    info = B.plan_info("decode_attention", [(names[x.dtype], list(x.shape)) for x in inputs], {}, None, "cuda")
+    assert info["workspace_size"] > 0  # split: the partials live in the workspace
+    ws = torch.empty(info["workspace_size"], dtype=torch.uint8, device="cuda")
+    out = torch.full_like(want[0], float("nan"))
+    lse = torch.full_like(want[1], float("nan"))
+    stream = torch.cuda.current_stream().cuda_stream
+    B.run("decode_attention", [raw(x) for x in inputs], [raw(out), raw(lse)], {}, stream, None, None, raw(ws))
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+    short = ws[:-1]
+    with pytest.raises(Exception, match="workspace has"):
+        B.run("decode_attention", [raw(x) for x in inputs], [raw(out), raw(lse)], {}, stream, None, None, raw(short))

@@ -181,17 +181,22 @@ Splits choose_splits(const OpDesc& d, Backend backend) {
   if (want == 0) {
     const int64_t batch = d.inputs[kQ].shape[0], heads_kv = d.inputs[kK].shape[2];
     const int64_t group = d.inputs[kQ].shape[1] / heads_kv;
-    const int64_t per_cta = group == 1 ? 1 : group <= 4 ? 4 : 8;  // the fast kernels' head chunk
+    // The tensor-core kernel (halves, equal head dims 64 or 128) serves 16
+    // query heads a CTA, two CTAs an SM; the others a chunk of 1, 4 or 8, four an SM.
+    const DType t = d.inputs[kQ].dtype;
+    const int64_t dim = d.inputs[kQ].shape[2], value_dim = d.inputs[kV].shape[3];
+    const bool tensor_cores = (t == DType::f16 || t == DType::bf16) && dim == value_dim && (dim == 64 || dim == 128);
+    const int64_t per_cta = tensor_cores ? 16 : group == 1 ? 1 : group <= 4 ? 4 : 8;
     const int64_t units = std::max<int64_t>(1, batch * heads_kv * ((group + per_cta - 1) / per_cta));
     int sms = 132;
 #ifdef BARACUDA_HAS_CUDA
     if (int n = current_sm_count(); n > 0) sms = n;
 #endif
-    // Resident slots: the fast kernels run 4 CTAs an SM. Pick the split
+    // Resident slots per SM as above. Pick the split
     // count with the least time per key, waves / splits, so that a last
     // partial wave does not double the run (576 CTAs on 528 slots); a
     // larger count must win by 5% to pay for its extra partials.
-    const int64_t slots = 4 * int64_t(sms), most = std::min<int64_t>(kDecodeMaxSplits, (cap + 255) / 256);
+    const int64_t slots = (tensor_cores ? 2 : 4) * int64_t(sms), most = std::min<int64_t>(kDecodeMaxSplits, (cap + 255) / 256);
     double best = 0;
     want = 1;
     for (int64_t w = 1; w <= std::max<int64_t>(1, most); ++w) {

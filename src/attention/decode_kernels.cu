@@ -87,6 +87,31 @@ __device__ __forceinline__ void load_chunk(const T* src, M (&dst)[kChunk]) {
   for (int i = 0; i < kChunk; ++i) dst[i] = convert<M>(e[i]);
 }
 
+/// What a CTA of a split kernel serves: grid x = (sequence b, kv head, chunk
+/// of `per_chunk` query heads), y = split; its keys [begin, end) are the
+/// split's part of [first key, len) (len clamped to the capacity).
+struct SplitUnit {
+  int64_t b, hkv, h0;
+  int split, heads, begin, end;
+  __device__ SplitUnit(const DecodeProblem& p, int chunks, int per_chunk) {
+    int64_t unit = blockIdx.x;
+    const int chunk = int(unit % chunks);
+    unit /= chunks;
+    hkv = unit % p.heads_kv, b = unit / p.heads_kv;
+    split = blockIdx.y;
+    const int64_t group = p.group(), g0 = int64_t(chunk) * per_chunk;
+    heads = int(group - g0 < per_chunk ? group - g0 : per_chunk);
+    h0 = hkv * group + g0;
+    const int cap = int(p.capacity());
+    const int64_t asked = p.seq_lens[b * p.seq_lens_stride];
+    const int len = int(asked < 0 ? 0 : asked > cap ? cap : asked);
+    const int lo = int(decode_first_key(len, p.window_left));
+    const int split0 = int(split * p.split_len);
+    begin = split0 > lo ? split0 : lo;
+    end = int(split0 + p.split_len < len ? split0 + p.split_len : len);
+  }
+};
+
 /// See Note [Decode kernel]. Grid: x = (b, kv head, group chunk), y = split.
 template <class T, int kDim, int kG, bool kVec>
 __global__ void __launch_bounds__(kThreads) decode_split(const DecodeProblem p, int chunks) {
@@ -99,23 +124,9 @@ __global__ void __launch_bounds__(kThreads) decode_split(const DecodeProblem p, 
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int c = tid % kRowChunks, r = tid / kRowChunks;
-  int64_t unit = blockIdx.x;
-  const int chunk = int(unit % chunks);
-  unit /= chunks;
-  const int64_t hkv = unit % p.heads_kv, b = unit / p.heads_kv;
-  const int split = blockIdx.y;
-  const int64_t group = p.group(), g0 = int64_t(chunk) * kG;
-  const int heads = int(group - g0 < kG ? group - g0 : kG);  // query heads this CTA serves
-  const int64_t h0 = hkv * group + g0;
-
-  // The keys of this split: [begin, end) within [first key, len).
-  const int cap = int(p.capacity());
-  const int64_t asked = p.seq_lens[b * p.seq_lens_stride];
-  const int len = int(asked < 0 ? 0 : asked > cap ? cap : asked);
-  const int lo = int(decode_first_key(len, p.window_left));
-  const int split0 = int(split * p.split_len);
-  const int begin = split0 > lo ? split0 : lo;
-  const int end = int(split0 + p.split_len < len ? split0 + p.split_len : len);
+  const SplitUnit u(p, chunks, kG);
+  const int64_t hkv = u.hkv, b = u.b, h0 = u.h0;
+  const int split = u.split, heads = u.heads, begin = u.begin, end = u.end;
 
   const T* gK = reinterpret_cast<const T*>(p.k) + hkv * p.k_head;  // [block, row, dim]
   const T* gV = reinterpret_cast<const T*>(p.v) + hkv * p.v_head;
@@ -326,19 +337,278 @@ __global__ void __launch_bounds__(kThreads) decode_split(const DecodeProblem p, 
   }
 }
 
-/// Merges the splits of one (b, h) row in split order: out = sum_s w_s out_s
-/// / sum_s w_s with w_s = exp(lse_s - max lse).
+// ---------------------------------------------------------------- tensor cores
+//
+// Note [Tensor-core decode]
+// f16/bf16 with head dims 64 or 128 (equal for K and V) and 16-byte friendly
+// K/V rows: the query heads of a chunk (up to 16 of the group) are the 16
+// rows of an mma.sync m16n8k16 A operand, so S = Q K^T and O += P V run on
+// tensor cores (rows past the group are zeros, never written). Each warp
+// streams its own key steps (kTcKeys keys; warp w takes steps w, w + 4, ...
+// of the split) through its own ring of kTcStages shared-memory stages: the
+// lanes copy exactly the rows the warp reads, so there is no block barrier
+// in the key loop. Rows are stored with their 16-byte chunks permuted by
+// (row & 7), so the eight rows an ldmatrix reads fall in distinct banks.
+// Lane x < kTcKeys looks up key x's block one step ahead; the step's
+// valid keys become one ballot mask. Each warp keeps its own online softmax
+// (scores in log2 units); the four warps merge in order at the end, and a
+// split writes the same partials as the generic kernel.
+
+template <int kDim>
+struct TcCfg {
+  static constexpr int kKeys = 2048 / kDim;            ///< keys per warp step: 16 (D 128) or 32 (D 64)
+  static constexpr int kRowChunks = kDim / 8;          ///< 16-byte chunks per row
+  static constexpr int kRowsPerCopy = 32 / kRowChunks;  ///< rows one warp-wide copy covers
+  static constexpr int kCopies = kKeys / kRowsPerCopy;
+  static constexpr int kStages = 3;
+  static constexpr int kStageElems = 2 * kKeys * kDim;  ///< K then V
+  static constexpr size_t kSmem = size_t(kWarps) * kStages * kStageElems * 2 + kWarps * kStages * sizeof(uint32_t);
+  static constexpr size_t kMergeBytes = sizeof(float) * (size_t(kWarps) * 16 * kDim + 2 * kWarps * 16);
+  static_assert(kMergeBytes <= kSmem && kKeys % 16 == 0 && kKeys <= 32);
+};
+
+/// Element offset of (row, chunk) in a swizzled tile of kDim-element rows.
+template <int kDim>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * kDim + ((chunk ^ (row & 7)) << 3);
+}
+
+template <class T, int kDim>
+__global__ void __launch_bounds__(kThreads) decode_split_tc(const DecodeProblem p, int chunks) {
+  using C = TcCfg<kDim>;
+  constexpr int kKeys = C::kKeys, kKeyTiles = kKeys / 8, kDimTiles = kDim / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, quad = lane % 4, grp = lane / 4;
+  T* ring = reinterpret_cast<T*>(smem) + size_t(warp) * C::kStages * C::kStageElems;
+  uint32_t* masks = reinterpret_cast<uint32_t*>(reinterpret_cast<T*>(smem) + size_t(kWarps) * C::kStages * C::kStageElems) +
+                    warp * C::kStages;
+
+  const SplitUnit u(p, chunks, 16);
+  const int64_t hkv = u.hkv, b = u.b, h0 = u.h0;
+  const int split = u.split, heads = u.heads, begin = u.begin, end = u.end;
+  const int steps = end > begin ? (end - begin + kKeys - 1) / kKeys : 0;
+  const int my_steps = steps > warp ? (steps - warp + kWarps - 1) / kWarps : 0;  // steps warp, warp + 4, ...
+
+  const T* gK = reinterpret_cast<const T*>(p.k) + hkv * p.k_head;
+  const T* gV = reinterpret_cast<const T*>(p.v) + hkv * p.v_head;
+  const int block_size = int(p.block_size);
+  const int32_t* table = p.table ? p.table + b * p.table_batch : nullptr;
+  auto first_key = [&](int it) { return begin + (it * kWarps + warp) * kKeys; };
+
+  // Lane x < kKeys: the block of key x of the next step to issue.
+  int32_t entry = 0;
+  auto fetch_entry = [&](int it) {
+    const int j = first_key(it) + lane;
+    entry = table && lane < kKeys && j < end ? __ldg(table + int64_t(j / block_size) * p.table_col) : int32_t(b);
+  };
+  auto issue = [&](int it) {
+    const int st = it % C::kStages, j0 = first_key(it);
+    const int jx = j0 + lane;
+    const bool ok_x = lane < kKeys && jx < end && entry >= 0 && entry < p.num_blocks;
+    const uint32_t valid = __ballot_sync(0xFFFFFFFFu, ok_x);
+    if (lane == 0) masks[st] = valid;
+    T* sk = ring + st * C::kStageElems;
+    T* sv = sk + kKeys * kDim;
+    const int c = lane % C::kRowChunks;
+#pragma unroll
+    for (int i = 0; i < C::kCopies; ++i) {
+      const int row = i * C::kRowsPerCopy + lane / C::kRowChunks;
+      const int64_t blk = __shfl_sync(0xFFFFFFFFu, entry, row);
+      const bool ok = (valid >> row) & 1u;
+      const int j = j0 + row;
+      const int r = table ? j % block_size : j;
+      const int64_t off_k = ok ? blk * p.k_block + int64_t(r) * p.k_row + c * 8 : 0;
+      const int64_t off_v = ok ? blk * p.v_block + int64_t(r) * p.v_row + c * 8 : 0;
+      cp_async_16(sk + swizzled<kDim>(row, c), gK + off_k, ok);
+      cp_async_16(sv + swizzled<kDim>(row, c), gV + off_v, ok);
+    }
+  };
+
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scale = float(p.scale), softcap = float(p.softcap), scale_log2 = float(p.scale * 1.4426950408889634);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[kDimTiles][4] = {};
+
+  if (my_steps > 0) fetch_entry(0);
+#pragma unroll
+  for (int it = 0; it < C::kStages - 1; ++it) {
+    if (it < my_steps) {
+      issue(it);
+      if (it + 1 < my_steps) fetch_entry(it + 1);
+    }
+    cp_async_commit();
+  }
+  allow_dependent_launch();
+  // Q as A fragments, loaded while the first stages stream in: rows grp and
+  // grp + 8 (query heads), columns 2 quad (+8).
+  const T* gQ = reinterpret_cast<const T*>(p.q) + b * p.q_batch + h0 * p.q_head;
+  uint32_t qf[kDim / 16][4];
+  {
+    auto q_at = [&](int row, int d) {
+      return row < heads ? float(convert<float>(gQ[row * p.q_head + d * p.q_dim])) : 0.f;
+    };
+#pragma unroll
+    for (int kd = 0; kd < kDim / 16; ++kd)
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const int row = grp + 8 * (f & 1), d = kd * 16 + 2 * quad + 8 * (f >> 1);
+        qf[kd][f] = pack2<T>(q_at(row, d), q_at(row, d + 1));
+      }
+  }
+
+  for (int it = 0; it < my_steps; ++it) {
+    const int st = it % C::kStages;
+    const int next = it + C::kStages - 1;  // its stage is the one read at it - 1
+    if (next < my_steps) {
+      issue(next);
+      if (next + 1 < my_steps) fetch_entry(next + 1);
+    }
+    cp_async_commit();
+    cp_async_wait<C::kStages - 1>();
+    __syncwarp();
+    const T* sk = ring + st * C::kStageElems;
+    const T* sv = sk + kKeys * kDim;
+    const uint32_t valid = masks[st];
+
+    float s[kKeyTiles][4] = {};
+#pragma unroll
+    for (int np = 0; np < kKeyTiles / 2; ++np)
+#pragma unroll
+      for (int kd = 0; kd < kDim / 16; ++kd) {
+        uint32_t bf[4];
+        const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+        ldmatrix_x4(bf, sk + swizzled<kDim>(row, kd * 2 + ((lane >> 3) & 1)));
+        mma_16x8x16<T>(s[2 * np], qf[kd], bf[0], bf[1]);
+        mma_16x8x16<T>(s[2 * np + 1], qf[kd], bf[2], bf[3]);
+      }
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = nt * 8 + 2 * quad + (e & 1);
+        float x = softcap > 0.f ? softcap * tanhf(s[nt][e] * scale / softcap) * kLog2e : s[nt][e] * scale_log2;
+        x = (valid >> key) & 1u ? x : -INFINITY;
+        s[nt][e] = x;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+      }
+    float corr[2], m_ref[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFFu, tile_max[r], 2));
+      const float m_new = fmaxf(m[r], tile_max[r]);
+      corr[r] = m_new == -INFINITY ? 1.f : fast_exp2(m[r] - m_new);
+      m_ref[r] = m_new == -INFINITY ? 0.f : m_new;
+      m[r] = m_new;
+    }
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = fast_exp2(s[nt][e] - m_ref[e / 2]);
+        sum[e / 2] += s[nt][e];
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + sum[r];  // quad-partial; reduced at the end
+#pragma unroll
+    for (int dt = 0; dt < kDimTiles; ++dt) o[dt][0] *= corr[0], o[dt][1] *= corr[0], o[dt][2] *= corr[1], o[dt][3] *= corr[1];
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                             pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < kDim / 16; ++dp) {
+        uint32_t bf[4];
+        const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        ldmatrix_x4_trans(bf, sv + swizzled<kDim>(row, dp * 2 + (lane >> 4)));
+        mma_16x8x16<T>(o[2 * dp], a, bf[0], bf[1]);
+        mma_16x8x16<T>(o[2 * dp + 1], a, bf[2], bf[3]);
+      }
+    }
+    __syncwarp();  // the stage is refilled by the next issue
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the rings become the merge buffers
+
+  float* red = reinterpret_cast<float*>(smem);  // [kWarps][16][kDim]
+  float* wm = red + kWarps * 16 * kDim;         // [kWarps][16]
+  float* wl = wm + kWarps * 16;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float x = l[r];
+    x += __shfl_xor_sync(0xFFFFFFFFu, x, 1);
+    x += __shfl_xor_sync(0xFFFFFFFFu, x, 2);
+    const int row = grp + 8 * r;
+    if (quad == 0) wm[warp * 16 + row] = m[r], wl[warp * 16 + row] = x;
+#pragma unroll
+    for (int dt = 0; dt < kDimTiles; ++dt) {
+      float* dst = red + (warp * 16 + row) * kDim + dt * 8 + 2 * quad;
+      dst[0] = o[dt][2 * r], dst[1] = o[dt][2 * r + 1];
+    }
+  }
+  __syncthreads();
+
+  const int64_t splits = p.splits;
+  for (int g = warp; g < heads; g += kWarps) {  // a warp per query head
+    float top = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) top = fmaxf(top, wm[w * 16 + g]);
+    float weight[kWarps], l_all = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = wm[w * 16 + g];
+      weight[w] = mw == -INFINITY ? 0.f : fast_exp2(mw - top);
+      l_all += weight[w] * wl[w * 16 + g];
+    }
+    const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
+    const int64_t h = h0 + g, row = b * p.heads_q + h;
+    for (int d = lane; d < kDim; d += 32) {
+      float total = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) total += weight[w] * red[(w * 16 + g) * kDim + d];
+      total *= inv;
+      if (splits == 1) reinterpret_cast<T*>(p.out)[b * p.out_batch + h * p.out_head + d * p.out_dim] = convert<T>(total);
+      else static_cast<float*>(p.workspace)[(row * splits + split) * p.value_dim + d] = total;
+    }
+    if (lane == 0) {
+      const float lse = l_all > 0.f ? (top + log2f(l_all)) * 0.6931471805599453f : -INFINITY;
+      if (splits == 1) reinterpret_cast<float*>(p.lse)[b * p.lse_batch + h * p.lse_head] = lse;
+      else static_cast<float*>(p.workspace)[p.batch * p.heads_q * splits * p.value_dim + row * splits + split] = lse;
+    }
+  }
+}
+
+template <class T, int kDim>
+Status launch_split_tc(const DecodeProblem& p, CUstream_st* stream) {
+  constexpr size_t smem = TcCfg<kDim>::kSmem;
+  const int64_t chunks = (p.group() + 15) / 16, units = p.batch * p.heads_kv * chunks;
+  if (units > INT32_MAX) return unsupported("decode_attention: ", units, " (sequence, kv head) pairs exceed one launch");
+  BARACUDA_TRY(allow_smem(decode_split_tc<T, kDim>, smem));
+  decode_split_tc<T, kDim><<<dim3(unsigned(units), unsigned(p.splits)), kThreads, smem, stream>>>(p, int(chunks));
+  BARACUDA_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
+/// Merges the splits of one (b, h) row: out = sum_s w_s out_s / sum_s w_s
+/// with w_s = exp(lse_s - max lse). Warp w sums splits w, w + kWarps, ... in
+/// order, a lane holding dims lane, lane + 32, ... (all its loads independent,
+/// in flight together); then the warps' sums are added in warp order. The
+/// order is fixed: the result is bitwise reproducible.
 template <class T>
 __global__ void __launch_bounds__(kThreads) decode_combine(const DecodeProblem p) {
   using M = math_t<T, false>;
   using LseT = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  constexpr int kDims = 256 / 32;  // dims a lane holds (value_dim <= 256)
   __shared__ M weight[kMaxSplits];
+  __shared__ M warp_sum_of[kWarps][256];
+  wait_for_prerequisite_grid();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row = blockIdx.x, b = row / p.heads_q, h = row % p.heads_q;
-  const int splits = p.splits;
+  const int splits = p.splits, dims = int(p.value_dim);
   const M* part = static_cast<const M*>(p.workspace) + row * splits * p.value_dim;
   const M* lse = static_cast<const M*>(p.workspace) + p.batch * p.heads_q * splits * p.value_dim + row * splits;
-  // The splits' lse in shared memory once (not a serial global read per
-  // thread), then weights relative to the largest.
+  // The splits' lse in shared memory once, then weights relative to the largest.
   for (int s = threadIdx.x; s < splits; s += kThreads) weight[s] = lse[s];
   __syncthreads();
   M top = neg_inf<M>();
@@ -347,13 +617,25 @@ __global__ void __launch_bounds__(kThreads) decode_combine(const DecodeProblem p
   for (int s = threadIdx.x; s < splits; s += kThreads)
     weight[s] = top == neg_inf<M>() ? M(0) : m_exp(weight[s] - top);
   __syncthreads();
+  M acc[kDims] = {};
+#pragma unroll 2
+  for (int s = warp; s < splits; s += kWarps) {
+    const M w = weight[s];
+#pragma unroll
+    for (int k = 0; k < kDims; ++k)
+      if (lane + 32 * k < dims) acc[k] += w * part[int64_t(s) * dims + lane + 32 * k];
+  }
+#pragma unroll
+  for (int k = 0; k < kDims; ++k)
+    if (lane + 32 * k < dims) warp_sum_of[warp][lane + 32 * k] = acc[k];
+  __syncthreads();
   M sum = M(0);
   for (int s = 0; s < splits; ++s) sum += weight[s];
   const M inv = sum > M(0) ? M(1) / sum : M(0);
-  for (int64_t d = threadIdx.x; d < p.value_dim; d += kThreads) {
+  for (int d = threadIdx.x; d < dims; d += kThreads) {
     M total = M(0);
-#pragma unroll 8  // independent loads in flight; the adds stay in split order
-    for (int s = 0; s < splits; ++s) total += weight[s] * part[s * p.value_dim + d];
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += warp_sum_of[w][d];
     reinterpret_cast<T*>(p.out)[b * p.out_batch + h * p.out_head + d * p.out_dim] = convert<T>(total * inv);
   }
   if (threadIdx.x == 0)
@@ -402,6 +684,8 @@ struct CudaDecode {
     const bool fast = vector_friendly<T>(p, dim);
     BARACUDA_TRY(with_dim<64>(dim, [&]<int kDim>(std::integral_constant<int, kDim>) -> Status {
       if constexpr (kHalfType<T>) {
+        if constexpr (kDim <= 128)
+          if (fast && current_sm_version() >= 80) return launch_split_tc<T, kDim>(p, stream);
         if (fast && group == 1) return launch_split<T, kDim, 1, true>(p, stream);
         if (fast && group <= 4) return launch_split<T, kDim, 4, true>(p, stream);
         if (fast) return launch_split<T, kDim, 8, true>(p, stream);
@@ -411,8 +695,16 @@ struct CudaDecode {
     if (p.splits > 1) {
       if (p.batch * p.heads_q > INT32_MAX)
         return unsupported("decode_attention: ", p.batch * p.heads_q, " (sequence, head) rows exceed one launch");
-      decode_combine<T><<<unsigned(p.batch * p.heads_q), kThreads, 0, stream>>>(p);
-      BARACUDA_CUDA_TRY(cudaGetLastError());
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(unsigned(p.batch * p.heads_q));
+      config.blockDim = dim3(kThreads);
+      config.stream = stream;
+      cudaLaunchAttribute overlap[1];
+      overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      overlap[0].val.programmaticStreamSerializationAllowed = 1;
+      config.attrs = overlap;
+      config.numAttrs = current_sm_version() >= 90 ? 1 : 0;
+      BARACUDA_CUDA_TRY(cudaLaunchKernelEx(&config, decode_combine<T>, p));
     }
     return Status::ok();
   }

@@ -42,12 +42,4 @@ __device__ __forceinline__ void tile_key_span(const Problem& p, const HeadView& 
   key_range(p, last, v.len_q, v.len_kv, b, hi);
 }
 
-/// Lets a kernel use `bytes` of dynamic shared memory (above the 48 KiB default).
-template <class Kernel>
-Status allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return Status::ok();
-  BARACUDA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  return Status::ok();
-}
-
 }  // namespace baracuda::attn
