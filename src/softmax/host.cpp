@@ -24,8 +24,10 @@ Status sparse_on_host(const RowLaunch& l, const RowParams& p, CUstream_st*) {
     if constexpr (std::is_same_v<Op, GumbelSoftmax>) {  // out, soft, logits
       M max = -INFINITY, sum = 0;
       int64_t arg = 0;
+      M g[GumbelSoftmax::kGroup];
       for (int64_t c = 0; c < l.cols; ++c) {
-        z[c] = (convert<M>(at(2, c)) + GumbelSoftmax::noise<M>(p, r, c)) / p.tau;
+        if (c % GumbelSoftmax::kGroup == 0) GumbelSoftmax::noise(p, r, c / GumbelSoftmax::kGroup, g);
+        z[c] = (convert<M>(at(2, c)) + g[c % GumbelSoftmax::kGroup]) / p.tau;
         if (z[c] > max || (z[c] != z[c] && max == max)) max = z[c], arg = c;
       }
       for (int64_t c = 0; c < l.cols; ++c) sum += std::exp(z[c] - max);

@@ -46,19 +46,23 @@ struct RowParams {
   uint64_t seed = 0, offset = 0;
 };
 
-/// Note [Gumbel noise]: element (row, col) of a gumbel_softmax draws
-/// u = uniform_open01(philox_first(seed; col, col >> 32, r, r >> 32)) with
-/// r = offset + row (mod 2^64), and g = -log(-log(u)). `row` is the logical
-/// row (row-major over every dim but `dim`), `col` the index along `dim`:
-/// the sample depends on neither the strides nor the backend. Advance offset
-/// by the number of rows between calls for fresh noise.
+/// Note [Gumbel noise]: the columns 4q .. 4q + 3 of row `row` of a
+/// gumbel_softmax draw the four words w of Philox-4x32-10 with key `seed`
+/// at counter (q, q >> 32, r, r >> 32), r = offset + row (mod 2^64): column
+/// c takes word c % 4, u = uniform_open01(w[c % 4]) and g = -log(-log(u)).
+/// `row` is the logical row (row-major over every dim but `dim`), `col` the
+/// index along `dim`: the sample depends on neither the strides nor the
+/// backend. Advance offset by the number of rows between calls for fresh noise.
 struct GumbelSoftmax {
   static constexpr const char* name = "gumbel_softmax";
   static constexpr bool kBackwardKernel = false;  // softmax_backward's, scaled
+  static constexpr int kGroup = 4;  ///< columns per Philox call
+  /// g[e]: the noise of column kGroup * q + e.
   template <class M>
-  static BCD_HD M noise(const RowParams& p, int64_t row, int64_t col) {
-    const uint64_t r = p.offset + uint64_t(row), c = uint64_t(col);
-    return -log(-log(uniform_open01<M>(philox_first(p.seed, uint32_t(c), uint32_t(c >> 32), uint32_t(r), uint32_t(r >> 32)))));
+  static BCD_HD void noise(const RowParams& p, int64_t row, int64_t q, M (&g)[kGroup]) {
+    const uint64_t r = p.offset + uint64_t(row), c = uint64_t(q);
+    const PhiloxWords w = philox(p.seed, uint32_t(c), uint32_t(c >> 32), uint32_t(r), uint32_t(r >> 32));
+    for (int e = 0; e < kGroup; ++e) g[e] = -log(-log(uniform_open01<M>(w.v[e])));
   }
 };
 

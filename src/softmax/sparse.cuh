@@ -3,12 +3,13 @@
 // reductions in a fixed order (deterministic).
 //  - gumbel_softmax: one pass for the max, the first argmax and the sum of
 //    exponentials (online: the sum is rescaled when the max grows), one pass
-//    that writes `soft` and `out`; the noise is recomputed, never stored.
+//    that writes `soft` and `out`; z = (x + g) / tau is kept in shared
+//    memory between them when the row fits, else recomputed.
 //  - sparsemax: Note [Sparsemax threshold]; the row stays in shared memory
 //    when it fits, passes re-read it from memory (L2) otherwise.
 #pragma once
 
-#include <climits>
+#include <cstdint>
 
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
@@ -18,15 +19,20 @@ namespace baracuda::smax {
 
 using rows::RowLaunch;
 
+inline constexpr int64_t kNoIndex = INT64_MAX;
+
 struct MinIndexOp {
   __device__ __forceinline__ int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
 };
 
-/// gumbel_softmax: operands out, soft, logits.
-template <class T, int TPR, int RPB>
+/// gumbel_softmax: operands out, soft, logits. A thread owns whole groups
+/// of kGroup columns (one Philox call each); with kCache, z = (x + g) / tau
+/// of pass 1 stays in shared memory for pass 2.
+template <class T, int TPR, int RPB, bool kCache>
 __device__ void gumbel_row(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer, const RowParams& p,
-                           math_t<T, false>* scratch, int64_t* index_scratch) {
+                           math_t<T, false>* cache, math_t<T, false>* scratch, int64_t* index_scratch) {
   using M = math_t<T, false>;
+  constexpr int G = GumbelSoftmax::kGroup;
   const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
   const int lane = threadIdx.x % TPR;
   const bool valid = row < l.rows;
@@ -36,28 +42,56 @@ __device__ void gumbel_row(const RowLaunch& l, const rows::OffsetCalc<3, int64_t
   T* soft = reinterpret_cast<T*>(l.data[1]) + off[1];
   const T* x = reinterpret_cast<const T*>(l.data[2]) + off[2];
   const int64_t so = l.inner.stride[0][0], ss = l.inner.stride[1][0], sx = l.inner.stride[2][0];
+  const int64_t cols = l.cols, groups = (cols + G - 1) / G;
   const M inv_tau = M(1 / p.tau);
-  auto z_at = [&](int64_t c) { return (convert<M>(x[c * sx]) + GumbelSoftmax::noise<M>(p, row, c)) * inv_tau; };
+  auto group_z = [&](int64_t q, M (&z)[G]) {  // -inf past the row's end
+    M g[G];
+    GumbelSoftmax::noise(p, row, q, g);
+#pragma unroll
+    for (int e = 0; e < G; ++e) {
+      const int64_t c = q * G + e;
+      z[e] = c < cols ? (convert<M>(x[c * sx]) + g[e]) * inv_tau : M(-INFINITY);
+    }
+  };
   M m = -INFINITY, s = 0;
-  int64_t arg = LLONG_MAX;
+  int64_t arg = kNoIndex;
   if (valid)
-    for (int64_t c = lane; c < l.cols; c += TPR) {
-      const M z = z_at(c);
-      if (z > m || (z != z && m == m)) {
-        s = s * exp(m - z) + 1, m = z, arg = c;
-      } else if (z != -INFINITY) {
-        s += exp(z - m);
+    for (int64_t q = lane; q < groups; q += TPR) {
+      M z[G];
+      group_z(q, z);
+#pragma unroll
+      for (int e = 0; e < G; ++e) {
+        if constexpr (kCache)
+          if (q * G + e < cols) cache[q * G + e] = z[e];
+        if (z[e] > m || (z[e] != z[e] && m == m)) {
+          s = s * exp(m - z[e]) + 1, m = z[e], arg = q * G + e;
+        } else if (z[e] != -INFINITY) {
+          s += exp(z[e] - m);
+        }
       }
     }
   const M max = rows::row_all_reduce<TPR, RPB>(m, rows::MaxOp{}, scratch);
   const bool mine = m == max || (m != m && max != max);
   const M sum = rows::row_all_reduce<TPR, RPB>(m == max ? s : s * exp(m - max), rows::SumOp{}, scratch);
-  if (p.hard) arg = rows::row_all_reduce<TPR, RPB>(mine ? arg : LLONG_MAX, MinIndexOp{}, index_scratch);
+  if (p.hard) arg = rows::row_all_reduce<TPR, RPB>(mine ? arg : kNoIndex, MinIndexOp{}, index_scratch);
+  if (arg == kNoIndex) arg = 0;  // a row of -inf: as the host reference
   if (!valid) return;
-  for (int64_t c = lane; c < l.cols; c += TPR) {
-    const M y = exp(z_at(c) - max) / sum;
-    soft[c * ss] = convert<T>(y);
-    out[c * so] = convert<T>(p.hard ? M(c == arg) : y);
+  for (int64_t q = lane; q < groups; q += TPR) {
+    M z[G];
+    if constexpr (kCache) {
+#pragma unroll
+      for (int e = 0; e < G; ++e) z[e] = q * G + e < cols ? cache[q * G + e] : M(0);
+    } else {
+      group_z(q, z);
+    }
+#pragma unroll
+    for (int e = 0; e < G; ++e) {
+      const int64_t c = q * G + e;
+      if (c >= cols) break;
+      const M y = exp(z[e] - max) / sum;
+      soft[c * ss] = convert<T>(y);
+      out[c * so] = convert<T>(p.hard ? M(c == arg) : y);
+    }
   }
 }
 
@@ -168,7 +202,8 @@ __global__ void __launch_bounds__(TPR * RPB) sparse_kernel(RowLaunch l, rows::Of
   __shared__ M scratch[RPB * (TPR / 32)];
   __shared__ int64_t index_scratch[RPB * (TPR / 32)];
   if constexpr (std::is_same_v<Op, GumbelSoftmax>) {
-    gumbel_row<T, TPR, RPB>(l, outer, p, scratch, index_scratch);
+    M* cache = reinterpret_cast<M*>(cache_bytes) + (threadIdx.x / TPR) * l.cols;
+    gumbel_row<T, TPR, RPB, kCache>(l, outer, p, cache, scratch, index_scratch);
   } else if constexpr (kBackward) {
     sparsemax_backward_row<T, TPR, RPB>(l, outer, scratch, index_scratch);
   } else {
@@ -180,9 +215,10 @@ __global__ void __launch_bounds__(TPR * RPB) sparse_kernel(RowLaunch l, rows::Of
 template <class Op, class T, bool kBackward, int TPR, int RPB>
 Status launch_sparse(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer, const RowParams& p,
                      CUstream_st* stream) {
-  // Only the sparsemax forward makes several passes over a row: it alone keeps it in shared memory.
-  constexpr bool kMayCache = std::is_same_v<Op, Sparsemax> && !kBackward;
-  const size_t cache = size_t(RPB) * size_t(l.cols) * sizeof(T);
+  // The forward kernels keep a row in shared memory: sparsemax its input, gumbel_softmax z (math type).
+  constexpr bool kMayCache = !kBackward;
+  constexpr size_t kElement = std::is_same_v<Op, GumbelSoftmax> ? sizeof(math_t<T, false>) : sizeof(T);
+  const size_t cache = size_t(RPB) * size_t(l.cols) * kElement;
   const unsigned blocks = unsigned((l.rows + RPB - 1) / RPB);
   if (kMayCache && cache <= rows::kRowCacheBytes) {
     auto kernel = sparse_kernel<Op, T, kBackward, TPR, RPB, kMayCache>;
