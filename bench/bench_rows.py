@@ -23,6 +23,22 @@ def close(a, b, tol):
     return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
 
 
+def torch_sparsemax(z):
+    """Sparsemax along the last dim with sort + cumsum, as written in torch (math in float32 at least)."""
+    dtype, z = z.dtype, z.float() if z.dtype in (torch.float16, torch.bfloat16) else z
+    s = z.sort(-1, descending=True).values
+    cs = s.cumsum(-1)
+    k = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=z.dtype)
+    support = (1 + k * s > cs).sum(-1, keepdim=True)
+    tau = (cs.gather(-1, support - 1) - 1) / support.to(z.dtype)
+    return (z - tau).clamp_min(0).to(dtype)
+
+
+def torch_sparsemax_backward(g, y):
+    s = y > 0
+    return torch.where(s, g - (g * s).sum(-1, keepdim=True) / s.sum(-1, keepdim=True), 0)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="", help="substring of row names to run")
@@ -48,6 +64,27 @@ def main():
                 row(f"softmax_backward {shape}", dtype, lambda: F.softmax_backward(g, y, -1, out=o1),
                     lambda: aten._softmax_backward_data.out(g, y, -1, dtype, grad_input=o2), 3 * n * es,
                     lambda: close(F.softmax_backward(g, y, -1), aten._softmax_backward_data(g, y, -1, dtype), tol))
+                del y
+            if want("gumbel_softmax"):
+                o3 = torch.empty_like(x)
+                for hard in (False, True):
+                    # Ours also writes the soft sample (the backward's input): bytes count one output.
+                    row(f"gumbel_softmax{' hard' if hard else ''} {shape}", dtype,
+                        lambda: F.gumbel_softmax(x, 0.5, hard, seed=1, out=(o1, o3)),
+                        lambda: torch.nn.functional.gumbel_softmax(x, 0.5, hard), 2 * n * es)
+                y = F.gumbel_softmax(x, 0.5, seed=1)
+                xr = x.detach().requires_grad_()
+                yr = torch.nn.functional.gumbel_softmax(xr, 0.5)
+                row(f"gumbel_softmax_backward {shape}", dtype, lambda: F.gumbel_softmax_backward(g, y, 0.5, out=o1),
+                    lambda: torch.autograd.grad(yr, xr, g, retain_graph=True), 3 * n * es)
+                del o3, y, xr, yr
+            if want("sparsemax"):
+                row(f"sparsemax {shape}", dtype, lambda: F.sparsemax(x, -1, out=o1), lambda: torch_sparsemax(x),
+                    2 * n * es, lambda: close(F.sparsemax(x, -1), torch_sparsemax(x), tol))
+                y = F.sparsemax(x, -1)
+                row(f"sparsemax_backward {shape}", dtype, lambda: F.sparsemax_backward(g, y, -1, out=o1),
+                    lambda: torch_sparsemax_backward(g, y), 3 * n * es,
+                    lambda: close(F.sparsemax_backward(g, y, -1), torch_sparsemax_backward(g, y), tol))
                 del y
             w = torch.randn(cols, device="cuda", dtype=dtype)
             b = torch.randn(cols, device="cuda", dtype=dtype)

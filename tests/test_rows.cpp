@@ -1,12 +1,16 @@
-// Row families (softmax): every op x dtype x dim x shape x layout against the
-// host reference in f64, backward against finite differences of the forward
-// on the host, closed forms, and bad input.
+// Row families (softmax, norm): every op x dtype x dim x shape x layout
+// against the host reference in f64, backward against finite differences of
+// the forward on the host, closed forms, and bad input; gumbel_softmax's
+// noise against Philox written out here, its sample statistics, and the
+// same sample on every backend and layout.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
 #include "baracuda/registry.hpp"
+#include "core/errors.hpp"
+#include "exec.hpp"
 #include "harness.hpp"
 #include "sweep.hpp"
 
@@ -126,6 +130,251 @@ std::vector<std::vector<double>> host_norm(const std::string& op, std::vector<st
   Status st = run_op(Stream::host(), op, in, out, attrs);
   EXPECT_TRUE(st) << st.to_string();
   return outs;
+}
+
+// ---------------------------------------------------------------- sparsemax
+
+TEST(SparsemaxKnownValues, ClosedForms) {
+  // [1, 0.5, -1]: support {1, 0.5}, tau = (1.5 - 1) / 2 = 0.25.
+  EXPECT_EQ(host_run("sparsemax", {{1, 0.5, -1}}, {3}, {}), (std::vector<double>{0.75, 0.25, 0}));
+  EXPECT_EQ(host_run("sparsemax", {{0, 0, 0, 0}}, {4}, {}), (std::vector<double>{0.25, 0.25, 0.25, 0.25}));
+  EXPECT_EQ(host_run("sparsemax", {{3, 1, 0}}, {3}, {}), (std::vector<double>{1, 0, 0}));  // a gap >= 1: one-hot
+  auto two = host_run("sparsemax", {{0.1, 0.2}}, {2}, {});  // tau = -0.35
+  EXPECT_NEAR(two[0], 0.45, 1e-15);
+  EXPECT_NEAR(two[1], 0.55, 1e-15);
+  // dim 0 of [3, 2]: the columns [1, 0.5, -1] and [0, 0, 0].
+  EXPECT_EQ(host_run("sparsemax", {{1, 0, 0.5, 0, -1, 0}}, {3, 2}, {{"dim", 0}}),
+            (std::vector<double>{0.75, 1.0 / 3, 0.25, 1.0 / 3, 0, 1.0 / 3}));
+  // The backward on the support {0, 1}: g - mean(g over it); zero elsewhere.
+  EXPECT_EQ(host_run("sparsemax_backward", {{1, 3, 5}, {0.75, 0.25, 0}}, {3}, {}), (std::vector<double>{-1, 1, 0}));
+}
+
+/// The projection's optimality conditions on long rows, every backend and
+/// dtype: out >= 0, sum 1, and z - out is one constant tau on the support
+/// with z <= tau off it.
+TEST(Sparsemax, LongRowsSatisfyKkt) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> n(0, 1);
+  for (Backend b : host_and_cuda_backends()) {
+    for (int64_t cols : {5, 1000, 40000, 120000}) {
+      for (DType dtype : {DType::f32, DType::f64}) {
+        std::vector<double> x(2 * cols);
+        for (auto& v : x) v = std::round(n(rng) * 3 * 1024) / 1024;  // exact in f32
+        auto r = exec(b, "sparsemax", {{x, {2, cols}, dtype}});
+        ASSERT_TRUE(r) << r.status().to_string();
+        const double tol = dtype == DType::f64 ? 1e-12 : 2e-5;
+        for (int row = 0; row < 2; ++row) {
+          double sum = 0, tau = NAN;
+          int support = 0;
+          for (int64_t c = 0; c < cols; ++c) {
+            const double y = (*r)[0][row * cols + c], z = x[row * cols + c];
+            ASSERT_GE(y, 0);
+            sum += y;
+            if (y > 0) {
+              if (std::isnan(tau)) tau = z - y;
+              EXPECT_NEAR(z - y, tau, tol) << cols;
+              ++support;
+            }
+          }
+          EXPECT_NEAR(sum, 1, tol * 10) << backend_name(b) << " cols " << cols;
+          for (int64_t c = 0; c < cols; ++c)
+            if ((*r)[0][row * cols + c] == 0) EXPECT_LE(x[row * cols + c], tau + tol);
+          EXPECT_GE(support, 1);
+        }
+      }
+    }
+  }
+}
+
+TEST(SparsemaxFiniteDifferences, BackwardMatchesForward) {
+  std::mt19937_64 rng(4);
+  std::uniform_real_distribution<double> u(-1, 1);
+  const Shape s{3, 6};
+  for (double dim : {-1.0, 0.0}) {
+    std::vector<double> x(18), g(18);
+    for (auto& v : x) v = u(rng);
+    for (auto& v : g) v = u(rng);
+    const Attrs attrs{{"dim", dim}};
+    auto y = host_run("sparsemax", {x}, s, attrs);
+    auto dx = host_run("sparsemax_backward", {g, y}, s, attrs);
+    auto loss = [&](const std::vector<double>& xs) {
+      auto f = host_run("sparsemax", {xs}, s, attrs);
+      double l = 0;
+      for (size_t i = 0; i < f.size(); ++i) l += g[i] * f[i];
+      return l;
+    };
+    for (int i = 0; i < 18; ++i) {
+      const double h = 1e-7;
+      auto xp = x, xm = x;
+      xp[i] += h, xm[i] -= h;
+      EXPECT_NEAR(dx[i], (loss(xp) - loss(xm)) / (2 * h), 1e-6) << "dim " << dim << " i " << i;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- gumbel_softmax
+
+/// Philox-4x32-10 and the documented noise (Note [Gumbel noise]).
+double gumbel_noise(uint64_t seed, uint64_t offset, uint64_t row, uint64_t col) {
+  const uint64_t q = col / 4;
+  uint32_t c0 = uint32_t(q), c1 = uint32_t(q >> 32), c2 = uint32_t(offset + row), c3 = uint32_t((offset + row) >> 32);
+  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
+  for (int i = 0; i < 10; ++i) {
+    const uint64_t p0 = uint64_t(0xD2511F53u) * c0, p1 = uint64_t(0xCD9E8D57u) * c2;
+    const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0, n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
+    c1 = uint32_t(p1), c3 = uint32_t(p0), c0 = n0, c2 = n2;
+    k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+  }
+  const uint32_t word[4] = {c0, c1, c2, c3};
+  const double u = (2.0 * (word[col % 4] >> 9) + 1) / 16777216.0;
+  return -std::log(-std::log(u));
+}
+
+/// gumbel_softmax's outputs (out, soft) on the host in f64.
+std::vector<std::vector<double>> gumbel(const std::vector<double>& x, const Shape& shape, const Attrs& attrs) {
+  return host_norm("gumbel_softmax", {x}, {shape}, attrs);
+}
+
+TEST(GumbelSoftmaxKnownValues, NoiseIsTheDocumentedPhilox) {
+  const Shape s{3, 4};
+  const std::vector<double> x{0, 1, 2, 3, -1, 0, 1, 0.5, 2, 2, 2, 2};
+  for (double dim : {-1.0, 0.0}) {
+    const Attrs attrs{{"dim", dim}, {"tau", 0.5}, {"seed", 1234567}, {"offset", 9}};
+    auto r = gumbel(x, s, attrs);
+    const int rows = dim < 0 ? 3 : 4, cols = dim < 0 ? 4 : 3;
+    for (int row = 0; row < rows; ++row) {
+      auto at = [&](int c) { return dim < 0 ? row * 4 + c : c * 4 + row; };
+      double z[4], max = -INFINITY, sum = 0;
+      for (int c = 0; c < cols; ++c) z[c] = (x[at(c)] + gumbel_noise(1234567, 9, row, c)) / 0.5, max = std::max(max, z[c]);
+      for (int c = 0; c < cols; ++c) sum += std::exp(z[c] - max);
+      for (int c = 0; c < cols; ++c) {
+        EXPECT_NEAR(r[1][at(c)], std::exp(z[c] - max) / sum, 1e-14) << "dim " << dim << " row " << row << " col " << c;
+        EXPECT_EQ(r[0][at(c)], r[1][at(c)]);  // not hard: out is the soft sample
+      }
+    }
+  }
+}
+
+TEST(GumbelSoftmax, ReproducibleHardAndSameOnEveryBackendAndLayout) {
+  std::mt19937_64 rng(8);
+  std::uniform_real_distribution<double> u(-2, 2);
+  const int64_t R = 37, C = 300;
+  std::vector<double> x(R * C), xt(R * C);
+  for (auto& v : x) v = u(rng);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) xt[c * R + r] = x[r * C + c];
+  const Attrs attrs{{"hard", 1}, {"seed", 42}, {"offset", 5}};
+  auto a = gumbel(x, {R, C}, attrs), again = gumbel(x, {R, C}, attrs);
+  EXPECT_EQ(a, again);
+  Attrs other = attrs;
+  EXPECT_NE(gumbel(x, {R, C}, other.set("seed", 43))[1], a[1]);
+  EXPECT_NE(gumbel(x, {R, C}, Attrs(attrs).set("offset", 6))[1], a[1]);
+  // Rows 1.. with offset + 1 draw the same noise as before.
+  auto shifted = gumbel(std::vector<double>(x.begin() + C, x.end()), {R - 1, C}, Attrs(attrs).set("offset", 6));
+  EXPECT_EQ(shifted[1], std::vector<double>(a[1].begin() + C, a[1].end()));
+  for (int64_t r = 0; r < R; ++r) {
+    int64_t arg = 0;
+    double sum = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      sum += a[1][r * C + c];
+      if (a[1][r * C + c] > a[1][r * C + arg]) arg = c;
+    }
+    EXPECT_NEAR(sum, 1, 1e-12);
+    for (int64_t c = 0; c < C; ++c) EXPECT_EQ(a[0][r * C + c], c == arg ? 1.0 : 0.0) << r << " " << c;
+  }
+  // The same sample from the transposed memory along dim 0, strided views and every backend.
+  for (Backend b : host_and_cuda_backends()) {
+    for (DType dtype : {DType::f64, DType::f32}) {
+      auto t = exec(b, "gumbel_softmax", {{xt, {C, R}, dtype}}, Attrs(attrs).set("dim", 0));
+      auto s = exec(b, "gumbel_softmax", {{x, {R, C}, dtype, {1, R}}}, attrs);  // column-major memory
+      ASSERT_TRUE(t && s) << (t ? s.status() : t.status()).to_string();
+      const double tol = dtype == DType::f64 ? 1e-12 : 1e-5;
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c) {
+          EXPECT_EQ((*t)[0][c * R + r], a[0][r * C + c]) << backend_name(b);
+          EXPECT_NEAR((*t)[1][c * R + r], a[1][r * C + c], tol) << backend_name(b);
+          EXPECT_EQ((*s)[0][r * C + c], a[0][r * C + c]) << backend_name(b);
+          EXPECT_NEAR((*s)[1][r * C + c], a[1][r * C + c], tol) << backend_name(b);
+        }
+    }
+  }
+}
+
+/// The argmax of logits + Gumbel noise is a sample of softmax(logits): over
+/// N rows each frequency is within 5 standard deviations sqrt(p (1 - p) / N).
+TEST(GumbelSoftmax, ArgmaxFrequenciesFollowSoftmax) {
+  const std::vector<double> logits{1, 0, -1, 0.5, 2};
+  const int64_t N = 20000, C = 5;
+  std::vector<double> x;
+  for (int64_t r = 0; r < N; ++r) x.insert(x.end(), logits.begin(), logits.end());
+  double z = 0;
+  for (double l : logits) z += std::exp(l);
+  for (double tau : {1.0, 0.3}) {
+    auto r = gumbel(x, {N, C}, {{"hard", 1}, {"tau", tau}, {"seed", 2024}});
+    for (int64_t c = 0; c < C; ++c) {
+      double count = 0;
+      for (int64_t i = 0; i < N; ++i) count += r[0][i * C + c];
+      const double p = std::exp(logits[c]) / z, sd = std::sqrt(p * (1 - p) / N);
+      EXPECT_NEAR(count / N, p, 5 * sd) << "tau " << tau << " class " << c;  // tau does not change the argmax
+    }
+  }
+}
+
+/// Straight-through: the backward of out (hard or not) is the soft sample's.
+TEST(GumbelSoftmaxFiniteDifferences, BackwardMatchesSoftForward) {
+  std::mt19937_64 rng(6);
+  std::uniform_real_distribution<double> u(-2, 2);
+  const Shape s{3, 5};
+  for (double dim : {-1.0, 0.0}) {
+    for (double tau : {1.0, 0.7}) {
+      std::vector<double> x(15), g(15);
+      for (auto& v : x) v = u(rng);
+      for (auto& v : g) v = u(rng);
+      const Attrs fwd{{"dim", dim}, {"tau", tau}, {"seed", 99}, {"offset", 1}, {"hard", 1}};
+      auto y = gumbel(x, s, fwd);
+      auto dx = host_run("gumbel_softmax_backward", {g, y[1]}, s, {{"dim", dim}, {"tau", tau}});
+      auto loss = [&](const std::vector<double>& xs) {
+        auto f = gumbel(xs, s, fwd)[1];
+        double l = 0;
+        for (size_t i = 0; i < f.size(); ++i) l += g[i] * f[i];
+        return l;
+      };
+      for (int i = 0; i < 15; ++i) {
+        const double h = 1e-6;
+        auto xp = x, xm = x;
+        xp[i] += h, xm[i] -= h;
+        EXPECT_NEAR(dx[i], (loss(xp) - loss(xm)) / (2 * h), 1e-6) << "dim " << dim << " tau " << tau << " i " << i;
+      }
+    }
+  }
+}
+
+TEST(SoftmaxFamilyErrors, GumbelAndSparsemaxAttributes) {
+  auto message = [](const std::string& op, const Attrs& attrs, size_t inputs = 1) {
+    auto d = infer(op, std::vector<TensorSpec>(inputs, TensorSpec{DType::f32, {2, 3}}), attrs);
+    return d ? std::string("accepted") : d.status().message();
+  };
+  EXPECT_NE(message("gumbel_softmax", {{"tau", 0}}).find("'tau' must be finite and > 0, got 0"), std::string::npos);
+  EXPECT_NE(message("gumbel_softmax", {{"tau", -1}}).find("'tau' must be finite and > 0"), std::string::npos);
+  EXPECT_NE(message("gumbel_softmax_backward", {{"tau", 0}}, 2).find("'tau' must be finite and > 0"), std::string::npos);
+  EXPECT_NE(message("gumbel_softmax", {{"hard", 2}}).find("'hard' must be 0 or 1, got 2"), std::string::npos);
+  EXPECT_NE(message("gumbel_softmax", {{"seed", -1}}).find("'seed' must be a whole number"), std::string::npos);
+  EXPECT_NE(message("gumbel_softmax", {{"offset", 0.5}}).find("'offset' must be a whole number"), std::string::npos);
+  EXPECT_NE(message("gumbel_softmax", {{"dim", -3}}).find("dim -3 is out of range for rank 2"), std::string::npos);
+  EXPECT_NE(message("sparsemax", {{"dim", 2}}).find("dim 2 is out of range for rank 2"), std::string::npos);
+  auto b = infer("sparsemax_backward", {{DType::f32, {2, 3}}, {DType::f32, {3, 2}}});
+  ASSERT_FALSE(b);
+  EXPECT_NE(b.status().message().find("'output' shape [3, 2] != 'grad_output' shape [2, 3]"), std::string::npos);
+  auto g = infer("gumbel_softmax_backward", {{DType::f32, {2, 3}}, {DType::f16, {2, 3}}});
+  ASSERT_FALSE(g);
+  EXPECT_NE(g.status().message().find("'soft' dtype f16 != 'grad_output' dtype f32"), std::string::npos);
+  auto f8 = infer("sparsemax", {{DType::fp8_e4m3, {4}}});
+  ASSERT_FALSE(f8);
+  EXPECT_NE(f8.status().message().find("fp8_e4m3"), std::string::npos);
+  // Two outputs, both like the logits.
+  auto two = infer("gumbel_softmax", {{DType::bf16, {2, 3}}});
+  ASSERT_TRUE(two);
+  EXPECT_EQ(two->outputs.size(), 2u);
 }
 
 TEST(NormKnownValues, ClosedForms) {

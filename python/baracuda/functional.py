@@ -437,6 +437,40 @@ log_softmax, log_softmax_backward = _softmax_fn("log_softmax")
 softmin, softmin_backward = _softmax_fn("softmin")
 
 
+def gumbel_softmax(logits, tau=1, hard=False, eps=1e-10, dim=-1, *, seed=0, offset=0, return_soft=False, out=None):
+    """torch.nn.functional.gumbel_softmax with a reproducible sample.
+
+    softmax((logits + g) / tau) along dim, g = -log(-log(u)) drawn from
+    (seed, offset, row, col) by Philox-4x32-10 (whole numbers in [0, 2^53];
+    advance ``offset`` by the number of rows between calls for fresh noise):
+    the same sample on every backend and memory layout. ``hard`` returns the
+    one-hot of the argmax (the first on ties). ``eps`` is accepted and ignored
+    (deprecated in torch). The backward needs the soft sample:
+    ``return_soft=True`` returns (out, soft); ``out=`` takes both buffers.
+    """
+    del eps
+    attrs = {"dim": dim, "tau": float(tau), "hard": int(bool(hard)), "seed": int(seed), "offset": int(offset)}
+    y, soft = _call("gumbel_softmax", (logits,), attrs, out)
+    return (y, soft) if return_soft else y
+
+
+def gumbel_softmax_backward(grad_output, soft, tau=1, dim=-1, *, out=None):
+    """Gradient of gumbel_softmax with respect to the logits, from the soft sample:
+    soft * (grad_output - sum(grad_output * soft)) / tau (straight-through when hard)."""
+    return _call("gumbel_softmax_backward", (grad_output, soft), {"dim": dim, "tau": float(tau)}, out)
+
+
+def sparsemax(input, dim=-1, *, out=None):
+    """Sparsemax (Martins & Astudillo 2016) along dim: the projection of the input onto the simplex."""
+    return _call("sparsemax", (input,), {"dim": dim}, out)
+
+
+def sparsemax_backward(grad_output, output, dim=-1, *, out=None):
+    """Gradient of sparsemax from the forward output: on its support (output > 0),
+    grad_output minus its mean over the support; zero elsewhere."""
+    return _call("sparsemax_backward", (grad_output, output), {"dim": dim}, out)
+
+
 # ---------------------------------------------------------------- normalization
 
 def _normalized(op, input, normalized_shape, weight):

@@ -9,6 +9,7 @@
 #include "baracuda/core.hpp"
 #include "core/dtype_traits.hpp"
 #include "core/launch_table.hpp"
+#include "core/philox.hpp"
 
 struct CUstream_st;
 
@@ -74,19 +75,6 @@ BCD_HD void key_range(const Problem& p, int64_t i, int64_t len_q, int64_t len_kv
   if (p.window_right >= 0 && pos + p.window_right + 1 < hi) hi = pos + p.window_right + 1;
   if (p.window_left >= 0 && pos - p.window_left > lo) lo = pos - p.window_left;
   if (hi < lo) hi = lo;
-}
-
-/// Philox-4x32-10 (Salmon et al. 2011), the counter-based generator every
-/// backend uses for dropout so that they drop the same elements.
-BCD_HD uint32_t philox_first(uint64_t key, uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3) {
-  uint32_t k0 = uint32_t(key), k1 = uint32_t(key >> 32);
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = uint64_t(0xD2511F53u) * c0, p1 = uint64_t(0xCD9E8D57u) * c2;
-    const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0, n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
-    c1 = uint32_t(p1), c3 = uint32_t(p0), c0 = n0, c2 = n2;
-    k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
-  }
-  return c0;
 }
 
 /// Whether dropout keeps element (b, h, i, j): a uniform draw from

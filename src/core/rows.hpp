@@ -53,9 +53,12 @@ inline Shape move_axis_last(Shape shape, int dim) {
   return shape;
 }
 
-/// `shape` is the full shape; its last `inner_dims` dims form a row.
+/// `shape` is the full shape; its last `inner_dims` dims form a row. Rows are
+/// numbered in the order that walks memory best, or with `logical_rows` in
+/// row-major order of the outer dims (a row's index then names it, as
+/// counter-based noise needs).
 inline RowLaunch make_rows(std::span<const int64_t> shape, int inner_dims, std::span<const TensorView> views,
-                           std::span<const Role> roles) {
+                           std::span<const Role> roles, bool logical_rows = false) {
   RowLaunch l;
   const int rank = static_cast<int>(shape.size());
   const int outer_dims = rank - inner_dims;
@@ -79,7 +82,7 @@ inline RowLaunch make_rows(std::span<const int64_t> shape, int inner_dims, std::
     ++p.rank;
   }
   ew::drop_unit_dims(o);
-  ew::sort_dims(o);
+  if (!logical_rows) ew::sort_dims(o);
   ew::coalesce(o);
   ew::drop_unit_dims(in);
   ew::coalesce(in);  // keeps the logical column order

@@ -17,9 +17,11 @@ using rows::RowLaunch;
 
 using rows::kRowCacheBytes;
 
-/// Forward: operand 0 = out, 1 = input. Backward: 0 = grad_input, 1 = grad_output, 2 = output.
+/// Forward: operand 0 = out, 1 = input. Backward: 0 = grad_input, 1 = grad_output, 2 = output;
+/// the gradient is multiplied by `scale`.
 template <class Op, class T, bool kBackward, int TPR, int RPB, bool kCache>
-__global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::OffsetCalc<3, int64_t> outer) {
+__global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::OffsetCalc<3, int64_t> outer,
+                                                         math_t<T, false> scale) {
   using M = math_t<T, false>;
   constexpr int kIn = kBackward ? 2 : 1;
   extern __shared__ __align__(16) char cache_bytes[];
@@ -86,7 +88,7 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
       const T* src[2] = {kCache ? cache[0] : in[0], kCache ? cache[1] : in[1]};
       const int64_t ss[2] = {kCache ? 1 : si[0], kCache ? 1 : si[1]};
       rows::map_row<TPR>(src, ss, out, so, cols, vec, lane, [&](int64_t, const T (&x)[2]) {
-        return convert<T>(Op::grad(convert<M>(x[0]), convert<M>(x[1]), t));
+        return convert<T>(Op::grad(convert<M>(x[0]), convert<M>(x[1]), t) * scale);
       });
     }
   }
@@ -94,7 +96,8 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
 
 /// One thread per row; rows adjacent in memory, elements of a row strided.
 template <class Op, class T, bool kBackward>
-__global__ void __launch_bounds__(256) columns_kernel(RowLaunch l, rows::OffsetCalc<3, int64_t> outer) {
+__global__ void __launch_bounds__(256) columns_kernel(RowLaunch l, rows::OffsetCalc<3, int64_t> outer,
+                                                      math_t<T, false> scale) {
   using M = math_t<T, false>;
   const int64_t row = int64_t(blockIdx.x) * 256 + threadIdx.x;
   if (row >= l.rows) return;
@@ -117,12 +120,13 @@ __global__ void __launch_bounds__(256) columns_kernel(RowLaunch l, rows::OffsetC
     M t = 0;
     for (int64_t c = 0; c < l.cols; ++c) t += Op::term(convert<M>(a[c * sa]), convert<M>(b[c * sb]));
     for (int64_t c = 0; c < l.cols; ++c)
-      out[c * so] = convert<T>(Op::grad(convert<M>(a[c * sa]), convert<M>(b[c * sb]), t));
+      out[c * so] = convert<T>(Op::grad(convert<M>(a[c * sa]), convert<M>(b[c * sb]), t) * scale);
   }
 }
 
 template <class Op, class T, bool kBackward, int TPR, int RPB>
-Status launch_rows(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer, CUstream_st* stream) {
+Status launch_rows(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer, math_t<T, false> scale,
+                   CUstream_st* stream) {
   constexpr int kIn = kBackward ? 2 : 1;
   const size_t cache = size_t(RPB) * size_t(l.cols) * kIn * sizeof(T);
   const unsigned blocks = unsigned((l.rows + RPB - 1) / RPB);
@@ -130,29 +134,30 @@ Status launch_rows(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer
     auto kernel = rows_kernel<Op, T, kBackward, TPR, RPB, true>;
     if (cache > 48 * 1024)
       BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(kRowCacheBytes)));
-    kernel<<<blocks, TPR * RPB, cache, stream>>>(l, outer);
+    kernel<<<blocks, TPR * RPB, cache, stream>>>(l, outer, scale);
   } else {
-    rows_kernel<Op, T, kBackward, TPR, RPB, false><<<blocks, TPR * RPB, 0, stream>>>(l, outer);
+    rows_kernel<Op, T, kBackward, TPR, RPB, false><<<blocks, TPR * RPB, 0, stream>>>(l, outer, scale);
   }
   return Status::ok();
 }
 
 template <class Op, class T, bool kBackward>
-Status softmax_on_cuda(const RowLaunch& l, CUstream_st* stream) {
+Status softmax_on_cuda(const RowLaunch& l, const RowParams& p, CUstream_st* stream) {
   const rows::OffsetCalc<3, int64_t> outer(l.outer);
+  const math_t<T, false> scale(p.grad_scale);
   const int64_t s = l.inner.stride[1][0];
   if (s != 1 && l.outer.rank >= 1 && l.outer.stride[1][0] == 1 && l.rows >= 1024) {
-    columns_kernel<Op, T, kBackward><<<unsigned((l.rows + 255) / 256), 256, 0, stream>>>(l, outer);
+    columns_kernel<Op, T, kBackward><<<unsigned((l.rows + 255) / 256), 256, 0, stream>>>(l, outer, scale);
   } else if (l.cols <= 128) {
-    BARACUDA_TRY((launch_rows<Op, T, kBackward, 32, 8>(l, outer, stream)));
+    BARACUDA_TRY((launch_rows<Op, T, kBackward, 32, 8>(l, outer, scale, stream)));
   } else if (l.cols <= 1024) {
-    BARACUDA_TRY((launch_rows<Op, T, kBackward, 32, 4>(l, outer, stream)));
+    BARACUDA_TRY((launch_rows<Op, T, kBackward, 32, 4>(l, outer, scale, stream)));
   } else if (l.cols <= 4096) {
-    BARACUDA_TRY((launch_rows<Op, T, kBackward, 128, 1>(l, outer, stream)));
+    BARACUDA_TRY((launch_rows<Op, T, kBackward, 128, 1>(l, outer, scale, stream)));
   } else if (l.cols <= 16384) {
-    BARACUDA_TRY((launch_rows<Op, T, kBackward, 512, 1>(l, outer, stream)));
+    BARACUDA_TRY((launch_rows<Op, T, kBackward, 512, 1>(l, outer, scale, stream)));
   } else {
-    BARACUDA_TRY((launch_rows<Op, T, kBackward, 1024, 1>(l, outer, stream)));
+    BARACUDA_TRY((launch_rows<Op, T, kBackward, 1024, 1>(l, outer, scale, stream)));
   }
   BARACUDA_CUDA_TRY(cudaGetLastError());
   return Status::ok();

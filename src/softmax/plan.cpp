@@ -1,6 +1,8 @@
-// Softmax family: softmax, log_softmax, softmin along `dim`, and their
-// backward plans (from grad_output and the forward output).
+// Softmax family: softmax, log_softmax, softmin, gumbel_softmax and
+// sparsemax along `dim`, and their backward plans (from grad_output and the
+// forward output; gumbel_softmax's from its soft sample).
 #include <algorithm>
+#include <cmath>
 
 #include "core/errors.hpp"
 #include "core/family.hpp"
@@ -29,7 +31,7 @@ namespace {
 
 /// The host reference: each row in f64 with the same math as the kernels.
 template <class Op, class T, bool kBackward>
-Status softmax_on_host(const RowLaunch& l, CUstream_st*) {
+Status softmax_on_host(const RowLaunch& l, const RowParams& p, CUstream_st*) {
   using M = math_t<T, true>;
   const rows::OffsetCalc<3, int64_t> outer(l.outer);
   const int64_t so = l.inner.stride[0][0], sa = l.inner.stride[1][0], sb = kBackward ? l.inner.stride[2][0] : 0;
@@ -53,7 +55,7 @@ Status softmax_on_host(const RowLaunch& l, CUstream_st*) {
       M t = 0;
       for (int64_t c = 0; c < l.cols; ++c) t += Op::term(convert<M>(a[c * sa]), convert<M>(b[c * sb]));
       for (int64_t c = 0; c < l.cols; ++c)
-        out[c * so] = convert<T>(Op::grad(convert<M>(a[c * sa]), convert<M>(b[c * sb]), t));
+        out[c * so] = convert<T>(Op::grad(convert<M>(a[c * sa]), convert<M>(b[c * sb]), t) * M(p.grad_scale));
     }
   }
   return Status::ok();
@@ -61,14 +63,19 @@ Status softmax_on_host(const RowLaunch& l, CUstream_st*) {
 
 template <class Op, class T, bool kBackward>
 struct HostSoftmax {
-  static Status run(const RowLaunch& l, CUstream_st* s) { return softmax_on_host<Op, T, kBackward>(l, s); }
+  static Status run(const RowLaunch& l, const RowParams& p, CUstream_st* s) {
+    return softmax_on_host<Op, T, kBackward>(l, p, s);
+  }
 };
 [[maybe_unused]] const bool host_registered = register_softmax<HostSoftmax, SoftmaxTypes>(host_softmax());
 
+/// One op of the family: its operands, attributes and launcher.
 struct Def {
   std::string name;
-  bool backward;
-  const char* doc;
+  std::string kernel;  ///< the launcher's name (gumbel_softmax_backward runs softmax_backward's)
+  bool backward = false;
+  bool logical_rows = false;  ///< rows numbered in logical order (counter-based noise)
+  bool gumbel = false;        ///< tau (and, forward, hard, seed, offset) attributes
 };
 
 std::vector<Def>& defs() {
@@ -79,6 +86,22 @@ std::vector<Def>& defs() {
 int normalize_dim(double dim, int rank) {
   const int d = static_cast<int>(dim);
   return d < 0 ? d + rank : d;
+}
+
+Status check_attrs(const Def& def, const Attrs& attrs) {
+  const std::string& op = def.name;
+  if (!def.gumbel) return Status::ok();
+  const double tau = attrs.get("tau", 1);
+  if (!(tau > 0) || !std::isfinite(tau)) return invalid(op, ": 'tau' must be finite and > 0, got ", tau);
+  if (def.backward) return Status::ok();
+  if (const double hard = attrs.get("hard", 0); hard != 0 && hard != 1)
+    return invalid(op, ": 'hard' must be 0 or 1, got ", hard);
+  for (const char* n : {"seed", "offset"}) {
+    const double v = attrs.get(n, 0);
+    if (v != std::trunc(v) || v < 0 || v > 9007199254740992.0)
+      return invalid(op, ": '", n, "' must be a whole number in [0, 2^53], got ", v);
+  }
+  return Status::ok();
 }
 
 Result<OpDesc> infer_desc(const Def& def, const OpInfo& info, const OpDesc& partial) {
@@ -105,17 +128,25 @@ Result<OpDesc> infer_desc(const Def& def, const OpInfo& info, const OpDesc& part
   const int dim = normalize_dim(dim_attr, std::max(rank, 1));
   if (dim_attr != std::floor(dim_attr) || dim < 0 || dim >= std::max(rank, 1))
     return invalid(op, ": dim ", dim_attr, " is out of range for rank ", rank);
-  const TensorSpec expected{x.dtype, x.shape};
-  if (d.outputs.empty()) d.outputs.push_back(expected);
-  else if (d.outputs.size() != 1 || d.outputs[0].dtype != expected.dtype || d.outputs[0].shape != expected.shape)
-    return invalid(op, ": output must be ", dtype_name(expected.dtype), shape_str(expected.shape));
+  BARACUDA_TRY(check_attrs(def, d.attrs));
+  BARACUDA_TRY(set_outputs(op, d, std::vector<TensorSpec>(info.output_names.size(), TensorSpec{x.dtype, x.shape}),
+                           info.output_names));
   return d;
+}
+
+RowParams params_of(const Attrs& attrs) {
+  RowParams p;
+  p.tau = attrs.get("tau", 1);
+  p.grad_scale = 1 / p.tau;
+  p.hard = attrs.get("hard", 0) != 0;
+  p.seed = uint64_t(attrs.get("seed", 0)), p.offset = uint64_t(attrs.get("offset", 0));
+  return p;
 }
 
 class SoftmaxPlan final : public FamilyPlan {
  public:
   SoftmaxPlan(const Def& def, const OpInfo& info, OpDesc desc, Backend backend, SoftmaxFn fn)
-      : FamilyPlan(info, std::move(desc)), def_(def), fn_(fn) {
+      : FamilyPlan(info, std::move(desc)), def_(def), fn_(fn), params_(params_of(desc_.attrs)) {
     sku_ = bespoke_sku(OpCategory::softmax, info.name.c_str(), desc_.inputs[0].dtype, backend);
   }
 
@@ -128,42 +159,66 @@ class SoftmaxPlan final : public FamilyPlan {
     const int rank = static_cast<int>(shape.size());
     const int dim = rank == 0 ? 0 : normalize_dim(desc_.attrs.get("dim", -1), rank);
     const Shape moved = rows::move_axis_last(shape, dim);
-    std::array<TensorView, 3> views;
-    std::array<rows::Role, 3> roles;
+    std::array<TensorView, 4> views;
+    std::array<rows::Role, 4> roles;
     size_t n = 0;
-    views[n] = rows::move_axis_last(args.outputs[0], dim), roles[n++] = rows::Role::full;
+    for (const auto& v : args.outputs) views[n] = rows::move_axis_last(v, dim), roles[n++] = rows::Role::full;
     for (const auto& v : args.inputs) views[n] = rows::move_axis_last(v, dim), roles[n++] = rows::Role::full;
-    const RowLaunch l = rows::make_rows(moved, rank == 0 ? 0 : 1, std::span(views.data(), n), std::span(roles.data(), n));
-    return fn_(l, stream.cuda_stream()).with_context(def_.name);
+    const RowLaunch l = rows::make_rows(moved, rank == 0 ? 0 : 1, std::span(views.data(), n),
+                                        std::span(roles.data(), n), def_.logical_rows);
+    return fn_(l, params_, stream.cuda_stream()).with_context(def_.name);
   }
 
  private:
   const Def& def_;
   SoftmaxFn fn_;
+  RowParams params_;
 };
 
-template <class Op>
-void add_ops(std::vector<OpInfo>& ops) {
+/// What add_ops needs of an op beyond its name.
+struct Spec {
+  const char* name;
+  const char* doc;
+  std::vector<std::string> outputs{"out"};  ///< forward outputs
+  std::string saved = "output";             ///< the backward's second input
+  const char* backward_kernel = nullptr;    ///< default: name_backward
+  bool gumbel = false;
+  std::vector<Domain> domains{{-6, 6}}, backward_domains{{-1, 1}, {0, 1}};
+  std::vector<Attrs> sample_attrs{Attrs{}, Attrs{{"dim", 0}}, Attrs{{"dim", 1}}};
+  std::vector<Attrs> backward_sample_attrs = sample_attrs;
+  std::vector<DType> dtypes = dtypes_of<FloatTypes>();
+};
+
+void add_ops(std::vector<OpInfo>& ops, const Spec& spec) {
   for (bool backward : {false, true}) {
-    defs().push_back(Def{backward ? cat(Op::name, "_backward") : std::string(Op::name), backward, Op::doc});
+    const std::string name = backward ? cat(spec.name, "_backward") : std::string(spec.name);
+    defs().push_back(Def{name, backward && spec.backward_kernel ? spec.backward_kernel : name, backward,
+                         spec.gumbel && !backward, spec.gumbel});
     const Def& def = defs().back();
     OpInfo info;
     info.name = def.name;
     info.category = OpCategory::softmax;
     info.family = "softmax";
     info.direction = backward ? Direction::backward : Direction::forward;
-    info.gradient = backward ? std::string(Op::name) : cat(Op::name, "_backward");
-    info.input_names = backward ? std::vector<std::string>{"grad_output", "output"} : std::vector<std::string>{"input"};
-    info.output_names = {backward ? "grad_input" : "out"};
-    info.dtypes = dtypes_of<SoftmaxTypes>();
-    info.attrs = {{"dim", -1, "the axis the softmax runs along (negative: from the end)"}};
+    info.gradient = backward ? std::string(spec.name) : cat(spec.name, "_backward");
+    info.input_names = backward ? std::vector<std::string>{"grad_output", spec.saved} : std::vector<std::string>{"input"};
+    info.output_names = backward ? std::vector<std::string>{"grad_input"} : spec.outputs;
+    info.dtypes = spec.dtypes;
+    info.attrs = {{"dim", -1, "the axis the op runs along (negative: from the end)"}};
+    if (spec.gumbel) {
+      info.attrs.push_back({"tau", 1, "temperature: softmax((logits + gumbel noise) / tau), tau > 0"});
+      if (!backward) {
+        info.attrs.push_back({"hard", 0, "1: out is the one-hot of the argmax (first on ties); soft is always the softmax"});
+        info.attrs.push_back({"seed", 0, "noise seed (Philox key), a whole number below 2^53"});
+        info.attrs.push_back({"offset", 0, "noise counter offset: rows draw from offset + row (advance it between calls)"});
+      }
+    }
     info.backends = {Backend::bespoke_cuda, Backend::host_reference};
-    info.doc = backward ? cat("gradient of ", Op::name, " from grad_output and the forward output") : Op::doc;
+    info.doc = backward ? cat("gradient of ", spec.name, " from grad_output and the forward ", spec.saved) : spec.doc;
     info.input_dtypes = [n = info.input_names.size()](DType primary) { return std::vector<DType>(n, primary); };
-    info.domains = backward ? std::vector<Domain>{{-1, 1}, {0, 1}} : std::vector<Domain>{{-6, 6}};
-    if (backward && Op::kLog) info.domains = {{-1, 1}, {-8, 0}};
+    info.domains = backward ? spec.backward_domains : spec.domains;
     info.tolerance_scale = 2;
-    info.sample_attrs = {Attrs{}, Attrs{{"dim", 0}}, Attrs{{"dim", 1}}};
+    info.sample_attrs = backward ? spec.backward_sample_attrs : spec.sample_attrs;
     info.sample_shapes = [n = info.input_names.size()](DType, const Shape& shape,
                                                        const Attrs& attrs) -> std::optional<SampleShapes> {
       const int rank = static_cast<int>(shape.size());
@@ -178,7 +233,7 @@ void add_ops(std::vector<OpInfo>& ops) {
       auto full = infer_desc(def, self, desc);
       if (!full) return full.status();
       const SoftmaxTable& table = backend == Backend::host_reference ? host_softmax() : cuda_softmax();
-      SoftmaxFn fn = table.find(launch_key(def.name, full->inputs[0].dtype));
+      SoftmaxFn fn = table.find(launch_key(def.kernel, full->inputs[0].dtype));
       if (!fn) return unsupported("no ", backend_name(backend), " kernel for ", def.name, " ", dtype_name(full->inputs[0].dtype));
       return PlanPtr(std::make_unique<SoftmaxPlan>(def, self, std::move(*full), backend, fn));
     };
@@ -186,15 +241,38 @@ void add_ops(std::vector<OpInfo>& ops) {
   }
 }
 
+template <class Op>
+Spec softmax_spec() {
+  Spec s{Op::name, Op::doc};
+  s.dtypes = dtypes_of<SoftmaxTypes>();
+  if (Op::kLog) s.backward_domains = {{-1, 1}, {-8, 0}};
+  return s;
+}
+
 }  // namespace
 }  // namespace smax
 
 void register_softmax_ops(std::vector<OpInfo>& ops) {
   using namespace smax;
-  defs().reserve(8);
-  add_ops<Softmax<0>>(ops);
-  add_ops<Softmax<1>>(ops);
-  add_ops<Softmax<2>>(ops);
+  defs().reserve(16);
+  for (const Spec& spec : {softmax_spec<Softmax<0>>(), softmax_spec<Softmax<1>>(), softmax_spec<Softmax<2>>()})
+    add_ops(ops, spec);
+  Spec gumbel{GumbelSoftmax::name, "softmax((logits + g) / tau) along dim, g = -log(-log(u)) Gumbel noise drawn from "
+              "(seed, offset, row, col) (Philox); out: the one-hot of its argmax when hard, else the same as soft"};
+  gumbel.outputs = {"out", "soft"};
+  gumbel.saved = "soft";
+  gumbel.backward_kernel = "softmax_backward";
+  gumbel.gumbel = true;
+  gumbel.domains = {{-3, 3}};
+  gumbel.sample_attrs = {Attrs{{"seed", 7}, {"offset", 3}}, Attrs{{"dim", 0}, {"tau", 0.5}, {"hard", 1}, {"seed", 1}},
+                         Attrs{{"dim", 1}, {"tau", 2}, {"seed", 5}, {"offset", 100}}};
+  gumbel.backward_sample_attrs = {Attrs{{"tau", 0.5}}, Attrs{{"dim", 0}, {"tau", 2}}};
+  add_ops(ops, gumbel);
+  Spec sparse{Sparsemax::name, "Euclidean projection of the input onto the probability simplex along dim "
+              "(Martins & Astudillo 2016): max(x - tau, 0) with tau such that the row sums to 1"};
+  sparse.domains = {{-2, 2}};
+  sparse.backward_domains = {{-1, 1}, {-0.5, 1}};  // output <= 0: off the support
+  add_ops(ops, sparse);
 }
 
 }  // namespace baracuda

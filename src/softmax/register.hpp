@@ -13,7 +13,7 @@ struct CUstream_st;
 namespace baracuda::smax {
 
 using rows::RowLaunch;
-using SoftmaxFn = Status (*)(const RowLaunch&, CUstream_st*);
+using SoftmaxFn = Status (*)(const RowLaunch&, const RowParams&, CUstream_st*);
 
 using SoftmaxTable = LaunchTable<SoftmaxFn>;
 SoftmaxTable& host_softmax();
@@ -21,14 +21,18 @@ SoftmaxTable& cuda_softmax();
 
 template <template <class, class, bool> class Launch, class T, class... Ops>
 void register_softmax_for(SoftmaxTable& table, OpList<Ops...>) {
-  ((table.add(launch_key(Ops::name, dtype_of<T>), &Launch<Ops, T, false>::run),
-    table.add(launch_key(std::string(Ops::name) + "_backward", dtype_of<T>), &Launch<Ops, T, true>::run)), ...);
+  auto add = [&]<class Op>(TypeTag<Op>) {
+    table.add(launch_key(Op::name, dtype_of<T>), &Launch<Op, T, false>::run);
+    if constexpr (Op::kBackwardKernel)
+      table.add(launch_key(std::string(Op::name) + "_backward", dtype_of<T>), &Launch<Op, T, true>::run);
+  };
+  (add(TypeTag<Ops>{}), ...);
 }
 
-/// `Launch<Op, T, kBackward>::run` for every op and every T of `Types`.
-template <template <class, class, bool> class Launch, class Types>
+/// `Launch<Op, T, kBackward>::run` for every op of `Ops` and every T of `Types`.
+template <template <class, class, bool> class Launch, class Types, class Ops = SoftmaxOps>
 bool register_softmax(SoftmaxTable& table) {
-  for_each_type<Types>([&]<class T>(TypeTag<T>) { register_softmax_for<Launch, T>(table, SoftmaxOps{}); });
+  for_each_type<Types>([&]<class T>(TypeTag<T>) { register_softmax_for<Launch, T>(table, Ops{}); });
   return true;
 }
 
