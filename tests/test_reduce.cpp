@@ -112,6 +112,40 @@ TEST(ReduceKnownValues, TorchSemantics) {
   EXPECT_EQ(host_reduce("argmax", y, {2, 3, 2}, {{"dims", 3}}, DType::i64), (std::vector<double>{4, 5}));
 }
 
+/// grad_input of `<op>_backward` on the host for grad_output 1 over a whole-tensor reduction.
+std::vector<double> host_grad(const std::string& op, std::vector<double> x, const Attrs& attrs = {}) {
+  const Shape shape{int64_t(x.size())};
+  std::vector<double> g{1}, y = host_reduce(op, x, shape, attrs), dx(x.size(), NAN);
+  TensorView in[3] = {*TensorView::contiguous(g.data(), DType::f64, {}), *TensorView::contiguous(x.data(), DType::f64, shape),
+                      *TensorView::contiguous(y.data(), DType::f64, {})};
+  auto out = *TensorView::contiguous(dx.data(), DType::f64, shape);
+  auto desc = infer(op + "_backward", {{DType::f64, {}}, {DType::f64, shape}, {DType::f64, {}}}, attrs);
+  EXPECT_TRUE(desc) << desc.status().to_string();
+  if (!desc) return dx;
+  auto plan = select(Stream::host(), *desc);
+  EXPECT_TRUE(plan) << plan.status().to_string();
+  if (!plan) return dx;
+  std::vector<char> ws((*plan)->workspace_size());
+  Status s = (*plan)->run(Stream::host(), Workspace{ws.data(), ws.size()}, OpArgs{in, std::span(&out, 1)});
+  EXPECT_TRUE(s) << s.to_string();
+  return dx;
+}
+
+/// torch's subgradients: amax/amin/norm(+-inf) split evenly among ties; prod
+/// at zeros gives the product of the others (one zero) or nothing (two).
+TEST(ReduceKnownValues, GradientsAtTiesAndZeros) {
+  EXPECT_EQ(host_grad("amax", {1, 3, -2, 3}), (std::vector<double>{0, 0.5, 0, 0.5}));
+  EXPECT_EQ(host_grad("amin", {-2, 3, -2, -2}), (std::vector<double>{1. / 3, 0, 1. / 3, 1. / 3}));
+  EXPECT_EQ(host_grad("amax", {4, 1}), (std::vector<double>{1, 0}));
+  EXPECT_EQ(host_grad("norm", {-3, 1, 3}, {{"p", INFINITY}}), (std::vector<double>{-0.5, 0, 0.5}));
+  EXPECT_EQ(host_grad("norm", {-3, 1, -1}, {{"p", -INFINITY}}), (std::vector<double>{0, 0.5, -0.5}));
+  EXPECT_EQ(host_grad("prod", {2, 3, 4}), (std::vector<double>{12, 8, 6}));
+  EXPECT_EQ(host_grad("prod", {2, 0, 4}), (std::vector<double>{0, 8, 0}));
+  EXPECT_EQ(host_grad("prod", {0, 5, 0}), (std::vector<double>{0, 0, 0}));
+  // A NaN extreme: no element equals it, no gradient.
+  EXPECT_EQ(host_grad("amax", {1, NAN, 2})[2], 0);
+}
+
 /// Every reduction gradient against central differences of sum(g * forward(x)) on the host.
 TEST(ReduceFiniteDifferences, BackwardMatchesForward) {
   std::mt19937_64 rng(11);

@@ -381,7 +381,7 @@ _norm_backward = _reduction_grad("norm", True, (("p", 2.0),))
 
 
 def vector_norm_backward(grad_output, x, output, ord=2, dim=None, keepdim=False, *, out=None):
-    """Gradient of vector_norm for finite ord (0 where the norm is 0)."""
+    """Gradient of vector_norm (0 where the norm is 0; ord +-inf splits it among the tied extremes, as torch)."""
     return _norm_backward(grad_output, x, output, dim=dim, keepdim=keepdim, p=float(ord), out=out)
 
 

@@ -145,6 +145,36 @@ def test_reductions_match_torch(dtype, shape, dim):
 
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dim", [((64, 1000), -1), ((64, 1000), 0), ((3, 7, 129), (0, 2))])
+def test_extreme_and_prod_gradients_match_torch(dtype, shape, dim):
+    """amax/amin/norm(+-inf) split the gradient among ties, prod handles zeros: small whole numbers make both common."""
+    dtype = getattr(torch, dtype)
+    x = torch.randint(-3, 4, shape, device="cuda").to(dtype)
+    # prod: +-1 with about one zero per reduced group, so groups with no, one and several zeros all occur.
+    n = int(np.prod([shape[d] for d in ((dim,) if isinstance(dim, int) else dim)]))
+    signs = torch.where(torch.rand(shape, device="cuda") < 0.5, -1.0, 1.0)
+    x_prod = torch.where(torch.rand(shape, device="cuda") < 1.0 / n, 0.0, signs).to(dtype)
+    for name, fwd in [("amax", lambda t: t.amax(dim)), ("amin", lambda t: t.amin(dim)),
+                      ("prod", lambda t: t.prod(dim) if isinstance(dim, int) else t.prod(2).prod(0))]:
+        x = x_prod if name == "prod" else x
+        xg = x.double().requires_grad_()
+        yd = fwd(xg)
+        gy = torch.randn_like(yd)
+        (gx,) = torch.autograd.grad(yd, xg, gy)
+        got = getattr(F, name + "_backward")(gy.to(dtype), x, yd.detach().to(dtype), dim=dim)
+        _close(got, gx.to(dtype), dtype, 8, name + "_backward")
+    x = torch.randint(-3, 4, shape, device="cuda").to(dtype)
+    xg = x.double().requires_grad_()
+    for p in (float("inf"), float("-inf")):
+        yd = torch.linalg.vector_norm(xg, p, dim)
+        gy = torch.randn_like(yd)
+        (gx,) = torch.autograd.grad(yd, xg, gy)
+        got = F.vector_norm_backward(gy.to(dtype), x, yd.detach().to(dtype), p, dim)
+        _close(got, gx.to(dtype), dtype, 8, f"norm {p} backward")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,dim", [((8, 100), -1), ((32, 4096), -1), ((4, 70000), -1), ((300, 5), 0),
                                        ((2, 3, 2000), 1)])
 def test_softmax_matches_torch(dtype, shape, dim):

@@ -46,7 +46,7 @@ template <class R, class T, class Out>
 struct HostReduce {
   static Status run(const ReduceLaunch& l, const RParams& r, CUstream_st* s) { return reduce_on_host<R, T, Out>(l, r, s); }
 };
-[[maybe_unused]] const bool host_registered = register_reducers<HostReduce, RealInputs>(host_reducers());
+[[maybe_unused]] const bool host_registered = register_reducers<HostReduce, RealInputs, true>(host_reducers());
 
 /// How an op picks its reduced dims.
 enum class Form : uint8_t {
@@ -447,8 +447,6 @@ Result<OpDesc> infer_grad(const Def& fwd, const OpInfo& info, const OpDesc& part
     return invalid(op, ": expected ", info.input_names.size(), " inputs, got ", d.inputs.size());
   if (!is_floating(d.inputs[1].dtype) || dtype_size(d.inputs[1].dtype) == 1)
     return unsupported(op, ": dtype ", dtype_name(d.inputs[1].dtype), " is not supported (f32 f16 bf16 f64)");
-  if (fwd.meta == &Norm::meta && std::isinf(d.attrs.get("p", 2)))
-    return unsupported(op, ": p = +-inf has no gradient here (ties need an even split); use finite p");
   auto f = infer_desc(fwd, forward_desc(fwd, d));
   if (!f) return f.status();
   const TensorSpec& y = f->outputs[0];
@@ -465,14 +463,17 @@ Result<OpDesc> infer_grad(const Def& fwd, const OpInfo& info, const OpDesc& part
   return d;
 }
 
-/// grad_input = G(grad_output, input, output, mean) over the input's shape,
-/// every per-output operand broadcast back over the reduced axes; var/std
-/// first reduce the mean into the workspace (f32, f64 for f64 and on the host).
+/// grad_input = G(grad_output, input, output, aux) over the input's shape,
+/// every per-output operand broadcast back over the reduced axes. Ops that
+/// read aux first reduce it into the workspace (f32, f64 for f64 and on the
+/// host): var/std's mean, the ties of amax/amin/norm(+-inf), prod's product
+/// at a lone zero; norm with a finite p reads a dummy (one zeroed value).
 class ReduceGradPlan final : public FamilyPlan {
  public:
   ReduceGradPlan(const Def& fwd, const OpInfo& info, OpDesc desc, Reduction r, Backend backend, ew::LaunchFn fn,
-                 ReduceFn mean_fn)
-      : FamilyPlan(info, std::move(desc)), fwd_(fwd), reduction_(std::move(r)), fn_(fn), mean_fn_(mean_fn) {
+                 ReduceFn aux_fn, bool reads_aux)
+      : FamilyPlan(info, std::move(desc)), fwd_(fwd), reduction_(std::move(r)), fn_(fn), aux_fn_(aux_fn),
+        reads_aux_(reads_aux) {
     const DType t = desc_.inputs[1].dtype;
     sku_.category = OpCategory::reduce;
     sku_.op = info.name.c_str();
@@ -486,8 +487,9 @@ class ReduceGradPlan final : public FamilyPlan {
     params_.v[0] = double(reduction_.count);
     params_.v[1] = desc_.attrs.get("p", 2);
     params_.v[2] = desc_.attrs.get("correction", 1);
-    mean_dtype_ = backend == Backend::host_reference || t == DType::f64 ? DType::f64 : DType::f32;
-    if (mean_fn_) workspace_ = size_t(std::max<int64_t>(desc_.inputs[0].numel(), 1)) * dtype_size(mean_dtype_);
+    aux_dtype_ = backend == Backend::host_reference || t == DType::f64 ? DType::f64 : DType::f32;
+    if (reads_aux_)
+      workspace_ = size_t(aux_fn_ ? std::max<int64_t>(desc_.inputs[0].numel(), 1) : 1) * dtype_size(aux_dtype_);
   }
 
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
@@ -496,20 +498,24 @@ class ReduceGradPlan final : public FamilyPlan {
     if (x.numel() == 0) return Status::ok();
     const TensorView& g = args.inputs[0];
     const TensorView& y = args.inputs.size() > 2 ? args.inputs[2] : g;
-    TensorView mean = g;  // unused unless var/std
-    if (mean_fn_) {
+    TensorView aux = g;  // read only by the ops that declare it
+    if (reads_aux_) {
       const Shape& out_shape = desc_.inputs[0].shape;
-      auto m = TensorView::contiguous(workspace.data, mean_dtype_, out_shape);
+      auto m = TensorView::contiguous(workspace.data, aux_dtype_, out_shape);
       if (!m) return m.status();
-      mean = *m;
-      ReduceLaunch l = make_reduce_launch(fwd_.form, reduction_, false, x, mean);
-      l.splits = 1;
-      l.chunk = l.count;
-      BARACUDA_TRY(mean_fn_(l, RParams{}, stream.cuda_stream()).with_context(info_.name));
+      aux = *m;
+      if (aux_fn_) {
+        ReduceLaunch l = make_reduce_launch(fwd_.form, reduction_, false, x, aux);
+        l.splits = 1;
+        l.chunk = l.count;
+        BARACUDA_TRY(aux_fn_(l, RParams{}, stream.cuda_stream()).with_context(info_.name));
+      } else {
+        aux.stride.fill(0);  // one dummy value for every output, never used in the math
+      }
     }
     const TensorView in[4] = {broadcast_over_input(fwd_.form, reduction_.mask, x, g), x,
                               broadcast_over_input(fwd_.form, reduction_.mask, x, y),
-                              broadcast_over_input(fwd_.form, reduction_.mask, x, mean)};
+                              broadcast_over_input(fwd_.form, reduction_.mask, x, aux)};
     const ew::LaunchList list = ew::plan_launches(desc_.inputs[1].shape, std::span(&args.outputs[0], 1), in);
     return fn_(list.launches[0], params_, stream.cuda_stream()).with_context(info_.name);
   }
@@ -518,9 +524,10 @@ class ReduceGradPlan final : public FamilyPlan {
   const Def& fwd_;
   Reduction reduction_;
   ew::LaunchFn fn_;
-  ReduceFn mean_fn_;
+  ReduceFn aux_fn_;
+  bool reads_aux_;
   ew::Params params_;
-  DType mean_dtype_ = DType::f32;
+  DType aux_dtype_ = DType::f32;
 };
 
 /// trace_backward: grad_output on the diagonal, 0 elsewhere. Two elementwise
@@ -571,8 +578,11 @@ void add_grad_op(std::vector<OpInfo>& ops, const Def& fwd, size_t fwd_index, con
   info.input_dtypes = [n = info.input_names.size()](DType primary) { return std::vector<DType>(n, primary); };
   info.domains = {Domain{-1, 1}, Domain{-2, 2}, Domain{0.5, 3}};
   info.tolerance_scale = 4;
-  for (const Attrs& a : samples_for(fwd))
-    if (!std::isinf(a.get("p", 2))) info.sample_attrs.push_back(a);
+  info.sample_attrs = samples_for(fwd);
+  // amax/amin/norm(+-inf) split among ties and prod has a rule for zeros:
+  // whole numbers make both common (output drawn alike, so x == output happens).
+  const std::string_view n = fwd.meta->name;
+  info.integer_valued_inputs = n == "amax" || n == "amin" || n == "prod" || n == "norm";
   info.sample_shapes = [&fwd, needs_output](DType primary, const Shape& shape,
                                             const Attrs& attrs) -> std::optional<SampleShapes> {
     auto f = sample_shapes(fwd, primary, shape, attrs);
@@ -605,13 +615,21 @@ void add_grad_op(std::vector<OpInfo>& ops, const Def& fwd, size_t fwd_index, con
     }
     ew::LaunchFn fn = (host ? host_gradients() : cuda_gradients()).find(launch_key(grad_name, t));
     if (!fn) return unsupported("no ", backend_name(backend), " kernel for ", self.name, " ", dtype_name(t));
-    ReduceFn mean_fn = nullptr;
-    if (fwd.meta == &Var::meta || fwd.meta == &Std::meta) {
+    const std::string_view n = fwd.meta->name;
+    const double p = full->attrs.get("p", 2);
+    const char* aux = n == "var" || n == "std" ? "mean"
+                      : n == "amax" ? "amax_ties" : n == "amin" ? "amin_ties" : n == "prod" ? "prod_lone_zero"
+                      : n == "norm" && p == INFINITY ? "absmax_ties" : n == "norm" && p == -INFINITY ? "absmin_ties"
+                                                                                                      : nullptr;
+    ReduceFn aux_fn = nullptr;
+    if (aux) {
       const DType m = host || t == DType::f64 ? DType::f64 : DType::f32;
-      mean_fn = (host ? host_reducers() : cuda_reducers()).find(launch_key("mean", t, m));
-      if (!mean_fn) return unsupported("no ", backend_name(backend), " mean kernel for ", self.name);
+      aux_fn = (host ? host_reducers() : cuda_reducers()).find(launch_key(aux, t, m));
+      if (!aux_fn) return unsupported("no ", backend_name(backend), " ", aux, " kernel for ", self.name);
     }
-    return PlanPtr(std::make_unique<ReduceGradPlan>(fwd, self, std::move(*full), std::move(*r), backend, fn, mean_fn));
+    const bool reads_aux = aux || n == "norm";
+    return PlanPtr(std::make_unique<ReduceGradPlan>(fwd, self, std::move(*full), std::move(*r), backend, fn, aux_fn,
+                                                    reads_aux));
   };
   ops[fwd_index].gradient = info.name;
   ops.push_back(std::move(info));
@@ -665,7 +683,8 @@ void register_reduce_ops(std::vector<OpInfo>& ops) {
   const std::tuple<const char*, const char*, bool> differentiable[] = {
       {"sum", "sum", false},        {"mean", "mean", false}, {"logsumexp", "logsumexp", true},
       {"norm", "norm", true},       {"var", "var", false},   {"std", "std", true},
-      {"sum_to", "sum", false},     {"trace", "trace", false}};
+      {"sum_to", "sum", false},     {"trace", "trace", false},       {"prod", "prod", true},
+      {"amax", "amax", true},       {"amin", "amin", true}};
   for (const auto& [name, grad, needs_output] : differentiable) {
     size_t index = 0;
     while (ops[index].name != name) ++index;

@@ -249,6 +249,65 @@ using Any = Truth<0>;
 using All = Truth<1>;
 using CountNonzero = Truth<2>;
 
+// ---------------------------------------------------------------- gradient auxiliaries
+// What a gradient needs besides (grad_output, input, output), reduced over
+// the same dims into a float (f64 for f64 and on the host) per output:
+// how many elements tie for the extreme (amax, amin and norm with p = +-inf
+// share the gradient evenly among them, as torch), and prod's product of
+// the other elements at a lone zero.
+
+template <class M>
+struct ExtremeCount {
+  M value, count;  ///< count 0: nothing seen
+};
+
+/// Kind: 0 max, 1 min, 2 max |x|, 3 min |x|. A NaN extreme has no ties (no
+/// element compares equal to it): its count is 0 and nothing is used.
+template <int Kind>
+struct TieCount {
+  static constexpr bool kMax = Kind % 2 == 0, kAbs = Kind >= 2;
+  static constexpr RMeta meta{Kind == 0 ? "amax_ties" : Kind == 1 ? "amin_ties" : Kind == 2 ? "absmax_ties" : "absmin_ties",
+                              InSet::floating, OutRule::same, false, 0, "elements equal to the extreme"};
+  template <class T, bool Host> using Acc = ExtremeCount<math_t<T, Host>>;
+  template <class A> static BCD_HD A init(const RParams&) { return A{0, 0}; }
+  template <class A> static BCD_HD A merge(A a, A b, const RParams&) {
+    if (a.count == 0 && a.value == 0) return b;  // empty (a NaN extreme keeps value NaN)
+    if (b.count == 0 && b.value == 0) return a;
+    if (a.value != a.value || b.value != b.value) return A{a.value + b.value, 0};  // NaN
+    if (a.value == b.value) return A{a.value, a.count + b.count};
+    return (kMax ? b.value > a.value : b.value < a.value) ? b : a;
+  }
+  template <class A, class M> static BCD_HD A step(A a, M x, int64_t, const RParams& r) {
+    using V = decltype(a.value);
+    const V v = kAbs && V(x) < 0 ? -V(x) : V(x);
+    return merge(a, v != v ? A{v, 0} : A{v, 1}, r);
+  }
+  template <class A> static BCD_HD auto finish(A a, int64_t, const RParams&) { return a.count; }
+};
+
+template <class M>
+struct ZerosProduct {
+  M product;      ///< of the non-zero elements
+  int64_t zeros;
+};
+
+/// prod's gradient at a zero: the product of the others when it is the only
+/// zero, else 0.
+struct LoneZeroProduct {
+  static constexpr RMeta meta{"prod_lone_zero", InSet::floating, OutRule::same, true, 0,
+                              "product of the non-zero elements when exactly one is zero, else 0"};
+  template <class T, bool Host> using Acc = ZerosProduct<math_t<T, Host>>;
+  template <class A> static BCD_HD A init(const RParams&) { return A{1, 0}; }
+  template <class A, class M> static BCD_HD A step(A a, M x, int64_t, const RParams&) {
+    using V = decltype(a.product);
+    return V(x) == V(0) ? A{a.product, a.zeros + 1} : A{a.product * V(x), a.zeros};
+  }
+  template <class A> static BCD_HD A merge(A a, A b, const RParams&) { return A{a.product * b.product, a.zeros + b.zeros}; }
+  template <class A> static BCD_HD auto finish(A a, int64_t, const RParams&) {
+    return a.zeros == 1 ? a.product : decltype(a.product)(0);
+  }
+};
+
 /// The value step() sees: floats in the accumulator's math type, others as is.
 template <class T, bool Host>
 BCD_HD auto load_value(T x) {
@@ -261,6 +320,7 @@ template <class... Rs>
 struct ReducerList {};
 using Reducers = ReducerList<Sum, Mean, Prod, Amax, Amin, Argmax, Argmin, Logsumexp, Norm, Var, Std, Any, All,
                              CountNonzero>;
+using AuxReducers = ReducerList<TieCount<0>, TieCount<1>, TieCount<2>, TieCount<3>, LoneZeroProduct>;
 
 /// Input dtypes per set (fp8 only where the op is floating).
 using FloatInputs = Concat<FloatTypes, Fp8Types>::type;

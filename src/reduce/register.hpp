@@ -56,11 +56,24 @@ void register_reducers_for(ReduceTable& table, ReducerList<Rs...>) {
   (register_reducer<Launch, T, Rs>(table), ...);
 }
 
+/// The gradient auxiliaries of a float input type, into the gradients' math
+/// type (f64 on the host and for f64, else f32).
+template <template <class, class, class> class Launch, bool Host, class T, class... Rs>
+void register_aux_for(ReduceTable& table, ReducerList<Rs...>) {
+  if constexpr (Contains<T, FloatTypes>::value) {
+    using Out = std::conditional_t<Host || std::is_same_v<T, double>, double, float>;
+    (table.add(launch_key(Rs::meta.name, dtype_of<T>, dtype_of<Out>), &Launch<Rs, T, Out>::run), ...);
+  }
+}
+
 /// `Launch<R, T, Out>::run` is the launcher (host or CUDA) of every reducer
-/// for every input type of `Types`.
-template <template <class, class, class> class Launch, class Types>
+/// (and gradient auxiliary) for every input type of `Types`.
+template <template <class, class, class> class Launch, class Types, bool Host = false>
 bool register_reducers(ReduceTable& table) {
-  for_each_type<Types>([&]<class T>(TypeTag<T>) { register_reducers_for<Launch, T>(table, Reducers{}); });
+  for_each_type<Types>([&]<class T>(TypeTag<T>) {
+    register_reducers_for<Launch, T>(table, Reducers{});
+    register_aux_for<Launch, Host, T>(table, AuxReducers{});
+  });
   return true;
 }
 
@@ -72,7 +85,7 @@ GradTable& cuda_gradients();
 template <class L, bool Host, class T, class... Gs>
 void register_gradients_for(GradTable& table, GradList<Gs...>) {
   (table.add(launch_key(Gs::name, dtype_of<T>),
-             &L::template launch<T, 1, GradFn<Gs, Host, T>, T, T, T, mean_operand_t<Gs, Host, T>>),
+             &L::template launch<T, 1, GradFn<Gs, Host, T>, T, T, T, aux_operand_t<Gs, Host, T>>),
    ...);
 }
 
