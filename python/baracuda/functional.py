@@ -715,16 +715,24 @@ def triplet_margin_loss_backward(grad_output, anchor, positive, negative, margin
                  _row_loss_attrs("triplet_margin_loss", reduction, margin=margin, p=p, eps=eps, swap=swap))
 
 
+def _one_target(input, target):
+    """torch takes a [1] target for a [C] input: the 0-d target of the registry op."""
+    if len(_spec(input)[1]) == 1 and tuple(_spec(target)[1]) == (1,):
+        return target.reshape(())
+    return target
+
+
 def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None, reduction="mean", *,
                       out=None):
     """torch.nn.functional.multi_margin_loss: [N, C] or [C] input, class-index target (i64 or i32), p 1 or 2."""
-    return _call("multi_margin_loss", (input, target, _class_weight(input, weight)),
+    return _call("multi_margin_loss", (input, _one_target(input, target), _class_weight(input, weight)),
                  _row_loss_attrs("multi_margin_loss", reduction, size_average, reduce, p=p, margin=margin), out)
 
 
 def multi_margin_loss_backward(grad_output, input, target, p=1, margin=1.0, weight=None, reduction="mean", *, out=None):
     """Gradient of multi_margin_loss with respect to the input."""
-    return _call("multi_margin_loss_backward", (grad_output, input, target, _class_weight(input, weight)),
+    return _call("multi_margin_loss_backward",
+                 (grad_output, input, _one_target(input, target), _class_weight(input, weight)),
                  _row_loss_attrs("multi_margin_loss", reduction, p=p, margin=margin), out)
 
 

@@ -124,6 +124,8 @@ def test_row_losses_match_numpy(reduction):
     for p, margin, weight in ((1, 1.0, None), (2, 0.6, w)):
         np.testing.assert_allclose(F.multi_margin_loss(x1, t, p=p, margin=margin, weight=weight, reduction=reduction),
                                    _reduce(_np_multi_margin(x1, t, p, margin, weight), reduction), rtol=1e-12)
+    np.testing.assert_allclose(F.multi_margin_loss(x1[1], t[1:2], reduction=reduction),  # [C] input, [1] target
+                               _np_multi_margin(x1[1:2], t[1:2])[0], rtol=1e-12)
     lists = np.full((6, 9), -1)
     for r in range(6):
         lists[r, : r + 1] = RNG.choice(9, r + 1, replace=False)

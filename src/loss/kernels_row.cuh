@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(TPR * RPB)
   int64_t off[rows::kMaxOperands];
   outer.get(row, off);
   RowOperands<T, Index> r = bind_row<L, T, Index>(l, off, p);
-  r.mask = mask + row * l.cols;
+  if constexpr (L::meta.target == TargetKind::index_list) r.mask = mask + row * l.cols;
   const CudaRow<TPR, RPB, M> ctx{int(threadIdx.x % TPR), l.cols, scratch};
   M go = 0;
   if (p.backward) {

@@ -735,6 +735,9 @@ void add_row_op(std::vector<OpInfo>& ops) {
       const int in = d.backward ? 1 : 0;
       const DType t = full->inputs[in].dtype;
       const DType target = d.meta->target == TargetKind::none ? t : full->inputs[in + d.meta->grads].dtype;
+      if (backend != Backend::host_reference && d.meta->target == TargetKind::index_list && t != DType::f64 &&
+          full->inputs[in].shape.back() > (int64_t(1) << 24))
+        return unsupported(d.name, ": over 2^24 classes (the CUDA kernel counts them in f32)");
       const RowTable& table = backend == Backend::host_reference ? host_row_losses() : cuda_row_losses();
       RowFn fn = table.find(launch_key(d.meta->name, t, target));
       if (!fn)
