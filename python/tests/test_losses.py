@@ -375,7 +375,7 @@ def test_multi_margin_loss_matches_torch(dtype, reduction, shape, p, margin, wei
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-@pytest.mark.parametrize("shape", [(64, 10), (33, 300), (4, 3000), (17,)])
+@pytest.mark.parametrize("shape", [(64, 10), (33, 300), (4, 3000), (3, 20000), (17,)])
 def test_multilabel_margin_loss_matches_torch(dtype, reduction, shape):
     dt = getattr(torch, dtype)
     x = _dev(shape, dt, -1, 1)

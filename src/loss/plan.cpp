@@ -716,6 +716,8 @@ void add_row_op(std::vector<OpInfo>& ops) {
       const RowLossMeta& m = *d.meta;
       if (shape.empty() || (m.max_rank != 0 && shape.size() > size_t(m.max_rank))) return std::nullopt;
       if (index_target(m) && shape.back() < 2) return std::nullopt;  // targets are drawn from {0, 1} (and -1)
+      // An index list costs O(listed x C) per row: a broadcast [65537] lists 65537 classes (minutes on the host).
+      if (m.target == TargetKind::index_list && shape.back() > 4096) return std::nullopt;
       const Shape outer(shape.begin(), shape.end() - 1);
       const bool none = attrs.get("reduction", 1) == 0;
       SampleShapes s;
