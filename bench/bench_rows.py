@@ -149,9 +149,13 @@ def rows_losses(dtype, es, tol, want):
             return torch.autograd.grad(theirs(*req, **kw), req[:grads])
 
         back = getattr(F, name + "_backward")
+
+        def first_grad():
+            g = back(one, *ops, **kw)
+            return g if grads == 1 else g[0]
+
         row(f"{name} fwd+bwd {rows}x{cols}", dtype, lambda: (ours(*ops, **kw), back(one, *ops, **kw)), torch_fwd_bwd,
-            2 * nbytes + grads * n * es,
-            lambda: close(back(one, *ops, **kw) if grads == 1 else back(one, *ops, **kw)[0], torch_fwd_bwd()[0], tol * 4))
+            2 * nbytes + grads * n * es, lambda: close(first_grad(), torch_fwd_bwd()[0], tol * 4))
 
 
 if __name__ == "__main__":

@@ -737,7 +737,7 @@ def multi_margin_loss_backward(grad_output, input, target, p=1, margin=1.0, weig
 
 
 def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean", *, out=None):
-    """torch.nn.functional.multilabel_margin_loss: target (i64 or i32) of input's shape lists classes, padded with -1."""
+    """torch.nn.functional.multilabel_margin_loss: target (i64/i32) of input's shape lists classes, padded with -1."""
     return _call("multilabel_margin_loss", (input, target),
                  _row_loss_attrs("multilabel_margin_loss", reduction, size_average, reduce), out)
 
