@@ -389,6 +389,8 @@ def test_multilabel_margin_loss_matches_torch(dtype, reduction, shape):
     _parity("multilabel_margin_loss", lambda x_, t_: F.multilabel_margin_loss(x_, t_, reduction=reduction),
             lambda g, x_, t_: F.multilabel_margin_loss_backward(g, x_, t_, reduction=reduction),
             lambda x_, t_: TF.multilabel_margin_loss(x_, t_, reduction=reduction), [x, t], 1, dt)
+    _close(F.multilabel_margin_loss(x, t.int(), reduction=reduction), F.multilabel_margin_loss(x, t, reduction=reduction),
+           dt, 0, "int32 targets")
 
 
 @gpu

@@ -758,7 +758,7 @@ void register_loss_ops(std::vector<OpInfo>& ops) {
   using namespace loss;
   pointwise_defs().reserve(64);
   class_defs().reserve(8);
-  row_defs().reserve(8);
+  row_defs().reserve(16);
   [&]<class... Ls>(LossList<Ls...>) { (add_pointwise<Ls>(ops), ...); }(PointwiseLosses{});
   using S = std::vector<std::string>;
   add_class_op(ops, {"cross_entropy", true, Mode::forward, S{"input", "target", "weight"}, S{"out", "lse"}},
