@@ -127,6 +127,7 @@ def main():
                 2 * n * es + rows * 8,
                 lambda: close(F.cross_entropy_fused(x, t)[1], torch_fwd_bwd()[0], 1e-6))
             del x, xr
+        rows_losses(dtype, es, tol, want)
         if want("cumsum"):
             x = torch.randn(1 << 26, device="cuda", dtype=dtype)
             o1, o2 = torch.empty_like(x), torch.empty_like(x)
@@ -147,6 +148,51 @@ def main():
                         lambda: getattr(torch, name)(x, dim, out=o2), x.numel() * es + 8192 * es,
                         lambda: close(getattr(F, name)(x, dim), getattr(torch, name)(x, dim), tol * 10))
             del x
+
+
+ROW_LOSSES = ("cosine_embedding_loss", "triplet_margin_loss", "multi_margin_loss", "multilabel_margin_loss")
+
+
+def rows_losses(dtype, es, tol, want):
+    """cosine_embedding, triplet_margin, multi_margin, multilabel_margin: forward and forward + backward (ours: the
+    loss op then its backward op; torch: autograd)."""
+    if not any(want(name) for name in ROW_LOSSES):
+        return
+    TF = torch.nn.functional
+    rows, cols = 32768, 512
+    n = rows * cols
+    x1, x2, x3 = (torch.randn(rows, cols, device="cuda", dtype=dtype) for _ in range(3))
+    y = torch.where(torch.rand(rows, device="cuda") > 0.5, 1.0, -1.0).to(dtype)
+    t = torch.randint(0, cols, (rows,), device="cuda")
+    labels = torch.full((rows, cols), -1, device="cuda", dtype=torch.long)
+    labels[:, :4] = torch.randint(0, cols, (rows, 4), device="cuda")  # 4 listed classes per row
+    one = torch.ones((), device="cuda", dtype=dtype)
+    cases = [
+        ("cosine_embedding_loss", (x1, x2, y), 2, 2 * n * es + rows * es, {}),
+        ("triplet_margin_loss", (x1, x2, x3), 3, 3 * n * es, {}),
+        ("multi_margin_loss", (x1, t), 1, n * es + rows * 8, {}),
+        ("multilabel_margin_loss", (x1, labels), 1, n * es + n * 8, {}),
+    ]
+    for name, ops, grads, nbytes, kw in cases:
+        if not want(name):
+            continue
+        ours, theirs = getattr(F, name), getattr(TF, name)
+        row(f"{name} {rows}x{cols}", dtype, lambda: ours(*ops, **kw), lambda: theirs(*ops, **kw), nbytes,
+            lambda: close(ours(*ops, **kw), theirs(*[o.double() if o.is_floating_point() else o for o in ops], **kw),
+                          tol * 4))
+        req = [o.detach().requires_grad_(i < grads) if o.is_floating_point() else o for i, o in enumerate(ops)]
+
+        def torch_fwd_bwd():
+            return torch.autograd.grad(theirs(*req, **kw), req[:grads])
+
+        back = getattr(F, name + "_backward")
+
+        def first_grad():
+            g = back(one, *ops, **kw)
+            return g if grads == 1 else g[0]
+
+        row(f"{name} fwd+bwd {rows}x{cols}", dtype, lambda: (ours(*ops, **kw), back(one, *ops, **kw)), torch_fwd_bwd,
+            2 * nbytes + grads * n * es, lambda: close(first_grad(), torch_fwd_bwd()[0], tol * 4))
 
 
 if __name__ == "__main__":

@@ -324,6 +324,144 @@ TEST(CrossEntropyFiniteDifferences, BackwardMatchesForward) {
   for (int i = 0; i < N * C; ++i) EXPECT_DOUBLE_EQ(dn[0][i], i == 1 ? -1.5 / 3.5 : i == 11 ? -2.0 / 3.5 : 0.0) << i;
 }
 
+// ---------------------------------------------------------------- row losses
+
+TEST(RowLossKnownValues, TorchSemantics) {
+  auto cos = [](std::vector<double> a, std::vector<double> b) {
+    double d = 0, s1 = 1e-12, s2 = 1e-12;
+    for (size_t i = 0; i < a.size(); ++i) d += a[i] * b[i], s1 += a[i] * a[i], s2 += b[i] * b[i];
+    return d / std::sqrt(s1 * s2);
+  };
+  // cosine_embedding: 1 - cos where target 1, max(0, cos - margin) where -1, 0 for any other target.
+  const std::vector<double> x1{1, 2, 0.5, -1, 3, 1, 0, 2}, x2{2, 1, 0.5, 1, 2, 1, 1, 1};
+  auto ce = must(host_exec("cosine_embedding_loss", {f64(x1, {4, 2}), f64(x2, {4, 2}), f64({1, -1, -1, 0}, {4})},
+                           {{"reduction", 0}, {"margin", 0.1}}));
+  EXPECT_NEAR(ce[0][0], 1 - cos({1, 2}, {2, 1}), 1e-12);
+  EXPECT_NEAR(ce[0][1], 0.0, 1e-12);  // cos < margin
+  EXPECT_NEAR(ce[0][2], cos({3, 1}, {2, 1}) - 0.1, 1e-12);
+  EXPECT_EQ(ce[0][3], 0.0);
+  auto ce1 = must(host_exec("cosine_embedding_loss", {f64({3, 1}, {2}), f64({2, 1}, {2}), idx({1}, {})}));
+  EXPECT_NEAR(ce1[0][0], 1 - cos({3, 1}, {2, 1}), 1e-12);  // [D] inputs, a 0-d (integer) target
+  // triplet_margin: max(0, margin + |a - p + eps|_p - |a - n + eps|_p), swap takes min(d(a, n), d(p, n)).
+  const Operand a = f64({0, 0, 1, 1}, {2, 2}), q = f64({3, 4, 1, 1}, {2, 2}), n = f64({1, 0, 4, 5}, {2, 2});
+  auto tm = must(host_exec("triplet_margin_loss", {a, q, n}, {{"reduction", 0}, {"eps", 0}}));
+  EXPECT_NEAR(tm[0][0], 1 + 5 - 1, 1e-12);
+  EXPECT_EQ(tm[0][1], 0.0);
+  auto tm1 = must(host_exec("triplet_margin_loss", {a, q, n}, {{"reduction", 2}, {"eps", 0}, {"p", 1}}));
+  EXPECT_NEAR(tm1[0][0], 1 + 7 - 1, 1e-12);
+  auto sw = must(host_exec("triplet_margin_loss", {f64({0, 0}, {2}), f64({1, 0}, {2}), f64({2, 0}, {2})},
+                           {{"eps", 0}, {"swap", 1}, {"margin", 0.5}}));
+  EXPECT_NEAR(sw[0][0], 0.5 + 1 - 1, 1e-12);  // d(p, n) = 1 < d(a, n) = 2
+  auto te = must(host_exec("triplet_margin_loss", {f64({0, 0}, {2}), f64({0, 0}, {2}), f64({3, 4}, {2})},
+                           {{"margin", 5.5}}));
+  EXPECT_NEAR(te[0][0], 5.5 + std::sqrt(2e-12) - std::hypot(3 - 1e-6, 4 - 1e-6), 1e-12);  // eps on the difference
+  // multi_margin (torch's docs): x = [0.1, 0.2, 0.4, 0.8], y = 3 -> 0.325.
+  const Operand mx = f64({0.1, 0.2, 0.4, 0.8}, {1, 4});
+  EXPECT_NEAR(must(host_exec("multi_margin_loss", {mx, idx({3}, {1}), f64({}, {0})}))[0][0], 0.325, 1e-12);
+  EXPECT_NEAR(must(host_exec("multi_margin_loss", {mx, idx({3}, {1}), f64({}, {0})}, {{"p", 2}}))[0][0],
+              (0.09 + 0.16 + 0.36) / 4, 1e-12);
+  EXPECT_NEAR(must(host_exec("multi_margin_loss", {mx, idx({3}, {1}), f64({1, 1, 1, 2.5}, {4})}, {{"margin", 0.5}}))[0][0],
+              2.5 * (0.0 + 0.0 + 0.1) / 4, 1e-12);
+  // multilabel_margin (torch's docs): the list ends at the first -1 (the 1 after it is not a target) -> 0.85.
+  EXPECT_NEAR(must(host_exec("multilabel_margin_loss", {mx, idx({3, 0, -1, 1}, {1, 4})}))[0][0], 0.85, 1e-12);
+  // A listed class twice counts twice; [C] inputs.
+  auto dup = must(host_exec("multilabel_margin_loss", {f64({0.1, 0.2, 0.4, 0.8}, {4}), idx({3, 3, -1, -1}, {4})}));
+  EXPECT_NEAR(dup[0][0], 2 * (0.3 + 0.4 + 0.6) / 4, 1e-12);
+}
+
+/// d/dx_i of sum(g * loss(x)) numerically, for every differentiable operand and sample attribute set.
+TEST(RowLossFiniteDifferences, BackwardMatchesForward) {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> u(-2, 2), uw(0.5, 2);
+  const int64_t N = 3, C = 5;
+  int checked = 0;
+  for (const OpInfo& op : registry()) {
+    if (op.family != "row_loss") continue;
+    const OpInfo& bwd = *find_op(op.gradient);
+    for (const Attrs& attrs : op.sample_attrs) {
+      std::vector<Operand> in;
+      for (const std::string& name : op.input_names) {
+        Operand o{std::vector<double>(N * C), {N, C}};
+        if (name == "weight") {
+          o.values.resize(C), o.shape = {C};
+          for (auto& v : o.values) v = uw(rng);
+        } else if (name == "target" && op.name == "multilabel_margin_loss") {
+          o.dtype = DType::i64;
+          for (int64_t r = 0; r < N; ++r)  // r + 1 listed classes (one twice), then -1
+            for (int64_t c = 0; c < C; ++c) o.values[r * C + c] = c <= r ? double((2 * c + r) % C) : c == r + 1 ? -1 : 0;
+          o.values[2 * C + 2] = o.values[2 * C];
+        } else if (name == "target") {
+          o.values = op.name == "multi_margin_loss" ? std::vector<double>{4, 0, 2} : std::vector<double>{1, -1, -1};
+          o.shape = {N};
+          o.dtype = op.name == "multi_margin_loss" ? DType::i64 : DType::f64;
+        } else {
+          for (auto& v : o.values) v = u(rng);
+        }
+        in.push_back(o);
+      }
+      const bool none = attrs.get("reduction", 1) == 0;
+      Operand g{std::vector<double>(none ? N : 1), none ? Shape{N} : Shape{}};
+      for (auto& v : g.values) v = u(rng);
+      std::vector<Operand> bin{g};
+      for (auto& o : in) bin.push_back(o);
+      auto grads = must(host_exec(bwd.name, bin, attrs));
+      ASSERT_EQ(grads.size(), bwd.output_names.size()) << bwd.name;
+      auto objective = [&](const std::vector<Operand>& xs) {
+        auto f = must(host_exec(op.name, xs, attrs));
+        double l = 0;
+        for (size_t i = 0; i < f[0].size(); ++i) l += g.values[i] * f[0][i];
+        return l;
+      };
+      for (size_t k = 0; k < grads.size(); ++k) {
+        for (int i = 0; i < N * C; ++i) {
+          const double h = 1e-6;
+          auto xp = in, xm = in;
+          xp[k].values[i] += h;
+          xm[k].values[i] -= h;
+          EXPECT_NEAR(grads[k][i], (objective(xp) - objective(xm)) / (2 * h), 2e-6)
+              << bwd.output_names[k] << " of " << op.name << " i " << i << " attrs " << attrs.get("reduction", 1);
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 500);
+}
+
+TEST(LossErrors, RowLossBadInputIsNamed) {
+  auto message = [](Result<std::vector<std::vector<double>>> r) {
+    return r ? std::string("(no error)") : r.status().message();
+  };
+  auto has = [](const std::string& m, const std::string& part) { return m.find(part) != std::string::npos; };
+  const Operand x = f64(std::vector<double>(6, 0.5), {2, 3}), none = f64({}, {0});
+  auto range = message(host_exec("multi_margin_loss", {x, idx({1, 3}, {2}), none}));
+  EXPECT_TRUE(has(range, "class index 3 (row 1), outside [0, 3)")) << range;
+  auto list = message(host_exec("multilabel_margin_loss", {x, idx({0, -2, -1, 1, 2, 3}, {2, 3})}));
+  EXPECT_TRUE(has(list, "class index -2 (row 0), outside [-1, 3)")) << list;
+  auto lshape = message(host_exec("multilabel_margin_loss", {x, idx({0, -1}, {2})}));
+  EXPECT_TRUE(has(lshape, "'target' shape [2] != [2, 3]")) << lshape;
+  auto p = message(host_exec("multi_margin_loss", {x, idx({1, 0}, {2}), none}, {{"p", 3}}));
+  EXPECT_TRUE(has(p, "'p' must be 1 or 2, got 3")) << p;
+  auto tp = message(host_exec("triplet_margin_loss", {x, x, x}, {{"p", -1}}));
+  EXPECT_TRUE(has(tp, "'p' (the norm) must be finite and > 0")) << tp;
+  auto weight = message(host_exec("multi_margin_loss", {x, idx({1, 0}, {2}), f64({1, 1}, {2})}));
+  EXPECT_TRUE(has(weight, "'weight' must be f64[3]")) << weight;
+  auto ftarget = message(host_exec("multi_margin_loss", {x, f64({1, 0}, {2}), none}));
+  EXPECT_TRUE(has(ftarget, "'target' must be i64 or i32, got f64")) << ftarget;
+  auto shape2 = message(host_exec("cosine_embedding_loss", {x, f64({1, 2, 3}, {3}), f64({1, -1}, {2})}));
+  EXPECT_TRUE(has(shape2, "'input2' must be f64[2, 3] like 'input1', got f64[3]")) << shape2;
+  auto tshape = message(host_exec("cosine_embedding_loss", {x, x, f64({1, -1, 1}, {3})}));
+  EXPECT_TRUE(has(tshape, "'target' shape [3] != [2]")) << tshape;
+  auto rank = message(host_exec("cosine_embedding_loss", {f64({1, 2}, {1, 1, 2}), f64({1, 2}, {1, 1, 2}), f64({1}, {1, 1})}));
+  EXPECT_TRUE(has(rank, "'input1' must be [N, D] or [D], got [1, 1, 2]")) << rank;
+  auto neg = message(host_exec("triplet_margin_loss", {x, x, f64({1, 2}, {2})}));
+  EXPECT_TRUE(has(neg, "'negative' must be f64[2, 3] like 'anchor'")) << neg;
+  auto empty = message(host_exec("multi_margin_loss", {f64({}, {2, 0}), idx({0, 0}, {2}), none}));
+  EXPECT_TRUE(has(empty, "has no classes")) << empty;
+  auto go = message(host_exec("multi_margin_loss_backward", {f64({1, 1}, {2}), x, idx({1, 0}, {2}), none}));
+  EXPECT_TRUE(has(go, "'grad_output' must be f64[]")) << go;
+}
+
 TEST(LossErrors, BadInputIsNamed) {
   auto message = [](Result<std::vector<std::vector<double>>> r) {
     return r ? std::string("(no error)") : r.status().message();

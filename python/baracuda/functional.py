@@ -715,6 +715,73 @@ def nll_loss_backward(grad_output, input, target, weight=None, ignore_index=-100
                  _class_attrs("nll_loss", reduction, ignore_index), out)
 
 
+def _row_loss_attrs(op, reduction, size_average=None, reduce=None, **attrs):
+    if size_average is not None or reduce is not None:
+        raise TypeError(f"{op}: size_average and reduce are deprecated in torch; use reduction")
+    return {"reduction": _reduction_code(op, reduction), **{k: float(v) for k, v in attrs.items()}}
+
+
+def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean", *,
+                          out=None):
+    """torch.nn.functional.cosine_embedding_loss: [N, D] or [D] inputs, target +-1 (input's dtype, i64 or i32)."""
+    return _call("cosine_embedding_loss", (input1, input2, target),
+                 _row_loss_attrs("cosine_embedding_loss", reduction, size_average, reduce, margin=margin), out)
+
+
+def cosine_embedding_loss_backward(grad_output, input1, input2, target, margin=0.0, reduction="mean"):
+    """(grad_input1, grad_input2)."""
+    return _call("cosine_embedding_loss_backward", (grad_output, input1, input2, target),
+                 _row_loss_attrs("cosine_embedding_loss", reduction, margin=margin))
+
+
+def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, swap=False, size_average=None,
+                        reduce=None, reduction="mean", *, out=None):
+    """torch.nn.functional.triplet_margin_loss: rows along the last dim; the three operands of one shape."""
+    return _call("triplet_margin_loss", (anchor, positive, negative),
+                 _row_loss_attrs("triplet_margin_loss", reduction, size_average, reduce, margin=margin, p=p, eps=eps,
+                                 swap=swap), out)
+
+
+def triplet_margin_loss_backward(grad_output, anchor, positive, negative, margin=1.0, p=2, eps=1e-6, swap=False,
+                                 reduction="mean"):
+    """(grad_anchor, grad_positive, grad_negative)."""
+    return _call("triplet_margin_loss_backward", (grad_output, anchor, positive, negative),
+                 _row_loss_attrs("triplet_margin_loss", reduction, margin=margin, p=p, eps=eps, swap=swap))
+
+
+def _one_target(input, target):
+    """torch takes a [1] target for a [C] input: the 0-d target of the registry op."""
+    if len(_spec(input)[1]) == 1 and tuple(_spec(target)[1]) == (1,):
+        return target.reshape(())
+    return target
+
+
+def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None, reduction="mean", *,
+                      out=None):
+    """torch.nn.functional.multi_margin_loss: [N, C] or [C] input, class-index target (i64 or i32), p 1 or 2."""
+    return _call("multi_margin_loss", (input, _one_target(input, target), _class_weight(input, weight)),
+                 _row_loss_attrs("multi_margin_loss", reduction, size_average, reduce, p=p, margin=margin), out)
+
+
+def multi_margin_loss_backward(grad_output, input, target, p=1, margin=1.0, weight=None, reduction="mean", *, out=None):
+    """Gradient of multi_margin_loss with respect to the input."""
+    return _call("multi_margin_loss_backward",
+                 (grad_output, input, _one_target(input, target), _class_weight(input, weight)),
+                 _row_loss_attrs("multi_margin_loss", reduction, p=p, margin=margin), out)
+
+
+def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean", *, out=None):
+    """torch.nn.functional.multilabel_margin_loss: target (i64/i32) of input's shape lists classes, padded with -1."""
+    return _call("multilabel_margin_loss", (input, target),
+                 _row_loss_attrs("multilabel_margin_loss", reduction, size_average, reduce), out)
+
+
+def multilabel_margin_loss_backward(grad_output, input, target, reduction="mean", *, out=None):
+    """Gradient of multilabel_margin_loss with respect to the input."""
+    return _call("multilabel_margin_loss_backward", (grad_output, input, target),
+                 _row_loss_attrs("multilabel_margin_loss", reduction), out)
+
+
 # ---------------------------------------------------------------- torch aliases
 
 clip = clamp

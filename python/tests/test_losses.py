@@ -69,6 +69,113 @@ def test_cross_entropy_matches_numpy():
         F.cross_entropy(z, np.array([0, 9, 1, 1, 1]))
 
 
+def _np_cosine(x1, x2, y, margin=0.0):
+    cos = (x1 * x2).sum(-1) / np.sqrt(((x1 * x1).sum(-1) + 1e-12) * ((x2 * x2).sum(-1) + 1e-12))
+    return np.where(y == 1, 1 - cos, np.where(y == -1, np.maximum(cos - margin, 0), 0))
+
+
+def _np_triplet(a, p, n, margin=1.0, pn=2, eps=1e-6, swap=False):
+    def dist(x, y):
+        return (np.abs(x - y + eps) ** pn).sum(-1) ** (1 / pn)
+    neg = np.minimum(dist(a, n), dist(p, n)) if swap else dist(a, n)
+    return np.maximum(margin + dist(a, p) - neg, 0)
+
+
+def _np_multi_margin(x, y, p=1, margin=1.0, w=None):
+    out = np.zeros(x.shape[0])
+    for r, t in enumerate(y):
+        z = np.maximum(margin - x[r, t] + x[r], 0) ** p
+        z[t] = 0
+        out[r] = (1 if w is None else w[t]) * z.sum() / x.shape[1]
+    return out
+
+
+def _np_multilabel(x, y):
+    out = np.zeros(x.shape[0])
+    for r in range(x.shape[0]):
+        listed = []
+        for t in y[r]:
+            if t < 0:
+                break
+            listed.append(t)
+        others = [c for c in range(x.shape[1]) if c not in listed]
+        out[r] = sum(max(0, 1 - x[r, j] + x[r, c]) for j in listed for c in others) / x.shape[1]
+    return out
+
+
+def _reduce(v, reduction):
+    return v if reduction == "none" else v.mean() if reduction == "mean" else v.sum()
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_row_losses_match_numpy(reduction):
+    x1, x2, x3 = _u((6, 9)), _u((6, 9)), _u((6, 9))
+    y = np.array([1.0, -1, 1, -1, -1, 0])
+    np.testing.assert_allclose(F.cosine_embedding_loss(x1, x2, y, margin=0.2, reduction=reduction),
+                               _reduce(_np_cosine(x1, x2, y, 0.2), reduction), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(F.cosine_embedding_loss(x1[0], x2[0], np.array(-1), reduction=reduction),
+                               _np_cosine(x1[0], x2[0], -1), rtol=1e-12, atol=1e-15)
+    for kw in ({}, {"p": 1, "swap": True}, {"p": 3, "margin": 2.0, "eps": 0.1}):
+        want = _np_triplet(x1, x2, x3, **{"pn" if k == "p" else k: v for k, v in kw.items()})
+        np.testing.assert_allclose(F.triplet_margin_loss(x1, x2, x3, reduction=reduction, **kw),
+                                   _reduce(want, reduction), rtol=1e-12, atol=1e-15)
+    t = np.array([0, 8, 3, 3, 5, 1])
+    w = _u((9,), 0.5, 2)
+    for p, margin, weight in ((1, 1.0, None), (2, 0.6, w)):
+        np.testing.assert_allclose(F.multi_margin_loss(x1, t, p=p, margin=margin, weight=weight, reduction=reduction),
+                                   _reduce(_np_multi_margin(x1, t, p, margin, weight), reduction), rtol=1e-12)
+    np.testing.assert_allclose(F.multi_margin_loss(x1[1], t[1:2], reduction=reduction),  # [C] input, [1] target
+                               _np_multi_margin(x1[1:2], t[1:2])[0], rtol=1e-12)
+    lists = np.full((6, 9), -1)
+    for r in range(6):
+        lists[r, : r + 1] = RNG.choice(9, r + 1, replace=False)
+    lists[5, 3] = lists[5, 0]  # a class listed twice counts twice
+    lists[2, 4] = 7  # after the first -1: not a target
+    np.testing.assert_allclose(F.multilabel_margin_loss(x1, lists, reduction=reduction),
+                               _reduce(_np_multilabel(x1, lists), reduction), rtol=1e-12)
+
+
+def test_row_loss_gradients_match_finite_differences():
+    x1, x2, x3 = _u((3, 5)), _u((3, 5)), _u((3, 5))
+    y, t = np.array([1.0, -1, -1]), np.array([4, 0, 2])
+    lists = np.array([[1, 3, -1, 0, 0], [2, -1, 0, 0, 0], [0, 4, 4, -1, -1]])
+    cases = [
+        (lambda a, b: F.cosine_embedding_loss(a, b, y, margin=-0.5, reduction="sum"),
+         F.cosine_embedding_loss_backward(np.array(1.0), x1, x2, y, margin=-0.5, reduction="sum"), (x1, x2)),
+        (lambda a, b, c: F.triplet_margin_loss(a, b, c, p=1.5, swap=True, margin=3.0, reduction="sum"),
+         F.triplet_margin_loss_backward(np.array(1.0), x1, x2, x3, p=1.5, swap=True, margin=3.0, reduction="sum"),
+         (x1, x2, x3)),
+        (lambda a: F.multi_margin_loss(a, t, p=2, reduction="sum"),
+         (F.multi_margin_loss_backward(np.array(1.0), x1, t, p=2, reduction="sum"),), (x1,)),
+        (lambda a: F.multilabel_margin_loss(a, lists, reduction="sum"),
+         (F.multilabel_margin_loss_backward(np.array(1.0), x1, lists, reduction="sum"),), (x1,)),
+    ]
+    h = 1e-6
+    for f, grads, xs in cases:
+        for k, g in enumerate(grads):
+            num = np.zeros_like(xs[k])
+            for i in np.ndindex(xs[k].shape):
+                plus, minus = [x.copy() for x in xs], [x.copy() for x in xs]
+                plus[k][i] += h
+                minus[k][i] -= h
+                num[i] = (f(*plus) - f(*minus)) / (2 * h)
+            np.testing.assert_allclose(g, num, rtol=1e-6, atol=1e-7)
+
+
+def test_row_loss_bad_input():
+    x = _u((2, 3))
+    with pytest.raises(ValueError, match="class index 3"):
+        F.multi_margin_loss(x, np.array([0, 3]))
+    with pytest.raises(ValueError, match="'p' must be 1 or 2"):
+        F.multi_margin_loss(x, np.array([0, 1]), p=3)
+    with pytest.raises(ValueError, match="outside \\[-1, 3\\)"):
+        F.multilabel_margin_loss(x, np.array([[0, -2, -1], [0, 1, 2]]))
+    with pytest.raises(ValueError, match="'input2' must be"):
+        F.cosine_embedding_loss(x, x[:, :2], np.ones(2))
+    with pytest.raises(ValueError, match="'negative' must be"):
+        F.triplet_margin_loss(x, x, x[0])
+
+
 # ---------------------------------------------------------------- CUDA vs torch
 
 from torch_parity import CUDA, DTYPES, close as _close, gpu, torch  # noqa: E402,F401
@@ -191,3 +298,109 @@ def test_cross_entropy_masked_logits_match_torch(classes):
     _close(F.cross_entropy(z, t), want.detach().float(), torch.float32, 16, "masked cross_entropy")
     (gx,) = torch.autograd.grad(want, zd)
     _close(F.cross_entropy_fused(z, t)[1], gx.float(), torch.float32, 16, "masked cross_entropy_fused grad")
+
+
+def _dev(shape, dt, lo=-2, hi=2):
+    return torch.empty(shape, device="cuda", dtype=dt).uniform_(lo, hi)
+
+
+def _parity(name, ours, ours_backward, theirs, ops, grads, dt, scale=16):
+    """Forward vs torch in float64, and the backward vs torch.autograd for a random grad_output."""
+    ds = [o.double().requires_grad_(i < grads) if o.is_floating_point() else o for i, o in enumerate(ops)]
+    want = theirs(*ds)
+    _close(ours(*ops), want.detach().to(dt), dt, scale, name)
+    gy = torch.randn_like(want)
+    gx = torch.autograd.grad(want, ds[:grads], gy)
+    back = ours_backward(gy.to(dt), *ops)
+    back = back if isinstance(back, tuple) else (back,)
+    for k in range(grads):
+        _close(back[k], gx[k].to(dt), dt, scale, f"{name}_backward {k}")
+
+
+ROW_SHAPES = [(64, 10), (33, 1000), (8, 5000), (17,)]
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("shape", ROW_SHAPES)
+def test_cosine_embedding_loss_matches_torch(dtype, reduction, shape):
+    dt = getattr(torch, dtype)
+    x1, x2 = _dev(shape, dt), _dev(shape, dt)
+    x2[: shape[0] // 2] += x1[: shape[0] // 2]  # some pairs close
+    y = torch.where(torch.rand(shape[:-1], device="cuda") > 0.5, 1.0, -1.0).to(dt)
+    for margin, target in ((0.0, y), (0.2, y.long()), (-0.3, y)):
+        kw = {"margin": margin, "reduction": reduction}
+        _parity("cosine_embedding_loss", lambda a, b, t: F.cosine_embedding_loss(a, b, t, **kw),
+                lambda g, a, b, t: F.cosine_embedding_loss_backward(g, a, b, t, **kw),
+                lambda a, b, t: TF.cosine_embedding_loss(a, b, t if t.dtype == torch.long else t.double(), **kw),
+                [x1, x2, target], 2, dt)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("shape", ROW_SHAPES + [(4, 6, 33)])
+@pytest.mark.parametrize("kw", [{}, {"p": 1, "swap": True}, {"p": 3, "margin": 0.5, "eps": 1e-3}],
+                         ids=["p2", "p1swap", "p3"])
+def test_triplet_margin_loss_matches_torch(dtype, reduction, shape, kw):
+    dt = getattr(torch, dtype)
+    a, p, n = _dev(shape, dt), _dev(shape, dt), _dev(shape, dt)
+    p[..., ::2] = a[..., ::2]  # positives nearer: some rows in the hinge, some out
+    kw = dict(kw, reduction=reduction)
+    _parity("triplet_margin_loss", lambda *x: F.triplet_margin_loss(*x, **kw),
+            lambda g, *x: F.triplet_margin_loss_backward(g, *x, **kw),
+            lambda *x: TF.triplet_margin_loss(*x, **kw), [a, p, n], 3, dt, 32)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("shape", ROW_SHAPES)
+@pytest.mark.parametrize("p,margin,weighted", [(1, 1.0, False), (2, 0.7, True), (1, 0.3, True)])
+def test_multi_margin_loss_matches_torch(dtype, reduction, shape, p, margin, weighted):
+    dt = getattr(torch, dtype)
+    x = _dev(shape, dt, -1, 1)
+    t = torch.randint(0, shape[-1], shape[:-1], device="cuda")
+    w = torch.rand(shape[-1], device="cuda", dtype=dt) + 0.5 if weighted else None
+    wd = None if w is None else w.double()
+    kw = {"p": p, "margin": margin, "reduction": reduction}
+    _parity("multi_margin_loss", lambda x_, t_: F.multi_margin_loss(x_, t_, weight=w, **kw),
+            lambda g, x_, t_: F.multi_margin_loss_backward(g, x_, t_, weight=w, **kw),
+            lambda x_, t_: TF.multi_margin_loss(x_, t_, weight=wd, **kw), [x, t], 1, dt)
+    _close(F.multi_margin_loss(x, t.int(), weight=w, **kw), F.multi_margin_loss(x, t, weight=w, **kw), dt, 0,
+           "int32 targets")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("shape", [(64, 10), (33, 300), (4, 3000), (3, 20000), (17,)])
+def test_multilabel_margin_loss_matches_torch(dtype, reduction, shape):
+    dt = getattr(torch, dtype)
+    x = _dev(shape, dt, -1, 1)
+    C = shape[-1]
+    rows = x.reshape(-1, C).shape[0]
+    t = torch.full((rows, C), -1, dtype=torch.long)
+    for r in range(rows):  # 0 .. C/2 listed classes (duplicates included), then -1 up to the end (torch's contract)
+        k = r % (C // 2 + 1)
+        t[r, :k] = torch.randint(0, C, (k,))
+    t = t.reshape(shape).cuda()
+    _parity("multilabel_margin_loss", lambda x_, t_: F.multilabel_margin_loss(x_, t_, reduction=reduction),
+            lambda g, x_, t_: F.multilabel_margin_loss_backward(g, x_, t_, reduction=reduction),
+            lambda x_, t_: TF.multilabel_margin_loss(x_, t_, reduction=reduction), [x, t], 1, dt)
+    _close(F.multilabel_margin_loss(x, t.int(), reduction=reduction), F.multilabel_margin_loss(x, t, reduction=reduction),
+           dt, 0, "int32 targets")
+
+
+@gpu
+def test_row_losses_strided_and_bad_targets_on_cuda():
+    x = torch.randn(40, 64, device="cuda").t()  # [64, 40], column-major
+    t = torch.randint(0, 40, (64,), device="cuda")
+    _close(F.multi_margin_loss(x, t), TF.multi_margin_loss(x.double(), t).float(), torch.float32, 16)
+    a, p, n = (torch.randn(64, 40, device="cuda")[:, ::2] for _ in range(3))
+    _close(F.triplet_margin_loss(a, p, n, reduction="none"), TF.triplet_margin_loss(a, p, n, reduction="none"),
+           torch.float32, 16)
+    # An out-of-range class on CUDA: NaN for its row (no device-side assert), as cross_entropy here.
+    bad = F.multi_margin_loss(x, torch.full((64,), 40, device="cuda"), reduction="none")
+    assert torch.isnan(bad).all()

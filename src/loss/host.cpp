@@ -1,6 +1,7 @@
 // The host reference of the loss family: pointwise losses through the
-// elementwise host launcher, class losses row by row in f64. Out-of-range
-// targets are an error here (the CUDA kernels write NaN for their rows).
+// elementwise host launcher, class and row losses row by row in f64.
+// Out-of-range targets are an error here (the CUDA kernels write NaN for
+// their rows).
 #include <vector>
 
 #include "core/errors.hpp"
@@ -15,6 +16,10 @@ PointwiseTable& host_pointwise() {
 }
 ClassTable& host_class_losses() {
   static ClassTable table;
+  return table;
+}
+RowTable& host_row_losses() {
+  static RowTable table;
   return table;
 }
 
@@ -129,9 +134,60 @@ struct HostClassLoss {
   }
 };
 
+/// One thread owns every column of a row (row_losses.hpp).
+struct HostRow {
+  int64_t cols;
+  template <class F> void each(F&& f) const {
+    for (int64_t c = 0; c < cols; ++c) f(c);
+  }
+  double sum(double v) const { return v; }
+  double max(double v) const { return v; }
+  void sync() const {}
+  bool leader() const { return true; }
+};
+
+template <class L, class T, class Index>
+struct HostRowLoss {
+  static Status run(const RowLossLaunch& rl, const RowParams& p, CUstream_st*) {
+    const rows::RowLaunch& l = rl.rows;
+    const rows::OffsetCalc<rows::kMaxOperands, int64_t> outer(l.outer);
+    const HostRow ctx{l.cols};
+    std::vector<uint8_t> mask(l.cols);
+    constexpr TargetKind kind = L::meta.target;
+    for (int64_t row = 0; row < l.rows; ++row) {  // targets first: an error, not NaN
+      int64_t off[rows::kMaxOperands];
+      outer.get(row, off);
+      RowOperands<T, Index> r = bind_row<L, T, Index>(l, off, p);
+      const int64_t n = kind == TargetKind::index_list ? l.cols : kind == TargetKind::index_per_row ? 1 : 0;
+      for (int64_t c = 0; c < n; ++c)
+        if (r.index(c) < kTargetMin<L> || r.index(c) >= l.cols)
+          return invalid(L::meta.name, ": 'target' holds class index ", r.index(c), " (row ", row, "), outside [",
+                         kTargetMin<L>, ", ", l.cols, ")");
+    }
+    const int out = p.backward ? 0 : L::meta.inputs;
+    double total = 0;
+    for (int64_t row = 0; row < l.rows; ++row) {
+      int64_t off[rows::kMaxOperands];
+      outer.get(row, off);
+      RowOperands<T, Index> r = bind_row<L, T, Index>(l, off, p);
+      r.mask = mask.data();
+      const T* go = p.reduction == 0 ? reinterpret_cast<const T*>(l.data[out]) + off[out] : static_cast<const T*>(rl.scalar_grad);
+      const double scale = p.reduction == 1 ? 1.0 / double(l.rows) : 1.0;
+      const double loss = row_loss<L, double>(ctx, r, p, p.backward ? convert<double>(*go) * scale : 0.0);
+      if (p.backward) continue;
+      if (p.reduction == 0) reinterpret_cast<T*>(l.data[out])[off[out]] = convert<T>(loss);
+      else total += loss;
+    }
+    if (!p.backward && p.reduction != 0)
+      *static_cast<T*>(rl.scalar_out) = convert<T>(p.reduction == 1 ? total / double(l.rows) : total);
+    return Status::ok();
+  }
+};
+
 [[maybe_unused]] const bool pointwise_registered =
     register_pointwise<ew::HostLauncher, true, FloatTypes>(host_pointwise());
 [[maybe_unused]] const bool class_registered = register_class_losses<HostClassLoss, FloatTypes>(host_class_losses());
+[[maybe_unused]] const bool row_registered = register_row_losses<HostRowLoss, FloatTypes>(host_row_losses());
 
 }  // namespace
 }  // namespace baracuda::loss

@@ -2,9 +2,13 @@
 //  - pointwise losses: the per-element loss (elementwise launcher), written
 //    to the output (reduction none) or to f32/f64 scratch that the reduction
 //    family sums (mean, sum, batchmean); gradients are elementwise;
-//  - class losses (cross_entropy, nll_loss): row kernels over the class dim.
+//  - class losses (cross_entropy, nll_loss): row kernels over the class dim;
+//  - row losses (cosine_embedding, triplet_margin, multi_margin,
+//    multilabel_margin): one loss per row of the last dim (row_losses.hpp),
+//    then the mean or sum of the rows in a fixed order.
 // Attribute `reduction` follows torch's codes: 0 none, 1 mean, 2 sum (3 batchmean).
 #include <algorithm>
+#include <cmath>
 
 #include "core/errors.hpp"
 #include "core/family.hpp"
@@ -27,6 +31,10 @@ PointwiseTable& cuda_pointwise() {
 }
 ClassTable& cuda_class_losses() {
   static ClassTable table;
+  return table;
+}
+RowTable& cuda_row_losses() {
+  static RowTable table;
   return table;
 }
 
@@ -493,6 +501,256 @@ void add_class_op(std::vector<OpInfo>& ops, ClassDef def_in, const char* doc) {
   ops.push_back(std::move(info));
 }
 
+
+// ================================================================ row losses
+
+struct RowDef {
+  std::string name;
+  const RowLossMeta* meta;
+  bool backward;
+  std::vector<std::string> inputs, outputs;  ///< of this op (backward: grad_output first)
+};
+
+std::vector<RowDef>& row_defs() {
+  static std::vector<RowDef> all;
+  return all;
+}
+
+bool index_target(const RowLossMeta& m) {
+  return m.target == TargetKind::index_per_row || m.target == TargetKind::index_list;
+}
+
+Status check_row_attrs(const std::string& op, const RowLossMeta& m, const Attrs& attrs) {
+  const std::string_view name = m.name;
+  const double p = attrs.get("p", name == "multi_margin_loss" ? 1 : 2);
+  if (name == "multi_margin_loss" && p != 1 && p != 2) return invalid(op, ": attribute 'p' must be 1 or 2, got ", p);
+  if (name == "triplet_margin_loss" && !(p > 0 && std::isfinite(p)))
+    return invalid(op, ": attribute 'p' (the norm) must be finite and > 0, got ", p);
+  return Status::ok();
+}
+
+/// The forward descriptor (inputs = the loss's operands): checks and the output.
+Result<OpDesc> infer_row_forward(const RowDef& def, const std::vector<std::string>& names, OpDesc d) {
+  const std::string& op = def.name;
+  const RowLossMeta& m = *def.meta;
+  BARACUDA_TRY(check_inputs(op, d, names, 0));
+  const TensorSpec& x = d.inputs[0];
+  if (!is_floating(x.dtype) || dtype_size(x.dtype) == 1)
+    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64)");
+  const size_t rank = x.shape.size();
+  const char* dim = index_target(m) ? "C" : "D";
+  if (rank == 0 || (m.max_rank != 0 && rank > size_t(m.max_rank)))
+    return invalid(op, ": '", names[0], "' must be ",
+                   m.max_rank != 0 ? cat("[N, ", dim, "] or [", dim, "]") : std::string("of rank >= 1 (rows along the last dim)"),
+                   ", got ", shape_str(x.shape));
+  const Shape outer(x.shape.begin(), x.shape.end() - 1);
+  for (int k = 1; k < m.grads; ++k)
+    if (d.inputs[k].dtype != x.dtype || d.inputs[k].shape != x.shape)
+      return invalid(op, ": '", names[k], "' must be ", dtype_name(x.dtype), shape_str(x.shape), " like '", names[0],
+                     "', got ", dtype_name(d.inputs[k].dtype), shape_str(d.inputs[k].shape));
+  if (m.target != TargetKind::none) {
+    const TensorSpec& t = d.inputs[m.grads];
+    const bool indices = t.dtype == DType::i64 || t.dtype == DType::i32;
+    if (!indices && !(m.target == TargetKind::sign && t.dtype == x.dtype))
+      return invalid(op, ": 'target' must be i64 or i32", m.target == TargetKind::sign ? cat(" or ", dtype_name(x.dtype)) : "",
+                     ", got ", dtype_name(t.dtype));
+    const Shape want = m.target == TargetKind::index_list ? x.shape : outer;
+    if (t.shape != want)
+      return invalid(op, ": 'target' shape ", shape_str(t.shape), " != ", shape_str(want), " ('", names[0], "' shape",
+                     m.target == TargetKind::index_list ? ")" : " without its last dim)");
+  }
+  if (index_target(m) && x.shape.back() == 0) return invalid(op, ": '", names[0], "' ", shape_str(x.shape), " has no classes");
+  if (m.inputs > m.grads + 1) {
+    const TensorSpec& w = d.inputs[m.grads + 1];
+    const int64_t classes = x.shape.back();
+    if (w.dtype != x.dtype || w.shape.size() != 1 || (w.shape[0] != classes && w.shape[0] != 0))
+      return invalid(op, ": 'weight' must be ", dtype_name(x.dtype), "[", classes, "] (one per class) or ", dtype_name(x.dtype),
+                     "[0] (no class weights), got ", dtype_name(w.dtype), shape_str(w.shape));
+  }
+  const double reduction = d.attrs.get("reduction", 1);
+  BARACUDA_TRY(check_reduction(op, reduction, false));
+  BARACUDA_TRY(check_row_attrs(op, m, d.attrs));
+  BARACUDA_TRY(set_outputs(op, d, {TensorSpec{x.dtype, reduction == 0 ? outer : Shape{}}}, std::vector<std::string>{"out"}));
+  return d;
+}
+
+Result<OpDesc> infer_row(const RowDef& def, const OpDesc& partial) {
+  if (!def.backward) return infer_row_forward(def, def.inputs, partial);
+  BARACUDA_TRY(check_inputs(def.name, partial, def.inputs, 1));
+  const std::vector<std::string> fwd_names(def.inputs.begin() + 1, def.inputs.end());
+  OpDesc f{def.meta->name, std::vector<TensorSpec>(partial.inputs.begin() + 1, partial.inputs.end()), {}, partial.attrs};
+  auto fwd = infer_row_forward(def, fwd_names, f);
+  if (!fwd) return fwd.status();
+  const TensorSpec& want = fwd->outputs[0];
+  if (partial.inputs[0].dtype != want.dtype || partial.inputs[0].shape != want.shape)
+    return invalid(def.name, ": 'grad_output' must be ", dtype_name(want.dtype), shape_str(want.shape),
+                   " (the loss's shape), got ", dtype_name(partial.inputs[0].dtype), shape_str(partial.inputs[0].shape));
+  OpDesc d = partial;
+  std::vector<TensorSpec> outs(partial.inputs.begin() + 1, partial.inputs.begin() + 1 + def.meta->grads);
+  BARACUDA_TRY(set_outputs(def.name, d, outs, def.outputs));
+  return d;
+}
+
+class RowPlan final : public FamilyPlan {
+ public:
+  RowPlan(const RowDef& def, const OpInfo& info, OpDesc desc, Backend backend, RowFn fn)
+      : FamilyPlan(info, std::move(desc)), def_(def), fn_(fn) {
+    const RowLossMeta& m = *def.meta;
+    const int in = def.backward ? 1 : 0;
+    const TensorSpec& x = desc_.inputs[in];
+    sku_ = bespoke_sku(OpCategory::loss, info.name.c_str(), x.dtype, backend);
+    if (m.target != TargetKind::none) sku_.aux_element = desc_.inputs[in + m.grads].dtype;
+    for (int i = 0; i < 4; ++i)
+      if (m.attrs[i].name) params_.v[i] = desc_.attrs.get(m.attrs[i].name, m.attrs[i].value);
+    params_.reduction = static_cast<int>(desc_.attrs.get("reduction", 1));
+    params_.backward = def.backward;
+    params_.weighted = m.inputs > m.grads + 1 && desc_.inputs[in + m.grads + 1].shape[0] != 0;
+    shape_ = x.shape;
+    int64_t rows = 1;
+    for (size_t a = 0; a + 1 < x.shape.size(); ++a) rows *= x.shape[a];
+    if (backend != Backend::host_reference) {
+      if (!def.backward && params_.reduction != 0) workspace_ = (size_t(rows) * dtype_size(saved_dtype(x.dtype)) + 255) / 256 * 256;
+      if (m.target == TargetKind::index_list) workspace_ += size_t(rows) * size_t(x.shape.back());
+    }
+  }
+
+  Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
+    BARACUDA_TRY(check_run(workspace, args));
+    const RowLossMeta& m = *def_.meta;
+    const int in = def_.backward ? 1 : 0;
+    const bool none = params_.reduction == 0;
+    std::array<TensorView, rows::kMaxOperands> views;
+    std::array<rows::Role, rows::kMaxOperands> roles;
+    views.fill(args.inputs[in]);  // unused slots: a harmless view
+    roles.fill(rows::Role::full);
+    RowLossLaunch rl;
+    int slot = 0;
+    auto bind = [&](const TensorView& v, rows::Role role) { views[slot] = v, roles[slot] = role, ++slot; };
+    for (size_t i = 0; i < args.inputs.size(); ++i) {
+      const int k = static_cast<int>(i) - in;  // the operand of the loss
+      const TensorView& v = args.inputs[i];
+      if (k < 0 && !none) rl.scalar_grad = v.data, ++slot;
+      else if (k < 0) bind(v, rows::Role::per_row);
+      else if (k < m.grads || (k == m.grads && m.target == TargetKind::index_list)) bind(v, rows::Role::full);
+      else if (k == m.grads && m.target != TargetKind::none) bind(v, rows::Role::per_row);
+      else if (params_.weighted) bind(v, rows::Role::per_col);
+      else ++slot;
+    }
+    for (const TensorView& v : args.outputs) {
+      if (def_.backward) bind(v, rows::Role::full);
+      else if (none) bind(v, rows::Role::per_row);
+      else rl.scalar_out = v.data, ++slot;
+    }
+    rl.rows = rows::make_rows(shape_, 1, std::span(views.data(), slot), std::span(roles.data(), slot));
+    rl.workspace = workspace.data;
+    return fn_(rl, params_, stream.cuda_stream()).with_context(def_.name);
+  }
+
+ private:
+  const RowDef& def_;
+  RowFn fn_;
+  RowParams params_;
+  Shape shape_;
+};
+
+std::string row_attr_doc(std::string_view loss, std::string_view attr) {
+  if (attr == "margin") return loss == "cosine_embedding_loss" ? "cos above it costs where target = -1" : "the margin of the hinge";
+  if (attr == "p") return loss == "multi_margin_loss" ? "exponent of the hinge: 1 or 2" : "the norm of the distances (> 0)";
+  if (attr == "eps") return "added to the difference before the norm (pairwise_distance)";
+  if (attr == "swap") return "1: the negative distance is min(d(anchor, negative), d(positive, negative))";
+  return "";
+}
+
+template <class L>
+void add_row_op(std::vector<OpInfo>& ops) {
+  const RowLossMeta& meta = L::meta;
+  const std::vector<std::string> names(meta.input_names, meta.input_names + meta.inputs);
+  for (bool backward : {false, true}) {
+    RowDef def{backward ? cat(meta.name, "_backward") : std::string(meta.name), &meta, backward, names, {"out"}};
+    if (backward) {
+      def.inputs.insert(def.inputs.begin(), "grad_output");
+      def.outputs.clear();
+      for (int k = 0; k < meta.grads; ++k) def.outputs.push_back(cat("grad_", names[k]));
+    }
+    row_defs().push_back(def);
+    const RowDef& d = row_defs().back();
+    OpInfo info;
+    info.name = d.name;
+    info.category = OpCategory::loss;
+    info.family = backward ? "row_loss_backward" : "row_loss";
+    info.direction = backward ? Direction::backward : Direction::forward;
+    info.gradient = backward ? std::string(meta.name) : cat(meta.name, "_backward");
+    info.input_names = d.inputs;
+    info.output_names = d.outputs;
+    info.dtypes = dtypes_of<FloatTypes>();
+    info.attrs = {{"reduction", 1, "0 none, 1 mean (over the rows), 2 sum"}};
+    for (const auto& a : meta.attrs)
+      if (a.name) info.attrs.push_back({a.name, a.value, row_attr_doc(meta.name, a.name)});
+    info.backends = {Backend::bespoke_cuda, Backend::host_reference};
+    info.doc = backward ? cat("gradients of ", meta.name, " with respect to ", d.outputs.size(), " operand(s)") : meta.doc;
+    info.input_dtypes = [&d](DType primary) {
+      std::vector<DType> t;
+      for (const std::string& n : d.inputs)
+        t.push_back(n == "target" && d.meta->target != TargetKind::sign ? DType::i64 : primary);
+      return t;
+    };
+    for (int i = 0; i < meta.inputs; ++i) info.domains.push_back(meta.domains[i]);
+    if (backward) info.domains.insert(info.domains.begin(), Domain{-1, 1});
+    info.tolerance_scale = 4;
+    // The backward of multilabel_margin reads the input after writing gradients of listed classes.
+    info.in_place = !(backward && meta.target == TargetKind::index_list);
+    for (double r : {0.0, 1.0, 2.0}) info.sample_attrs.push_back(Attrs{{"reduction", r}});
+    const std::string_view n = meta.name;
+    if (n == "cosine_embedding_loss") {
+      info.sample_attrs.push_back(Attrs{{"reduction", 0}, {"margin", 0.3}});
+      info.sample_attrs.push_back(Attrs{{"reduction", 1}, {"margin", -0.2}});
+    } else if (n == "triplet_margin_loss") {
+      info.sample_attrs.push_back(Attrs{{"reduction", 0}, {"p", 1}, {"swap", 1}});
+      info.sample_attrs.push_back(Attrs{{"reduction", 1}, {"p", 3}, {"margin", 0.5}, {"swap", 1}});
+      info.sample_attrs.push_back(Attrs{{"reduction", 2}, {"p", 1.5}, {"eps", 0.01}});
+    } else if (n == "multi_margin_loss") {
+      info.sample_attrs.push_back(Attrs{{"reduction", 0}, {"p", 2}, {"margin", 0.7}});
+      info.sample_attrs.push_back(Attrs{{"reduction", 1}, {"p", 2}});
+    }
+    info.sample_shapes = [&d](DType, const Shape& shape, const Attrs& attrs) -> std::optional<SampleShapes> {
+      const RowLossMeta& m = *d.meta;
+      if (shape.empty() || (m.max_rank != 0 && shape.size() > size_t(m.max_rank))) return std::nullopt;
+      if (index_target(m) && shape.back() < 2) return std::nullopt;  // targets are drawn from {0, 1} (and -1)
+      // An index list costs O(listed x C) per row: a broadcast [65537] lists 65537 classes (minutes on the host).
+      if (m.target == TargetKind::index_list && shape.back() > 4096) return std::nullopt;
+      const Shape outer(shape.begin(), shape.end() - 1);
+      const bool none = attrs.get("reduction", 1) == 0;
+      SampleShapes s;
+      if (d.backward) s.inputs.push_back(none ? outer : Shape{});
+      for (int k = 0; k < m.inputs; ++k) {
+        if (k < m.grads) s.inputs.push_back(shape);
+        else if (k == m.grads) s.inputs.push_back(m.target == TargetKind::index_list ? shape : outer);
+        else s.inputs.push_back(Shape{attrs.get("reduction", 1) != 2 ? shape.back() : 0});  // weighted but for sum
+      }
+      return s;
+    };
+    const size_t index = ops.size();
+    info.infer = [&d](const OpDesc& partial) { return infer_row(d, partial); };
+    info.make_plan = [&d, index](Backend backend, const Stream&, const OpDesc& desc, const PlanPreference&) -> Result<PlanPtr> {
+      auto full = infer_row(d, desc);
+      if (!full) return full.status();
+      const int in = d.backward ? 1 : 0;
+      const DType t = full->inputs[in].dtype;
+      const DType target = d.meta->target == TargetKind::none ? t : full->inputs[in + d.meta->grads].dtype;
+      if (backend != Backend::host_reference && d.meta->target == TargetKind::index_list && t != DType::f64 &&
+          full->inputs[in].shape.back() > (int64_t(1) << 24))
+        return unsupported(d.name, ": over 2^24 classes (the CUDA kernel counts them in f32)");
+      const RowTable& table = backend == Backend::host_reference ? host_row_losses() : cuda_row_losses();
+      RowFn fn = table.find(launch_key(d.meta->name, t, target));
+      if (!fn)
+        return unsupported("no ", backend_name(backend), " kernel for ", d.name, " ", dtype_name(t), " with ",
+                           dtype_name(target), " targets");
+      return PlanPtr(std::make_unique<RowPlan>(d, registry()[index], std::move(*full), backend, fn));
+    };
+    ops.push_back(std::move(info));
+  }
+}
+
 }  // namespace
 }  // namespace loss
 
@@ -500,6 +758,7 @@ void register_loss_ops(std::vector<OpInfo>& ops) {
   using namespace loss;
   pointwise_defs().reserve(64);
   class_defs().reserve(8);
+  row_defs().reserve(16);
   [&]<class... Ls>(LossList<Ls...>) { (add_pointwise<Ls>(ops), ...); }(PointwiseLosses{});
   using S = std::vector<std::string>;
   add_class_op(ops, {"cross_entropy", true, Mode::forward, S{"input", "target", "weight"}, S{"out", "lse"}},
@@ -516,6 +775,7 @@ void register_loss_ops(std::vector<OpInfo>& ops) {
   add_class_op(ops, {"nll_loss_backward", false, Mode::backward, S{"grad_output", "input", "target", "weight"},
                      S{"grad_input"}},
                "gradient of nll_loss with respect to the log-probabilities");
+  [&]<class... Ls>(RowLossList<Ls...>) { (add_row_op<Ls>(ops), ...); }(RowLosses{});
 }
 
 }  // namespace baracuda

@@ -1,7 +1,8 @@
 // Instantiates the loss launchers for every loss and dtype of a list:
 //  pointwise (elementwise launcher): "name:T" -> T, "name:T:W" -> the f32/f64
 //  scratch the reduction sums, "name_backward:T" -> the gradients;
-//  class losses (see class_losses.hpp): "name:T:target dtype", every mode.
+//  class losses (see class_losses.hpp): "name:T:target dtype", every mode;
+//  row losses (see row_losses.hpp): "name:T:target dtype" (T without a target).
 #pragma once
 
 #include <string>
@@ -11,6 +12,7 @@
 #include "elementwise/engine.hpp"
 #include "loss/class_losses.hpp"
 #include "loss/pointwise.hpp"
+#include "loss/row_losses.hpp"
 
 namespace baracuda::loss {
 
@@ -21,6 +23,10 @@ PointwiseTable& cuda_pointwise();
 using ClassTable = LaunchTable<ClassFn>;
 ClassTable& host_class_losses();
 ClassTable& cuda_class_losses();
+
+using RowTable = LaunchTable<RowFn>;
+RowTable& host_row_losses();
+RowTable& cuda_row_losses();
 
 /// The per-element scratch type a reduced loss is summed from.
 template <class T, bool Host>
@@ -63,6 +69,27 @@ bool register_class_losses(ClassTable& table) {
       ((one.template operator()<Ls, int64_t>(), one.template operator()<Ls, int32_t>()), ...);
     }(ClassLosses{});
     table.add(launch_key(CrossEntropy::name, dtype_of<T>, dtype_of<T>), &Launch<CrossEntropy, T, T>::run);
+  });
+  return true;
+}
+
+/// `Launch<L, T, Index>::run` for every row loss and T of `Types`, under
+/// "name:T:index dtype": i64 and i32 class indices, and T too for a sign target.
+template <template <class, class, class> class Launch, class Types>
+bool register_row_losses(RowTable& table) {
+  for_each_type<Types>([&]<class T>(TypeTag<T>) {
+    [&]<class... Ls>(RowLossList<Ls...>) {
+      auto one = [&]<class L, class Index>() {
+        table.add(launch_key(L::meta.name, dtype_of<T>, dtype_of<Index>), &Launch<L, T, Index>::run);
+      };
+      auto loss = [&]<class L>() {
+        if constexpr (L::meta.target == TargetKind::none || L::meta.target == TargetKind::sign)
+          one.template operator()<L, T>();
+        if constexpr (L::meta.target != TargetKind::none)
+          one.template operator()<L, int64_t>(), one.template operator()<L, int32_t>();
+      };
+      (loss.template operator()<Ls>(), ...);
+    }(RowLosses{});
   });
   return true;
 }

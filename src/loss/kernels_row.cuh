@@ -1,0 +1,101 @@
+// CUDA row losses (row_losses.hpp): TPR threads own a row and run the loss
+// body; sums over a row combine in a fixed order (rows::row_all_reduce) and
+// one block takes the mean or sum of the per-row losses in a fixed order, so
+// results are bitwise deterministic.
+#pragma once
+
+#include "core/cuda_check.hpp"
+#include "core/cuda_rows.cuh"
+#include "loss/row_losses.hpp"
+
+namespace baracuda::loss {
+
+/// The threads of one row, for the loss bodies.
+template <int TPR, int RPB, class M>
+struct CudaRow {
+  int lane;
+  int64_t cols;
+  M* scratch;  ///< RPB * (TPR / 32) values of shared memory
+  template <class F>
+  __device__ __forceinline__ void each(F&& f) const {
+    for (int64_t c = lane; c < cols; c += TPR) f(c);
+  }
+  __device__ __forceinline__ M sum(M v) const { return rows::row_all_reduce<TPR, RPB>(v, rows::SumOp{}, scratch); }
+  __device__ __forceinline__ M max(M v) const { return rows::row_all_reduce<TPR, RPB>(v, rows::MaxOp{}, scratch); }
+  __device__ __forceinline__ void sync() const {
+    if constexpr (TPR == 32) __syncwarp();
+    else __syncthreads();
+  }
+  __device__ __forceinline__ bool leader() const { return lane == 0; }
+};
+
+template <class T>
+using row_scratch_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <class L, class T, class Index, int TPR, int RPB>
+__global__ void __launch_bounds__(TPR * RPB)
+    row_loss_kernel(RowLossLaunch rl, RowParams p, rows::OffsetCalc<rows::kMaxOperands, int64_t> outer, uint8_t* mask) {
+  // A row's body may loop a data-dependent number of times over row barriers:
+  // a block holds one row, or rows of one warp each.
+  static_assert(RPB == 1 || TPR == 32);
+  using M = math_t<T, false>;
+  __shared__ M scratch[RPB * (TPR / 32)];
+  const rows::RowLaunch& l = rl.rows;
+  const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
+  if (row >= l.rows) return;
+  int64_t off[rows::kMaxOperands];
+  outer.get(row, off);
+  RowOperands<T, Index> r = bind_row<L, T, Index>(l, off, p);
+  if constexpr (L::meta.target == TargetKind::index_list) r.mask = mask + row * l.cols;
+  const CudaRow<TPR, RPB, M> ctx{int(threadIdx.x % TPR), l.cols, scratch};
+  M go = 0;
+  if (p.backward) {
+    const T* g = p.reduction == 0 ? reinterpret_cast<const T*>(l.data[0]) + off[0] : static_cast<const T*>(rl.scalar_grad);
+    go = convert<M>(*g) * (p.reduction == 1 ? M(1) / M(l.rows) : M(1));
+  }
+  const M loss = row_loss<L, M>(ctx, r, p, go);
+  if (p.backward || !ctx.leader()) return;
+  constexpr int kOut = L::meta.inputs;
+  if (p.reduction == 0) reinterpret_cast<T*>(l.data[kOut])[off[kOut]] = convert<T>(loss);
+  else static_cast<row_scratch_t<T>*>(rl.workspace)[row] = row_scratch_t<T>(loss);
+}
+
+/// The mean or sum of the per-row losses into `out` (one block, fixed order).
+template <class T>
+__global__ void __launch_bounds__(1024) row_finalize_kernel(const row_scratch_t<T>* terms, int64_t n, int reduction, T* out) {
+  using W = row_scratch_t<T>;
+  __shared__ W scratch[32];
+  W s = 0;
+  for (int64_t r = threadIdx.x; r < n; r += 1024) s += terms[r];
+  s = rows::row_all_reduce<1024, 1>(s, rows::SumOp{}, scratch);
+  if (threadIdx.x == 0) *out = convert<T>(reduction == 1 ? s / W(n) : s);  // a mean of no rows is NaN, as torch
+}
+
+template <class L, class T, class Index, int TPR, int RPB>
+void launch_row_loss(const RowLossLaunch& rl, const RowParams& p, const rows::OffsetCalc<rows::kMaxOperands, int64_t>& outer,
+                     uint8_t* mask, CUstream_st* stream) {
+  const unsigned blocks = unsigned((rl.rows.rows + RPB - 1) / RPB);
+  row_loss_kernel<L, T, Index, TPR, RPB><<<blocks, TPR * RPB, 0, stream>>>(rl, p, outer, mask);
+}
+
+template <class L, class T, class Index>
+Status row_loss_on_cuda(const RowLossLaunch& rl, const RowParams& p, CUstream_st* stream) {
+  using W = row_scratch_t<T>;
+  const rows::OffsetCalc<rows::kMaxOperands, int64_t> outer(rl.rows.outer);
+  const int64_t n = rl.rows.rows, C = rl.rows.cols;
+  const bool reduced = !p.backward && p.reduction != 0;
+  // Workspace: the per-row losses (reduced forward), then the index lists' masks.
+  uint8_t* mask = static_cast<uint8_t*>(rl.workspace) + (reduced ? (size_t(n) * sizeof(W) + 255) / 256 * 256 : 0);
+  if (n > 0) {
+    if (C <= 1024) launch_row_loss<L, T, Index, 32, 8>(rl, p, outer, mask, stream);
+    else if (C <= 16384) launch_row_loss<L, T, Index, 256, 1>(rl, p, outer, mask, stream);
+    else launch_row_loss<L, T, Index, 1024, 1>(rl, p, outer, mask, stream);
+  }
+  if (reduced)
+    row_finalize_kernel<T><<<1, 1024, 0, stream>>>(static_cast<const W*>(rl.workspace), n, p.reduction,
+                                                   static_cast<T*>(rl.scalar_out));
+  BARACUDA_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
+}  // namespace baracuda::loss
