@@ -165,10 +165,11 @@ class BatchNormPlan final : public FamilyPlan {
 #ifdef BARACUDA_HAS_CUDA
     if (backend != Backend::host_reference && count_ > 0) {
       splits_ = choose_splits(channels_, count_, current_sm_count());
-      // Partials (3 forward, 2 backward) of the larger split, then the
-      // per-channel coefficients (2 forward, 4 backward), in f32 (f64 for f64).
+      // The per-channel coefficients (3 forward, 4 backward), then the
+      // partials (3 forward, 2 backward) of the walk with more splits, in f32
+      // (f64 for f64): batch_norm_kernels.cu.
       const size_t acc = x.dtype == DType::f64 ? 8 : 4;
-      const size_t partials = def.backward ? 2 : 3, coefficients = def.backward ? 4 : 2;
+      const size_t partials = def.backward ? 2 : 3, coefficients = def.backward ? 4 : 3;
       workspace_ = size_t(channels_) * acc * (partials * size_t(std::max(splits_.first, splits_.last)) + coefficients);
     }
 #endif
