@@ -132,13 +132,10 @@ BCD_HD A running_update(A running, A batch, double momentum) {
   return (A(1) - A(momentum)) * running + A(momentum) * batch;
 }
 
-/// Per-channel coefficients of the elementwise passes.
-///   forward: out = x * scale + shift
+/// Per-channel coefficients of the elementwise passes, each centred on the
+/// mean (x * scale + (bias - mean * scale) would cancel when |mean| >> std):
+///   forward: out = (x - mean) * invstd * weight + bias
 ///   backward: grad_input = k_g * (g - mean_g) - k_x * (x - mean)
-template <class A>
-struct Coefficients {
-  A scale, shift;
-};
 template <class A>
 struct GradCoefficients {
   A k_g, mean_g, k_x, mean;

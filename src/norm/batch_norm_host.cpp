@@ -71,9 +71,9 @@ struct HostBatchNorm {
         }
         at<S>(l.save_mean, c) = convert<S>(mean);
         at<S>(l.save_invstd, c) = convert<S>(invstd);
-        const double scale = invstd * param(l.weight, c, 1), shift = param(l.bias, c, 0) - mean * scale;
+        const double scale = invstd * param(l.weight, c, 1), bias = param(l.bias, c, 0);
         walk_channel(l, c, [&](const int64_t* o) {
-          reinterpret_cast<T*>(l.data[kY])[o[kY]] = convert<T>(x(o) * scale + shift);
+          reinterpret_cast<T*>(l.data[kY])[o[kY]] = convert<T>((x(o) - mean) * scale + bias);
         });
       } else {
         const bool saved = l.training;
