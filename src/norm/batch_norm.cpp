@@ -111,7 +111,7 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
       continue;
     }
     const DType want = is_stat(name) ? s : p;
-    if (t.dtype != want)
+    if (t.dtype != want && t.shape != Shape{0})  // an absent operand's dtype does not matter
       return invalid(op, ": '", name, "' dtype ", dtype_name(t.dtype), ", expected ", dtype_name(want),
                      is_stat(name) ? "" : " (weight, bias and running stats share one dtype)");
     if (t.shape != Shape{channels} && t.shape != Shape{0})

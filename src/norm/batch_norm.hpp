@@ -97,10 +97,11 @@ bool register_batch_norm(BatchNormTable& table, TypeList<Pairs...>) {
 
 // ---------------------------------------------------------------- shared math
 
-/// Count, mean and sum of squared deviations of a set of values.
+/// Count, mean and sum of squared deviations of a set of values (trivial,
+/// for shared memory: value-initialise with {}).
 template <class A>
 struct Moments {
-  A n = 0, mean = 0, m2 = 0;
+  A n, mean, m2;
 };
 
 /// The moments of the union of two sets (Chan et al.).

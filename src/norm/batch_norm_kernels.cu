@@ -30,8 +30,8 @@ template <class T>
 using acc_t = math_t<T, false>;
 
 template <class A>
-struct Sums {
-  A g = 0, gxm = 0;
+struct Sums {  // trivial, for shared memory: value-initialise with {}
+  A g, gxm;
 };
 
 template <class A>
@@ -87,7 +87,7 @@ struct GradAcc {
   using Partial = Sums<A>;
   static constexpr int kWidth = 2;
   A mean = 0;
-  Partial sums;
+  Partial sums{};
   __device__ __forceinline__ void add(A x, A g) {
     sums.g += g;
     sums.gxm += g * (x - mean);
@@ -163,7 +163,9 @@ __device__ __forceinline__ A* partials_of(const BatchNormLaunch& l, int64_t c, i
 }
 
 /// Channels-first: block (c, s) walks chunk s of channel c's space, V
-/// elements (one 16-byte vector, or 1) at a time. Elementwise passes run the
+/// elements (one 16-byte vector, or 1) at a time: row by row (one offset
+/// computation a row) when a row holds a block's worth of vectors, else each
+/// thread finds the row of each of its vectors. Elementwise passes run the
 /// blocks in reverse, so the data the reduction read last (still in L2) goes first.
 template <Pass kPass, class T, int V>
 __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
@@ -174,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
   const int64_t units = l.count / V;
   const int64_t lo = s * units / l.splits * V, hi = (s + 1) * units / l.splits * V;
   Step<kPass, T> step(l, c);
-  if (V > 1 || l.row_len >= kThreads) {
+  if (l.row_len >= kThreads * V) {
     for (int64_t e = lo; e < hi;) {
       const int64_t row = e / l.row_len, start = row * l.row_len;
       const int64_t end = min(hi - start, l.row_len);
@@ -190,14 +192,14 @@ __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
       }
       e = start + end;
     }
-  } else {  // short rows: every thread finds its own element's row
-    for (int64_t e = lo + threadIdx.x; e < hi; e += kThreads) {
+  } else {  // short rows: every thread finds the row of each of its vectors
+    for (int64_t e = lo + int64_t(threadIdx.x) * V; e < hi; e += kThreads * V) {
       const int64_t row = e / l.row_len, col = e - row * l.row_len;
       int64_t o[kFull];
       l.row_offsets.get(row, o);
 #pragma unroll
       for (int k = 0; k < kFull; ++k) o[k] += c * l.channel_stride[k] + col * l.row_stride[k];
-      step.template operator()<1>(l, o);
+      step.template operator()<V>(l, o);
     }
   }
   if constexpr (kReduces<kPass>) {
@@ -281,7 +283,7 @@ __global__ void __launch_bounds__(kThreads) finalize_forward(BatchNormLaunch l) 
   const int64_t c = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (c >= l.channels) return;
   const bool have_stats = l.training && l.count > 0;
-  Moments<A> m;
+  Moments<A> m{};
   if (have_stats) m = merge_splits<Moments<A>, A>(l, c, 3);
   if (threadIdx.x % 32 != 0) return;
   A mean, invstd, var = 0;
@@ -333,7 +335,7 @@ __global__ void __launch_bounds__(kThreads) finalize_backward(BatchNormLaunch l)
   using A = acc_t<T>;
   const int64_t c = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (c >= l.channels) return;
-  Sums<A> sums;
+  Sums<A> sums{};
   if (l.count > 0) sums = merge_splits<Sums<A>, A>(l, c, 4);
   if (threadIdx.x % 32 != 0) return;
   if (l.count == 0) {
