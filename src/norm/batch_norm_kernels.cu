@@ -121,7 +121,7 @@ __device__ __forceinline__ void store_y(char* base, int64_t off, const A (&v)[V]
 }
 
 /// What one pass does for one channel: the accumulator (reductions) or the
-/// coefficients (elementwise), and the per-vector step.
+/// coefficients (elementwise), and the step for one element.
 template <Pass kPass, class T>
 struct Step {
   using A = acc_t<T>;
@@ -129,7 +129,7 @@ struct Step {
   Acc acc;
   A k[4] = {};
 
-  __device__ __forceinline__ Step(const BatchNormLaunch& l, int64_t c) {
+  __device__ __forceinline__ void init(const BatchNormLaunch& l, int64_t c) {
     const A* coef = static_cast<const A*>(l.workspace) + c * kCoef<kPass>;
     if constexpr (kPass == Pass::grad_sums) acc.mean = coef[3];
     if constexpr (!kReduces<kPass>)
@@ -137,25 +137,31 @@ struct Step {
       for (int i = 0; i < kCoef<kPass>; ++i) k[i] = coef[i];
   }
 
-  template <int V>
-  __device__ __forceinline__ void operator()(const BatchNormLaunch& l, const int64_t (&o)[kFull]) {
-    A x[V], g[V] = {};
-    load<T, V>(l.data[kX], o[kX], x);
-    if constexpr (kReadsG<kPass>) load<T, V>(l.data[kG], o[kG], g);
+  /// The output element (elementwise passes), or 0 after accumulating.
+  __device__ __forceinline__ A operator()(A x, A g) {
     if constexpr (kReduces<kPass>) {
-#pragma unroll
-      for (int e = 0; e < V; ++e) acc.add(x[e], g[e]);
+      acc.add(x, g);
+      return A(0);
+    } else if constexpr (kPass == Pass::normalize) {
+      return (x - k[0]) * k[1] + k[2];
     } else {
-      A y[V];
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        if constexpr (kPass == Pass::normalize) y[e] = (x[e] - k[0]) * k[1] + k[2];
-        else y[e] = k[0] * (g[e] - k[1]) - k[2] * (x[e] - k[3]);
-      }
-      store_y<T, V>(l.data[kY], o[kY], y);
+      return k[0] * (g - k[1]) - k[2] * (x - k[3]);
     }
   }
 };
+
+/// Loads V elements of x (and g) at `o`, runs each through steps[e * kStepStride]
+/// (one channel: stride 0; V neighbouring channels: stride 1) and stores y.
+template <Pass kPass, class T, int V, int kStepStride>
+__device__ __forceinline__ void visit(const BatchNormLaunch& l, const int64_t (&o)[kFull], Step<kPass, T>* steps) {
+  using A = acc_t<T>;
+  A x[V], g[V] = {}, y[V];
+  load<T, V>(l.data[kX], o[kX], x);
+  if constexpr (kReadsG<kPass>) load<T, V>(l.data[kG], o[kG], g);
+#pragma unroll
+  for (int e = 0; e < V; ++e) y[e] = steps[e * kStepStride](x[e], g[e]);
+  if constexpr (!kReduces<kPass>) store_y<T, V>(l.data[kY], o[kY], y);
+}
 
 template <class A>
 __device__ __forceinline__ A* partials_of(const BatchNormLaunch& l, int64_t c, int width, int coef) {
@@ -175,7 +181,8 @@ __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
   const int s = kReverse ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
   const int64_t units = l.count / V;
   const int64_t lo = s * units / l.splits * V, hi = (s + 1) * units / l.splits * V;
-  Step<kPass, T> step(l, c);
+  Step<kPass, T> step;
+  step.init(l, c);
   if (l.row_len >= kThreads * V) {
     for (int64_t e = lo; e < hi;) {
       const int64_t row = e / l.row_len, start = row * l.row_len;
@@ -188,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
         int64_t o[kFull];
 #pragma unroll
         for (int k = 0; k < kFull; ++k) o[k] = off[k] + i * l.row_stride[k];
-        step.template operator()<V>(l, o);
+        visit<kPass, T, V, 0>(l, o, &step);
       }
       e = start + end;
     }
@@ -199,7 +206,7 @@ __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
       l.row_offsets.get(row, o);
 #pragma unroll
       for (int k = 0; k < kFull; ++k) o[k] += c * l.channel_stride[k] + col * l.row_stride[k];
-      step.template operator()<V>(l, o);
+      visit<kPass, T, V, 0>(l, o, &step);
     }
   }
   if constexpr (kReduces<kPass>) {
@@ -217,43 +224,48 @@ __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
   }
 }
 
-/// Channels-last: lane x owns channel 32 * tile + x, the warps of the block
-/// take every kWarps-th space position of chunk s.
-template <Pass kPass, class T>
+/// Channels-last: lane x owns channels V (32 tile + x) .. + V - 1 (one
+/// 16-byte vector, or 1), the warps of the block take every kWarps-th space
+/// position of chunk s. Partials merge across the warps in warp order.
+template <Pass kPass, class T, int V>
 __global__ void __launch_bounds__(kThreads) last_kernel(BatchNormLaunch l) {
   using A = acc_t<T>;
   constexpr bool kReverse = !kReduces<kPass>;
   const int64_t tile = kReverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int s = kReverse ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
-  const int64_t c = tile * 32 + threadIdx.x;
-  const bool valid = c < l.channels;
+  const int64_t c0 = (tile * 32 + threadIdx.x) * V;
+  const bool valid = c0 < l.channels;  // V > 1 only when V divides C
   const int64_t lo = s * l.count / l.splits, hi = (s + 1) * l.count / l.splits;
-  Step<kPass, T> step(l, valid ? c : 0);
+  Step<kPass, T> steps[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) steps[e].init(l, valid ? c0 + e : 0);
   if (valid) {
-#pragma unroll 4
     for (int64_t p = lo + threadIdx.y; p < hi; p += kWarps) {
       int64_t o[kFull];
       if (l.rows == 1) {
 #pragma unroll
-        for (int k = 0; k < kFull; ++k) o[k] = p * l.row_stride[k] + c * l.channel_stride[k];
+        for (int k = 0; k < kFull; ++k) o[k] = p * l.row_stride[k] + c0 * l.channel_stride[k];
       } else {
         const int64_t row = p / l.row_len, col = p - row * l.row_len;
         l.row_offsets.get(row, o);
 #pragma unroll
-        for (int k = 0; k < kFull; ++k) o[k] += col * l.row_stride[k] + c * l.channel_stride[k];
+        for (int k = 0; k < kFull; ++k) o[k] += col * l.row_stride[k] + c0 * l.channel_stride[k];
       }
-      step.template operator()<1>(l, o);
+      visit<kPass, T, V, 1>(l, o, steps);
     }
   }
   if constexpr (kReduces<kPass>) {
     using Acc = typename Step<kPass, T>::Acc;
     using Partial = typename Acc::Partial;
-    __shared__ Partial part[kWarps][32];
-    part[threadIdx.y][threadIdx.x] = step.acc.finish();
+    __shared__ Partial part[kWarps][32 * V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) part[threadIdx.y][threadIdx.x * V + e] = steps[e].acc.finish();
     __syncthreads();
-    if (threadIdx.y == 0 && valid) {
-      Partial r = part[0][threadIdx.x];
-      for (int w = 1; w < kWarps; ++w) r = combine(r, part[w][threadIdx.x]);
+    for (int j = threadIdx.y * 32 + threadIdx.x; j < 32 * V; j += kThreads) {
+      const int64_t c = tile * 32 * V + j;
+      if (c >= l.channels) continue;
+      Partial r = part[0][j];
+      for (int w = 1; w < kWarps; ++w) r = combine(r, part[w][j]);
       store(partials_of<A>(l, c, Acc::kWidth, kCoef<kPass>) + s * Acc::kWidth, r);
     }
   }
@@ -367,13 +379,32 @@ bool vector_walk(const BatchNormLaunch& l, size_t elem) {
   return true;
 }
 
+/// 16-byte vectors across channels (channels-last): unit channel strides,
+/// V dividing C, the space strides and the starts on vector boundaries.
+template <Pass kPass, int V>
+bool vector_channels(const BatchNormLaunch& l, size_t elem) {
+  if (V == 1 || l.channels % V != 0) return false;
+  for (int k = 0; k < kFull; ++k) {
+    if ((k == kY && kReduces<kPass>) || (k == kG && !kReadsG<kPass>)) continue;
+    if (l.channel_stride[k] != 1 || l.row_stride[k] % V != 0 || reinterpret_cast<uintptr_t>(l.data[k]) % (V * elem) != 0)
+      return false;
+    for (int d = 0; d < l.row_offsets.rank; ++d)
+      if (l.row_offsets.stride[k][d] % V != 0) return false;
+  }
+  return true;
+}
+
 template <Pass kPass, class T>
 void launch_pass(const BatchNormLaunch& l, cudaStream_t stream) {
+  constexpr int V = rows::kVecOf<T>;
   if (l.channels_last) {
-    last_kernel<kPass, T><<<dim3(unsigned((l.channels + 31) / 32), l.splits), dim3(32, kWarps), 0, stream>>>(l);
+    const dim3 block(32, kWarps);
+    if (vector_channels<kPass, V>(l, sizeof(T)))
+      last_kernel<kPass, T, V><<<dim3(unsigned((l.channels + 32 * V - 1) / (32 * V)), l.splits), block, 0, stream>>>(l);
+    else
+      last_kernel<kPass, T, 1><<<dim3(unsigned((l.channels + 31) / 32), l.splits), block, 0, stream>>>(l);
     return;
   }
-  constexpr int V = rows::kVecOf<T>;
   const dim3 grid(unsigned(l.channels), l.splits);
   if (vector_walk<kPass, V>(l, sizeof(T))) first_kernel<kPass, T, V><<<grid, kThreads, 0, stream>>>(l);
   else first_kernel<kPass, T, 1><<<grid, kThreads, 0, stream>>>(l);
