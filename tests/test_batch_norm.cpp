@@ -254,4 +254,28 @@ TEST(BatchNormBackends, LargeAndChannelsLast) {
   }
 }
 
+/// Two CUDA runs give bitwise equal results (fixed-order merges, no atomics).
+TEST(BatchNormBackends, CudaIsDeterministic) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(13);
+  const Shape s{16, 32, 40, 40};
+  const int64_t n = numel(s);
+  auto x = random_values(n, rng), g = random_values(n, rng), w = random_values(32, rng);
+  for (const Shape& strides : {Shape{}, channels_last(s)}) {
+    const Attrs attrs{{"training", 1}};
+    const std::vector<Operand> in{Operand{x, s, DType::f32, strides}, Operand{w, {32}, DType::f32, {}}, absent(DType::f32),
+                                  absent(DType::f32), absent(DType::f32)};
+    auto a = exec(Backend::bespoke_cuda, "batch_norm", in, attrs), b = exec(Backend::bespoke_cuda, "batch_norm", in, attrs);
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(*a, *b);
+    const std::vector<Operand> bin{Operand{g, s, DType::f32, strides}, Operand{x, s, DType::f32, strides},
+                                   Operand{w, {32}, DType::f32, {}}, Operand{(*a)[1], {32}, DType::f32, {}},
+                                   Operand{(*a)[2], {32}, DType::f32, {}}, absent(DType::f32), absent(DType::f32)};
+    auto c = exec(Backend::bespoke_cuda, "batch_norm_backward", bin, attrs);
+    auto d = exec(Backend::bespoke_cuda, "batch_norm_backward", bin, attrs);
+    ASSERT_TRUE(c && d);
+    EXPECT_EQ(*c, *d);
+  }
+}
+
 }  // namespace

@@ -13,7 +13,9 @@
 //   channels-first (x's channel stride is not 1): a block owns one chunk of
 //     one channel's space, rows read with 16-byte vectors when they can be;
 //   channels-last (x's channel stride is 1, NHWC): the 32 lanes of a warp
-//     read 32 neighbouring channels of one space position, warps split rows.
+//     read 32 neighbouring channel vectors (16 bytes each when the channel
+//     count and strides allow, else one channel a lane) of one space
+//     position; the warps of a block take different positions.
 // Both reduce in two stages: each block writes its chunk's partial (count,
 // mean, M2 forward; sum g, sum g (x - mean) backward) to the workspace, then
 // one warp per channel merges the `splits` partials in a fixed order
