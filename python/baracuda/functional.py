@@ -16,6 +16,7 @@ whose torch signature differs from the op's are written by hand below.
 """
 import builtins as _builtins
 import functools as _functools
+import sys as _sys
 
 import numpy as _np
 
@@ -517,6 +518,16 @@ def _bn_attrs(training, eps, momentum=None):
     return attrs
 
 
+def _empty_like_layout(adapter, a, specs):
+    """Outputs for `specs`; output 0 (input's shape and dtype) keeps input's memory layout
+    (channels-last stays channels-last, as in torch)."""
+    outs = [adapter.empty(d, s, a) for d, s in specs]
+    module = type(a).__module__.split(".")[0]
+    if module in ("numpy", "torch", "cupy"):
+        outs[0] = _sys.modules[module].empty_like(a)
+    return outs
+
+
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     """(out, save_mean, save_invstd) like torch.native_batch_norm: input [N, C, *], statistics per channel.
 
@@ -528,7 +539,7 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     attrs = _bn_attrs(training, eps, momentum)
     adapter, ref, _ = _operand(input)
     specs = _infer("batch_norm", tuple(_spec(a) for a in args), tuple(attrs.items()), None)
-    outs = [adapter.empty(d, s, ref) for d, s in specs[:3]]
+    outs = _empty_like_layout(adapter, ref, specs[:3])
     running = [ops[2], ops[3]] if running_mean is not None else [_absent(input), _absent(input)]
     _call("batch_norm", args, attrs, tuple(outs + running))
     return tuple(outs)
@@ -545,7 +556,10 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
 
     Training uses save_mean / save_invstd from the forward, eval running_mean / running_var."""
     ops = tuple(_absent(input) if t is None else t for t in (weight, save_mean, save_invstd, running_mean, running_var))
-    grads = _call("batch_norm_backward", (grad_out, input) + ops, _bn_attrs(train, eps))
+    args, attrs = (grad_out, input) + ops, _bn_attrs(train, eps)
+    adapter, ref, _ = _operand(input)
+    specs = _infer("batch_norm_backward", tuple(_spec(a) for a in args), tuple(attrs.items()), None)
+    grads = _call("batch_norm_backward", args, attrs, tuple(_empty_like_layout(adapter, ref, specs)))
     return tuple(g if keep else None for g, keep in zip(grads, output_mask))
 
 

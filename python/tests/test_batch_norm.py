@@ -73,6 +73,13 @@ def test_training_backward_matches_numpy():
     assert masked[1] is None
 
 
+def test_channels_last_input_keeps_its_layout():
+    x = np.ascontiguousarray(_x((2, 5, 4, 3)).transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)  # NHWC memory
+    out, _, _ = F.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5)
+    assert out.strides == x.strides
+    np.testing.assert_allclose(out, _reference(x, np.ones(5), np.zeros(5), 1e-5)[0], rtol=1e-12, atol=1e-12)
+
+
 def test_bad_inputs_raise():
     x = _x((4, 3, 2))
     with pytest.raises(ValueError, match="more than 1 value per channel"):
