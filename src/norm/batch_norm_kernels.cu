@@ -150,17 +150,30 @@ struct Step {
   }
 };
 
-/// Loads V elements of x (and g) at `o`, runs each through steps[e * kStepStride]
-/// (one channel: stride 0; V neighbouring channels: stride 1) and stores y.
+/// Loads V elements of x (and g) at `o` and, when `second`, at `q` (both
+/// loads in flight before any store: stores never precede the loads of
+/// their own elements, so y may alias x or g), runs each element through
+/// steps[e * kStepStride] (one channel: stride 0; V neighbouring channels:
+/// stride 1) and stores y.
 template <Pass kPass, class T, int V, int kStepStride>
-__device__ __forceinline__ void visit(const BatchNormLaunch& l, const int64_t (&o)[kFull], Step<kPass, T>* steps) {
+__device__ __forceinline__ void visit(const BatchNormLaunch& l, const int64_t (&o)[kFull], const int64_t (&q)[kFull],
+                                      bool second, Step<kPass, T>* steps) {
   using A = acc_t<T>;
-  A x[V], g[V] = {}, y[V];
-  load<T, V>(l.data[kX], o[kX], x);
-  if constexpr (kReadsG<kPass>) load<T, V>(l.data[kG], o[kG], g);
+  A x[2][V], g[2][V] = {}, y[V];
+  load<T, V>(l.data[kX], o[kX], x[0]);
+  if constexpr (kReadsG<kPass>) load<T, V>(l.data[kG], o[kG], g[0]);
+  if (second) {
+    load<T, V>(l.data[kX], q[kX], x[1]);
+    if constexpr (kReadsG<kPass>) load<T, V>(l.data[kG], q[kG], g[1]);
+  }
 #pragma unroll
-  for (int e = 0; e < V; ++e) y[e] = steps[e * kStepStride](x[e], g[e]);
+  for (int e = 0; e < V; ++e) y[e] = steps[e * kStepStride](x[0][e], g[0][e]);
   if constexpr (!kReduces<kPass>) store_y<T, V>(l.data[kY], o[kY], y);
+  if (second) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) y[e] = steps[e * kStepStride](x[1][e], g[1][e]);
+    if constexpr (!kReduces<kPass>) store_y<T, V>(l.data[kY], q[kY], y);
+  }
 }
 
 template <class A>
@@ -191,11 +204,12 @@ __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
       l.row_offsets.get(row, off);
 #pragma unroll
       for (int k = 0; k < kFull; ++k) off[k] += c * l.channel_stride[k];
-      for (int64_t i = e - start + int64_t(threadIdx.x) * V; i < end; i += kThreads * V) {
-        int64_t o[kFull];
+      for (int64_t i = e - start + int64_t(threadIdx.x) * V; i < end; i += 2 * kThreads * V) {
+        const int64_t j = i + kThreads * V;
+        int64_t o[kFull], q[kFull];
 #pragma unroll
-        for (int k = 0; k < kFull; ++k) o[k] = off[k] + i * l.row_stride[k];
-        visit<kPass, T, V, 0>(l, o, &step);
+        for (int k = 0; k < kFull; ++k) o[k] = off[k] + i * l.row_stride[k], q[k] = off[k] + j * l.row_stride[k];
+        visit<kPass, T, V, 0>(l, o, q, j < end, &step);
       }
       e = start + end;
     }
@@ -206,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
       l.row_offsets.get(row, o);
 #pragma unroll
       for (int k = 0; k < kFull; ++k) o[k] += c * l.channel_stride[k] + col * l.row_stride[k];
-      visit<kPass, T, V, 0>(l, o, &step);
+      visit<kPass, T, V, 0>(l, o, o, false, &step);
     }
   }
   if constexpr (kReduces<kPass>) {
@@ -239,19 +253,24 @@ __global__ void __launch_bounds__(kThreads) last_kernel(BatchNormLaunch l) {
   Step<kPass, T> steps[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) steps[e].init(l, valid ? c0 + e : 0);
+  auto offsets = [&](int64_t p, int64_t (&o)[kFull]) {
+    if (l.rows == 1) {
+#pragma unroll
+      for (int k = 0; k < kFull; ++k) o[k] = p * l.row_stride[k] + c0 * l.channel_stride[k];
+    } else {
+      const int64_t row = p / l.row_len, col = p - row * l.row_len;
+      l.row_offsets.get(row, o);
+#pragma unroll
+      for (int k = 0; k < kFull; ++k) o[k] += col * l.row_stride[k] + c0 * l.channel_stride[k];
+    }
+  };
   if (valid) {
-    for (int64_t p = lo + threadIdx.y; p < hi; p += kWarps) {
-      int64_t o[kFull];
-      if (l.rows == 1) {
-#pragma unroll
-        for (int k = 0; k < kFull; ++k) o[k] = p * l.row_stride[k] + c0 * l.channel_stride[k];
-      } else {
-        const int64_t row = p / l.row_len, col = p - row * l.row_len;
-        l.row_offsets.get(row, o);
-#pragma unroll
-        for (int k = 0; k < kFull; ++k) o[k] += col * l.row_stride[k] + c0 * l.channel_stride[k];
-      }
-      visit<kPass, T, V, 1>(l, o, steps);
+    for (int64_t p = lo + threadIdx.y; p < hi; p += 2 * kWarps) {
+      const bool second = p + kWarps < hi;
+      int64_t o[kFull], q[kFull];
+      offsets(p, o);
+      offsets(second ? p + kWarps : p, q);
+      visit<kPass, T, V, 1>(l, o, q, second, steps);
     }
   }
   if constexpr (kReduces<kPass>) {
