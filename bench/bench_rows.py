@@ -128,6 +128,31 @@ def main():
                 lambda: close(F.cross_entropy_fused(x, t)[1], torch_fwd_bwd()[0], 1e-6))
             del x, xr
         rows_losses(dtype, es, tol, want)
+        if want("batch_norm"):
+            # Training step with running stats; f32 parameters for bf16 (torch's mixed batch norm).
+            pdtype = torch.float32
+            for shape, fmt in (((32, 256, 56, 56), torch.contiguous_format), ((256, 64, 112, 112), torch.contiguous_format),
+                               ((32, 256, 56, 56), torch.channels_last)):
+                c = shape[1]
+                x = torch.randn(shape, device="cuda", dtype=dtype).to(memory_format=fmt)
+                g = torch.randn_like(x)
+                w, b = torch.randn(c, device="cuda", dtype=pdtype), torch.randn(c, device="cuda", dtype=pdtype)
+                rm, rv = torch.zeros(c, device="cuda", dtype=pdtype), torch.ones(c, device="cuda", dtype=pdtype)
+                trm, trv = rm.clone(), rv.clone()
+                n = x.numel()
+                name = "x".join(map(str, shape)) + (" NHWC" if fmt == torch.channels_last else "")
+                row(f"batch_norm {name}", dtype, lambda: F.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5),
+                    lambda: torch.nn.functional.batch_norm(x, trm, trv, w, b, True, 0.1, 1e-5), 2 * n * es,
+                    lambda: close(F.batch_norm(x, None, None, w, b, True), torch.nn.functional.batch_norm(
+                        x, None, None, w, b, True), tol * 4))
+                _, sm, si = F.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5)
+                xr, wr, br = (t.detach().requires_grad_() for t in (x, w, b))
+                yr = torch.nn.functional.batch_norm(xr, None, None, wr, br, True, 0.1, 1e-5)
+                row(f"batch_norm_backward {name}", dtype, lambda: F.batch_norm_backward(g, x, sm, si, w),
+                    lambda: torch.autograd.grad(yr, (xr, wr, br), g, retain_graph=True), 3 * n * es,
+                    lambda: close(F.batch_norm_backward(g, x, sm, si, w)[0],
+                                  torch.autograd.grad(yr, (xr,), g, retain_graph=True)[0], tol * 8))
+                del x, g, xr, wr, br, yr
         if want("cumsum"):
             x = torch.randn(1 << 26, device="cuda", dtype=dtype)
             o1, o2 = torch.empty_like(x), torch.empty_like(x)

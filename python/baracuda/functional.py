@@ -16,6 +16,7 @@ whose torch signature differs from the op's are written by hand below.
 """
 import builtins as _builtins
 import functools as _functools
+import sys as _sys
 
 import numpy as _np
 
@@ -536,6 +537,71 @@ def add_rms_norm(input, residual, weight, eps=None):
 def add_layer_norm(input, residual, weight, bias, eps=1e-5):
     """Fused residual add + layer_norm: (out, residual_out, mean, rstd)."""
     return _call("add_layer_norm", (input, residual, weight, bias), {"eps": eps})
+
+
+def _absent(input):
+    """An empty [0] array like input: an optional operand not given."""
+    adapter, a, (dtype, _) = _operand(input)
+    return adapter.empty(dtype, (0,), a)
+
+
+def _bn_attrs(training, eps, momentum=None):
+    attrs = {"training": 1.0 if training else 0.0, "eps": float(eps)}
+    if momentum is not None:
+        attrs["momentum"] = float(momentum)
+    return attrs
+
+
+def _empty_like_layout(adapter, a, specs):
+    """Outputs for `specs`; output 0 (input's shape and dtype) keeps input's memory layout
+    (channels-last stays channels-last, as in torch)."""
+    outs = [adapter.empty(d, s, a) for d, s in specs]
+    module = type(a).__module__.split(".")[0]
+    if module in ("numpy", "torch", "cupy"):
+        outs[0] = _sys.modules[module].empty_like(a)
+    return outs
+
+
+def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """(out, save_mean, save_invstd) like torch.native_batch_norm: input [N, C, *], statistics per channel.
+
+    Training updates running_mean / running_var in place when given (the unbiased variance goes into
+    running_var). save_mean / save_invstd are f32 (f64 for f64): the batch statistics in training, the
+    running ones used in eval (torch returns them empty in eval)."""
+    ops = tuple(_absent(input) if t is None else t for t in (weight, bias, running_mean, running_var))
+    args = (input,) + ops
+    attrs = _bn_attrs(training, eps, momentum)
+    adapter, ref, _ = _operand(input)
+    specs = _infer("batch_norm", tuple(_spec(a) for a in args), tuple(attrs.items()), None)
+    outs = _empty_like_layout(adapter, ref, specs[:3])
+    running = [ops[2], ops[3]] if running_mean is not None else [_absent(input), _absent(input)]
+    _call("batch_norm", args, attrs, tuple(outs + running))
+    return tuple(outs)
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """torch.nn.functional.batch_norm (running stats updated in place when training)."""
+    return native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)[0]
+
+
+def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                               output_mask=(True, True, True)):
+    """(grad_input, grad_weight, grad_bias) like torch.native_batch_norm_backward (None where output_mask is False).
+
+    Training uses save_mean / save_invstd from the forward, eval running_mean / running_var."""
+    ops = tuple(_absent(input) if t is None else t for t in (weight, save_mean, save_invstd, running_mean, running_var))
+    args, attrs = (grad_out, input) + ops, _bn_attrs(train, eps)
+    adapter, ref, _ = _operand(input)
+    specs = _infer("batch_norm_backward", tuple(_spec(a) for a in args), tuple(attrs.items()), None)
+    grads = _call("batch_norm_backward", args, attrs, tuple(_empty_like_layout(adapter, ref, specs)))
+    return tuple(g if keep else None for g, keep in zip(grads, output_mask))
+
+
+def batch_norm_backward(grad_output, input, save_mean=None, save_invstd=None, weight=None, running_mean=None,
+                        running_var=None, training=True, eps=1e-5):
+    """(grad_input, grad_weight, grad_bias) of batch_norm; grad_weight and grad_bias also without a weight."""
+    return native_batch_norm_backward(grad_output, input, weight, running_mean, running_var, save_mean, save_invstd,
+                                      training, eps)
 
 
 # ---------------------------------------------------------------- losses

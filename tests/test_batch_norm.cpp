@@ -1,0 +1,281 @@
+// batch_norm and batch_norm_backward beyond the generic sweep (test_rows.cpp
+// runs the registry sweep for the whole norm category): closed forms, the
+// running-stat update (in place), eval mode, finite differences on the host
+// in f64, same-dtype half parameters, large and channels-last problems on
+// CUDA against the host, and bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "baracuda/registry.hpp"
+#include "core/errors.hpp"
+#include "exec.hpp"
+
+using namespace baracuda;
+using namespace baracuda::testing_support;
+
+namespace {
+
+using Outs = std::vector<std::vector<double>>;
+
+Operand f64(std::vector<double> v, Shape s) { return {std::move(v), std::move(s), DType::f64, {}}; }
+Operand absent(DType d = DType::f64) { return {{}, {0}, d, {}}; }
+
+Outs host(const std::string& op, const std::vector<Operand>& in, const Attrs& attrs) {
+  auto r = exec(Backend::host_reference, op, in, attrs);
+  EXPECT_TRUE(r) << r.status().to_string();
+  return r ? *r : Outs{};
+}
+
+std::vector<double> random_values(int64_t n, std::mt19937_64& rng, double lo = -2, double hi = 2) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  std::vector<double> v(n);
+  for (auto& e : v) e = u(rng);
+  return v;
+}
+
+TEST(BatchNormKnownValues, TrainingStatisticsAndRunningUpdate) {
+  // x [N=2, C=2, S=2]: channel 0 holds {1, 3, 5, 7} (mean 4, biased var 5,
+  // unbiased 20/3), channel 1 holds {2, 2, 2, 2} (var 0).
+  const std::vector<double> x{1, 3, 2, 2, 5, 7, 2, 2};
+  auto o = host("batch_norm", {f64(x, {2, 2, 2}), f64({2, 1}, {2}), f64({0.5, -1}, {2}), f64({1, 0}, {2}), f64({2, 3}, {2})},
+                {{"training", 1}, {"momentum", 0.25}, {"eps", 1e-300}});
+  const double is0 = 1 / std::sqrt(5.0);
+  EXPECT_NEAR(o[0][0], (1 - 4) * is0 * 2 + 0.5, 1e-12);
+  EXPECT_NEAR(o[0][5], (7 - 4) * is0 * 2 + 0.5, 1e-12);
+  EXPECT_NEAR(o[0][2], -1, 1e-12);  // zero deviation: bias only
+  EXPECT_NEAR(o[1][0], 4, 1e-12);   // save_mean
+  EXPECT_NEAR(o[1][1], 2, 1e-12);
+  EXPECT_NEAR(o[2][0], is0, 1e-12);  // save_invstd
+  EXPECT_NEAR(o[3][0], 0.75 * 1 + 0.25 * 4, 1e-12);        // running_mean_out
+  EXPECT_NEAR(o[3][1], 0.25 * 2, 1e-12);
+  EXPECT_NEAR(o[4][0], 0.75 * 2 + 0.25 * 20.0 / 3, 1e-12);  // unbiased variance
+  EXPECT_NEAR(o[4][1], 0.75 * 3, 1e-12);
+  // No parameters, no running stats: plain standardisation; running outputs are [0].
+  auto p = host("batch_norm", {f64(x, {2, 2, 2}), absent(), absent(), absent(), absent()}, {{"training", 1}});
+  EXPECT_NEAR(p[0][0], -3 / std::sqrt(5 + 1e-5), 1e-12);
+  EXPECT_TRUE(p[3].empty() && p[4].empty());
+  // [N, C] input (no spatial dims): statistics down the columns.
+  auto q = host("batch_norm", {f64({1, 10, 3, 30}, {2, 2}), absent(), absent(), absent(), absent()},
+                {{"training", 1}, {"eps", 0}});
+  EXPECT_NEAR(q[0][0], -1, 1e-12);
+  EXPECT_NEAR(q[0][3], 1, 1e-12);
+  EXPECT_NEAR(q[1][1], 20, 1e-12);
+}
+
+TEST(BatchNormKnownValues, EvalUsesRunningStats) {
+  const std::vector<double> x{1, 3, 2, 2, 5, 7, 2, 2};
+  auto o = host("batch_norm", {f64(x, {2, 2, 2}), f64({2, 1}, {2}), f64({0.5, -1}, {2}), f64({1, 0}, {2}), f64({3, 8}, {2})},
+                {{"training", 0}, {"eps", 1}});
+  EXPECT_NEAR(o[0][0], (1 - 1) / 2.0 * 2 + 0.5, 1e-12);
+  EXPECT_NEAR(o[0][5], (7 - 1) / 2.0 * 2 + 0.5, 1e-12);
+  EXPECT_NEAR(o[0][2], 2 / 3.0 - 1, 1e-12);
+  EXPECT_NEAR(o[1][0], 1, 1e-12);    // save_mean: the running mean used
+  EXPECT_NEAR(o[2][1], 1 / 3.0, 1e-12);  // save_invstd: 1 / sqrt(8 + 1)
+  EXPECT_EQ(o[3], (std::vector<double>{1, 0}));  // running stats unchanged
+  EXPECT_EQ(o[4], (std::vector<double>{3, 8}));
+  // Backward in eval: grad_input = g * weight * invstd.
+  auto b = host("batch_norm_backward",
+                {f64({1, 1, 1, 1, 2, 2, 2, 2}, {2, 2, 2}), f64(x, {2, 2, 2}), f64({2, 1}, {2}), absent(), absent(),
+                 f64({1, 0}, {2}), f64({3, 8}, {2})},
+                {{"training", 0}, {"eps", 1}});
+  EXPECT_NEAR(b[0][0], 1 * 2 / 2.0, 1e-12);
+  EXPECT_NEAR(b[0][6], 2 * 1 / 3.0, 1e-12);
+  EXPECT_NEAR(b[2][0], 6, 1e-12);  // grad_bias = sum g
+  EXPECT_NEAR(b[1][0], (0 + 2 + 2 * 4 + 2 * 6) / 2.0, 1e-12);  // sum g * (x - mean) * invstd
+}
+
+TEST(BatchNormRunningStats, UpdatedInPlace) {
+  std::vector<double> x{1, 3, 2, 2, 5, 7, 2, 2}, out(8), save_mean(2), save_invstd(2);
+  std::vector<double> rm{1, 0}, rv{2, 3};
+  auto v = [](std::vector<double>& d, Shape s) { return *TensorView::contiguous(d.data(), DType::f64, s); };
+  std::vector<double> none;
+  const TensorView empty = *TensorView::contiguous(none.data(), DType::f64, Shape{0});
+  const TensorView in[] = {v(x, {2, 2, 2}), empty, empty, v(rm, {2}), v(rv, {2})};
+  const TensorView outs[] = {v(out, {2, 2, 2}), v(save_mean, {2}), v(save_invstd, {2}), v(rm, {2}), v(rv, {2})};
+  for (int step = 0; step < 2; ++step)
+    ASSERT_TRUE(run_op(Stream::host(), "batch_norm", in, outs, {{"training", 1}, {"momentum", 0.5}}));
+  // Two steps of running = 0.5 running + 0.5 batch.
+  EXPECT_NEAR(rm[0], 0.25 * 1 + 0.75 * 4, 1e-12);
+  EXPECT_NEAR(rm[1], 0.75 * 2, 1e-12);
+  EXPECT_NEAR(rv[0], 0.25 * 2 + 0.75 * 20.0 / 3, 1e-12);
+  EXPECT_NEAR(rv[1], 0.25 * 3, 1e-12);
+}
+
+/// sum(g * out) differentiated numerically through input, weight and bias.
+TEST(BatchNormFiniteDifferences, BackwardMatchesForward) {
+  std::mt19937_64 rng(11);
+  const Shape xs{3, 2, 4}, cs{2};
+  const int64_t n = 24;
+  for (double training : {1.0, 0.0}) {
+    auto x = random_values(n, rng), g = random_values(n, rng), w = random_values(2, rng), b = random_values(2, rng);
+    const std::vector<double> rm{0.3, -0.2}, rv{0.7, 1.6};
+    const Attrs attrs{{"training", training}, {"eps", 1e-3}};
+    auto forward = [&](const std::vector<double>& xv, const std::vector<double>& wv, const std::vector<double>& bv) {
+      return host("batch_norm", {f64(xv, xs), f64(wv, cs), f64(bv, cs), f64(rm, cs), f64(rv, cs)}, attrs);
+    };
+    auto loss = [&](const std::vector<double>& xv, const std::vector<double>& wv, const std::vector<double>& bv) {
+      auto o = forward(xv, wv, bv)[0];
+      double l = 0;
+      for (size_t i = 0; i < o.size(); ++i) l += g[i] * o[i];
+      return l;
+    };
+    auto f = forward(x, w, b);
+    auto grads = host("batch_norm_backward",
+                      {f64(g, xs), f64(x, xs), f64(w, cs), f64(f[1], cs), f64(f[2], cs), f64(rm, cs), f64(rv, cs)}, attrs);
+    const double h = 1e-6;
+    for (int i : {0, 5, 13, 23}) {
+      auto xp = x, xm = x;
+      xp[i] += h, xm[i] -= h;
+      EXPECT_NEAR(grads[0][i], (loss(xp, w, b) - loss(xm, w, b)) / (2 * h), 1e-6) << "training " << training << " dx " << i;
+    }
+    for (int c : {0, 1}) {
+      auto wp = w, wm = w, bp = b, bm = b;
+      wp[c] += h, wm[c] -= h, bp[c] += h, bm[c] -= h;
+      EXPECT_NEAR(grads[1][c], (loss(x, wp, b) - loss(x, wm, b)) / (2 * h), 1e-6) << "training " << training << " dw " << c;
+      EXPECT_NEAR(grads[2][c], (loss(x, w, bp) - loss(x, w, bm)) / (2 * h), 1e-6) << "training " << training << " db " << c;
+    }
+  }
+}
+
+TEST(BatchNormErrors, BadInputsAreNamed) {
+  auto msg = [](const std::string& op, std::vector<TensorSpec> in, const Attrs& attrs) {
+    auto d = infer(op, std::move(in), attrs);
+    EXPECT_FALSE(d);
+    return d ? std::string() : d.status().message();
+  };
+  const TensorSpec none{DType::f32, {0}};
+  auto has = [](const std::string& m, const char* part) { return m.find(part) != std::string::npos; };
+  std::string m = msg("batch_norm", {{DType::f32, {4, 8, 3}}, {DType::f32, {4}}, none, none, none}, {{"training", 1}});
+  EXPECT_TRUE(has(m, "'weight' shape [4], expected [8] (the channel count, input dim 1) or [0] (absent)")) << m;
+  m = msg("batch_norm", {{DType::f32, {4, 8}}, none, none, {DType::f32, {8}}, {DType::f32, {7}}}, {{"training", 1}});
+  EXPECT_TRUE(has(m, "'running_var' shape [7], expected [8]")) << m;
+  m = msg("batch_norm", {{DType::f32, {1, 3}}, none, none, none, none}, {{"training", 1}});
+  EXPECT_TRUE(has(m, "expected more than 1 value per channel when training, got input size [1, 3]")) << m;
+  m = msg("batch_norm", {{DType::f32, {1, 3, 1, 1}}, none, none, none, none}, {{"training", 1}});
+  EXPECT_TRUE(has(m, "expected more than 1 value per channel")) << m;
+  m = msg("batch_norm", {{DType::f32, {5}}, none, none, none, none}, {{"training", 1}});
+  EXPECT_TRUE(has(m, "'input' must be [N, C, *] (rank >= 2, channels in dim 1), got shape [5]")) << m;
+  m = msg("batch_norm", {{DType::f32, {4, 3}}, none, none, none, none}, {{"training", 0}});
+  EXPECT_TRUE(has(m, "eval mode (training=0) needs 'running_mean' and 'running_var'")) << m;
+  m = msg("batch_norm", {{DType::f32, {4, 3}}, none, none, {DType::f32, {3}}, none}, {{"training", 1}});
+  EXPECT_TRUE(has(m, "give both 'running_mean' and 'running_var', or neither")) << m;
+  m = msg("batch_norm", {{DType::bf16, {4, 3}}, {DType::f32, {3}}, {DType::bf16, {3}}, none, none}, {{"training", 1}});
+  EXPECT_TRUE(has(m, "'bias' dtype bf16, expected f32 (weight, bias and running stats share one dtype)")) << m;
+  m = msg("batch_norm", {{DType::f32, {4, 3}}, {DType::f16, {3}}, none, none, none}, {{"training", 1}});
+  EXPECT_TRUE(has(m, "parameter dtype f16, expected f32 (input dtype f32)")) << m;
+  m = msg("batch_norm_backward",
+          {{DType::f32, {4, 3}}, {DType::f32, {4, 3}}, none, {DType::f32, {3}}, {DType::f32, {2}}, none, none},
+          {{"training", 1}});
+  EXPECT_TRUE(has(m, "'save_invstd' shape [2], expected [3]")) << m;
+  m = msg("batch_norm_backward", {{DType::f32, {4, 3}}, {DType::f32, {4, 3}}, none, none, none, none, none},
+          {{"training", 1}});
+  EXPECT_TRUE(has(m, "training=1 needs 'save_mean' and 'save_invstd'")) << m;
+  m = msg("batch_norm_backward", {{DType::f32, {4, 2}}, {DType::f32, {4, 3}}, none, none, none, none, none},
+          {{"training", 1}});
+  EXPECT_TRUE(has(m, "'grad_output' f32[4, 2] != 'input' f32[4, 3]")) << m;
+  auto i = infer("batch_norm", {{DType::i32, {4, 3}}, none, none, none, none}, {{"training", 1}});
+  ASSERT_FALSE(i);
+  EXPECT_TRUE(has(i.status().message(), "dtype i32 is not supported")) << i.status().message();
+}
+
+/// `x` [N, C, H, W] laid out channels-last: strides of an NHWC buffer.
+Shape channels_last(const Shape& s) { return {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}; }
+
+/// Every output of `op` on each backend against the host reference in f64.
+void check_backends(const std::string& op, const std::vector<Operand>& in, const Attrs& attrs, double tol,
+                    const std::string& what) {
+  std::vector<Operand> ref = in;
+  for (auto& o : ref) {  // the values each backend sees: rounded to the operand's dtype
+    for (auto& v : o.values) {
+      double buf[2];
+      harness::store_double(buf, o.dtype, 0, v);
+      v = harness::load_double(buf, o.dtype, 0);
+    }
+    o.dtype = DType::f64, o.strides = {};
+  }
+  auto want = host(op, ref, attrs);
+  for (Backend b : host_and_cuda_backends()) {
+    auto got = exec(b, op, in, attrs);
+    ASSERT_TRUE(got) << what << ": " << got.status().to_string();
+    ASSERT_EQ(got->size(), want.size());
+    for (size_t j = 0; j < want.size(); ++j) {
+      ASSERT_EQ((*got)[j].size(), want[j].size());
+      int bad = 0;
+      for (size_t e = 0; e < want[j].size(); ++e) {
+        const double w = want[j][e], g = (*got)[j][e];
+        if (!(std::abs(g - w) <= tol * (1 + std::abs(w))) && bad++ < 3)
+          ADD_FAILURE() << what << " " << backend_name(b) << " output " << j << " element " << e << ": got " << g
+                        << ", expected " << w;
+      }
+    }
+  }
+}
+
+/// Large spaces (several chunks per channel on CUDA), channels-first and
+/// channels-last, f32 / bf16 with bf16 (same-dtype) or f32 parameters.
+TEST(BatchNormBackends, LargeAndChannelsLast) {
+  std::mt19937_64 rng(7);
+  struct Case {
+    Shape shape;
+    bool nhwc;
+    DType t, p;
+    double tol;
+  };
+  const std::vector<Case> cases = {
+      {{8, 6, 33, 65}, false, DType::f32, DType::f32, 2e-5},  {{8, 6, 32, 64}, false, DType::f32, DType::f32, 2e-5},
+      {{8, 40, 17, 19}, true, DType::f32, DType::f32, 2e-5},   {{4, 16, 64, 64}, false, DType::bf16, DType::bf16, 2e-2},
+      {{4, 48, 16, 16}, true, DType::bf16, DType::f32, 2e-2},  {{2, 8, 48, 48}, false, DType::f16, DType::f16, 4e-3},
+      {{3, 5, 40, 41}, false, DType::f64, DType::f64, 1e-11}, {{40000, 3, 1, 1}, false, DType::f32, DType::f32, 2e-5},
+      {{512, 4, 3, 3}, false, DType::f32, DType::f32, 2e-5},
+  };
+  for (const Case& k : cases) {
+    const int64_t n = numel(k.shape), c = k.shape[1];
+    const Shape strides = k.nhwc ? channels_last(k.shape) : Shape{};
+    auto x = random_values(n, rng, 1, 3), g = random_values(n, rng);  // mean far from 0: a shifted-sum test
+    auto w = random_values(c, rng), b = random_values(c, rng), rm = random_values(c, rng, -0.5, 0.5),
+         rv = random_values(c, rng, 0.5, 2);
+    auto vec = [&](const std::vector<double>& v) { return Operand{v, {c}, k.p, {}}; };
+    for (double training : {1.0, 0.0}) {
+      const Attrs attrs{{"training", training}, {"momentum", 0.2}};
+      const std::string what = shape_str(k.shape) + (k.nhwc ? " channels-last " : " ") + dtype_name(k.t) + "/" +
+                               dtype_name(k.p) + (training == 1 ? " training" : " eval");
+      check_backends("batch_norm", {Operand{x, k.shape, k.t, strides}, vec(w), vec(b), vec(rm), vec(rv)}, attrs, k.tol,
+                     what);
+      // Saved statistics from the f64 forward, as f32 (f64 for f64) operands.
+      auto f = host("batch_norm", {f64(x, k.shape), f64(w, {c}), f64(b, {c}), f64(rm, {c}), f64(rv, {c})}, attrs);
+      const DType s = k.t == DType::f64 ? DType::f64 : DType::f32;
+      check_backends("batch_norm_backward",
+                     {Operand{g, k.shape, k.t, strides}, Operand{x, k.shape, k.t, strides}, vec(w),
+                      Operand{f[1], {c}, s, {}}, Operand{f[2], {c}, s, {}}, vec(rm), vec(rv)},
+                     Attrs{{"training", training}}, k.tol * 4, what + " backward");
+    }
+  }
+}
+
+/// Two CUDA runs give bitwise equal results (fixed-order merges, no atomics).
+TEST(BatchNormBackends, CudaIsDeterministic) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(13);
+  const Shape s{16, 32, 40, 40};
+  const int64_t n = numel(s);
+  auto x = random_values(n, rng), g = random_values(n, rng), w = random_values(32, rng);
+  for (const Shape& strides : {Shape{}, channels_last(s)}) {
+    const Attrs attrs{{"training", 1}};
+    const std::vector<Operand> in{Operand{x, s, DType::f32, strides}, Operand{w, {32}, DType::f32, {}}, absent(DType::f32),
+                                  absent(DType::f32), absent(DType::f32)};
+    auto a = exec(Backend::bespoke_cuda, "batch_norm", in, attrs), b = exec(Backend::bespoke_cuda, "batch_norm", in, attrs);
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(*a, *b);
+    const std::vector<Operand> bin{Operand{g, s, DType::f32, strides}, Operand{x, s, DType::f32, strides},
+                                   Operand{w, {32}, DType::f32, {}}, Operand{(*a)[1], {32}, DType::f32, {}},
+                                   Operand{(*a)[2], {32}, DType::f32, {}}, absent(DType::f32), absent(DType::f32)};
+    auto c = exec(Backend::bespoke_cuda, "batch_norm_backward", bin, attrs);
+    auto d = exec(Backend::bespoke_cuda, "batch_norm_backward", bin, attrs);
+    ASSERT_TRUE(c && d);
+    EXPECT_EQ(*c, *d);
+  }
+}
+
+}  // namespace
