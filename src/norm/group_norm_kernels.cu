@@ -1,0 +1,312 @@
+// CUDA group_norm / instance_norm (group_norm.hpp has the math). Step 1 is a
+// row kernel over the (n, c) channels (rows of S elements, TPR threads each,
+// fixed-order reductions); step 2 one thread per (n, g) (or per channel for
+// the parameter gradients) looping in order; step 3 a flat elementwise pass
+// with 16-byte vectors where every row allows. No atomics anywhere.
+#include "norm/group_norm.hpp"
+#include "norm/kernels.cuh"
+
+namespace baracuda::norm {
+namespace {
+
+using SpaceCalc = ew::OffsetCalc<kGroupFull, int64_t>;
+constexpr int kThreads = 256;
+
+template <class T>
+__device__ __forceinline__ const T* channel_row(const GroupLaunch& l, int k, int64_t n, int64_t c) {
+  return reinterpret_cast<const T*>(l.data[k]) + n * l.stride_n[k] + c * l.stride_c[k];
+}
+
+/// Offset of spatial element s in full operand k.
+template <bool kUnit>
+__device__ __forceinline__ int64_t space_offset(const SpaceCalc& space, int k, int64_t s) {
+  if constexpr (kUnit) {
+    return s * space.stride[k][0];
+  } else {
+    int64_t off[kGroupFull];
+    space.get(s, off);
+    return off[k];
+  }
+}
+
+/// weight[c] or bias[c], `fallback` without the parameter.
+template <class T, class M>
+__device__ __forceinline__ M param(const char* p, int64_t stride, int64_t c, M fallback) {
+  return p ? convert<M>(reinterpret_cast<const T*>(p)[c * stride]) : fallback;
+}
+
+template <class T>
+__device__ __forceinline__ stat_t<T> load_stat(const char* p, const int64_t* st, int64_t n, int64_t g) {
+  return reinterpret_cast<const stat_t<T>*>(p)[n * st[0] + g * st[1]];
+}
+
+/// Step 1, forward: ws[2 (n C + c) + {0, 1}] = the channel's mean and centred square sum.
+template <class T, int TPR, int RPB, bool kUnit>
+__global__ void __launch_bounds__(TPR * RPB) channel_moments_kernel(GroupLaunch l, SpaceCalc space) {
+  using M = math_t<T, false>;
+  __shared__ M scratch[RPB * (TPR / 32)];
+  const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR, S = l.spatial;
+  const int lane = threadIdx.x % TPR;
+  const bool valid = row < l.batch * l.channels;
+  const T* x = channel_row<T>(l, kGnIn, valid ? row / l.channels : 0, valid ? row % l.channels : 0);
+  M sum = 0;
+  if (valid) {
+    if constexpr (kUnit) rows::for_row<TPR>(x, space.stride[kGnIn][0], S, l.vector, lane, [&](int64_t, T v) { sum += convert<M>(v); });
+    else for (int64_t s = lane; s < S; s += TPR) sum += convert<M>(x[space_offset<false>(space, kGnIn, s)]);
+  }
+  sum = rows::row_all_reduce<TPR, RPB>(sum, rows::SumOp{}, scratch);
+  const M mean = sum / M(S);
+  M sq = 0;
+  auto add_sq = [&](int64_t, T v) {
+    const M d = convert<M>(v) - mean;
+    sq += d * d;
+  };
+  if (valid) {
+    if constexpr (kUnit) rows::for_row<TPR>(x, space.stride[kGnIn][0], S, l.vector, lane, add_sq);
+    else for (int64_t s = lane; s < S; s += TPR) add_sq(s, x[space_offset<false>(space, kGnIn, s)]);
+  }
+  sq = rows::row_all_reduce<TPR, RPB>(sq, rows::SumOp{}, scratch);
+  if (valid && lane == 0) {
+    M* ws = reinterpret_cast<M*>(l.workspace);
+    ws[2 * row] = mean;
+    ws[2 * row + 1] = sq;
+  }
+}
+
+/// Step 1, backward: ws[2 (n C + c) + {0, 1}] = sum dy * (x - mean), sum dy.
+template <class T, int TPR, int RPB, bool kUnit>
+__global__ void __launch_bounds__(TPR * RPB) channel_grad_sums_kernel(GroupLaunch l, SpaceCalc space) {
+  using M = math_t<T, false>;
+  constexpr int V = rows::kVecOf<T>;
+  __shared__ M scratch[RPB * (TPR / 32)];
+  const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR, S = l.spatial;
+  const int lane = threadIdx.x % TPR;
+  const bool valid = row < l.batch * l.channels;
+  const int64_t n = valid ? row / l.channels : 0, c = valid ? row % l.channels : 0;
+  const T* dy = channel_row<T>(l, kGnGradOut, n, c);
+  const T* x = channel_row<T>(l, kGnSavedIn, n, c);
+  const M mean = valid ? M(load_stat<T>(l.mean, l.mean_stride, n, c / l.group_size())) : M(0);
+  M e = 0, d = 0;
+  auto add = [&](T gv, T xv) {
+    const M g = convert<M>(gv);
+    e += g * (convert<M>(xv) - mean);
+    d += g;
+  };
+  if (valid) {
+    if (kUnit && l.vector) {
+      using P = rows::Vec<T, V>;
+      for (int64_t i = lane; i < S / V; i += TPR) {
+        const P a = reinterpret_cast<const P*>(dy)[i], b = reinterpret_cast<const P*>(x)[i];
+#pragma unroll
+        for (int k = 0; k < V; ++k) add(a.v[k], b.v[k]);
+      }
+    } else {
+      for (int64_t s = lane; s < S; s += TPR)
+        add(dy[space_offset<kUnit>(space, kGnGradOut, s)], x[space_offset<kUnit>(space, kGnSavedIn, s)]);
+    }
+  }
+  e = rows::row_all_reduce<TPR, RPB>(e, rows::SumOp{}, scratch);
+  d = rows::row_all_reduce<TPR, RPB>(d, rows::SumOp{}, scratch);
+  if (valid && lane == 0) {
+    M* ws = reinterpret_cast<M*>(l.workspace);
+    ws[2 * row] = e;
+    ws[2 * row + 1] = d;
+  }
+}
+
+/// Step 2, forward: per (n, g), the channels' moments merged in order; the
+/// statistics to the outputs and to ws[2 N C + 2 (n G + g) + {0, 1}].
+template <class T>
+__global__ void __launch_bounds__(kThreads) group_stats_kernel(GroupLaunch l) {
+  using M = math_t<T, false>;
+  const int64_t row = int64_t(blockIdx.x) * kThreads + threadIdx.x, Cg = l.group_size();
+  if (row >= l.batch * l.groups) return;
+  const int64_t n = row / l.groups, g = row % l.groups;
+  M* ws = reinterpret_cast<M*>(l.workspace);
+  M count = 0, mean = 0, m2 = 0;
+  for (int64_t j = 0, k = n * l.channels + g * Cg; j < Cg; ++j, ++k)
+    merge_moments(count, mean, m2, M(l.spatial), ws[2 * k], ws[2 * k + 1]);
+  const M rstd = LayerNorm::rstd(m2, l.row_size(), M(l.eps));
+  M* stats = ws + 2 * l.batch * l.channels;
+  stats[2 * row] = mean;
+  stats[2 * row + 1] = rstd;
+  reinterpret_cast<stat_t<T>*>(l.mean)[n * l.mean_stride[0] + g * l.mean_stride[1]] = stat_t<T>(mean);
+  reinterpret_cast<stat_t<T>*>(l.rstd)[n * l.rstd_stride[0] + g * l.rstd_stride[1]] = stat_t<T>(rstd);
+}
+
+/// Step 2, backward: per (n, g), mean(wg) and mean(wg * xhat) to ws[2 N C + 2 (n G + g) + {0, 1}].
+template <class T>
+__global__ void __launch_bounds__(kThreads) group_coefficients_kernel(GroupLaunch l) {
+  using M = math_t<T, false>;
+  const int64_t row = int64_t(blockIdx.x) * kThreads + threadIdx.x, Cg = l.group_size();
+  if (row >= l.batch * l.groups) return;
+  const int64_t n = row / l.groups, g = row % l.groups;
+  M* ws = reinterpret_cast<M*>(l.workspace);
+  M sum_wg = 0, sum_we = 0;
+  for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
+    const M w = param<T>(l.weight, l.weight_stride, c, M(1));
+    const int64_t k = n * l.channels + c;
+    sum_we += w * ws[2 * k];
+    sum_wg += w * ws[2 * k + 1];
+  }
+  const M D = M(l.row_size()), rstd = M(load_stat<T>(l.rstd, l.rstd_stride, n, g));
+  M* coef = ws + 2 * l.batch * l.channels;
+  coef[2 * row] = sum_wg / D;
+  coef[2 * row + 1] = rstd * sum_we / D;
+}
+
+/// grad_weight / grad_bias: one thread per channel, summing over n in order.
+template <class T>
+__global__ void __launch_bounds__(kThreads) grad_params_kernel(GroupLaunch l) {
+  using M = math_t<T, false>;
+  const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x, g = c / l.group_size();
+  if (c >= l.channels) return;
+  const M* ws = reinterpret_cast<const M*>(l.workspace);
+  M gw = 0, gb = 0;
+  for (int64_t n = 0; n < l.batch; ++n) {
+    const int64_t k = n * l.channels + c;
+    gw += ws[2 * k] * M(load_stat<T>(l.rstd, l.rstd_stride, n, g));
+    gb += ws[2 * k + 1];
+  }
+  reinterpret_cast<T*>(l.grad_weight)[c * l.grad_weight_stride] = convert<T>(gw);
+  if (l.grad_bias) reinterpret_cast<T*>(l.grad_bias)[c * l.grad_bias_stride] = convert<T>(gb);
+}
+
+/// Step 3: every element, V at a time (V > 1: whole vectors of one (n, c) row).
+template <class T, bool kBackward, bool kUnit, int V>
+__global__ void __launch_bounds__(kThreads) elementwise_kernel(GroupLaunch l, SpaceCalc space) {
+  using M = math_t<T, false>;
+  using P = rows::Vec<T, V>;
+  const int64_t S = l.spatial, Cg = l.group_size(), packs = l.batch * l.channels * S / V;
+  const M* stats = reinterpret_cast<const M*>(l.workspace) + 2 * l.batch * l.channels;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < packs; i += int64_t(gridDim.x) * kThreads) {
+    const int64_t e = i * V, nc = e / S, s = e % S, n = nc / l.channels, c = nc % l.channels, g = c / Cg;
+    const M w = param<T>(l.weight, l.weight_stride, c, M(1));
+    P a, b, out;  // forward: a = x; backward: a = dy, b = x
+    int64_t off[kGroupFull];
+#pragma unroll
+    for (int k = 0; k < kGroupFull; ++k) off[k] = V > 1 ? s : space_offset<kUnit>(space, k, s);
+    auto load = [&](int k) {
+      const T* p = channel_row<T>(l, k, n, c) + off[k];
+      if constexpr (V > 1) return *reinterpret_cast<const P*>(p);
+      else return P{{*p}};
+    };
+    if constexpr (!kBackward) {
+      a = load(kGnIn);
+      const M mean = stats[2 * (n * l.groups + g)], scale = stats[2 * (n * l.groups + g) + 1] * w;
+      const M shift = param<T>(l.bias, l.bias_stride, c, M(0));
+#pragma unroll
+      for (int k = 0; k < V; ++k) out.v[k] = convert<T>((convert<M>(a.v[k]) - mean) * scale + shift);
+    } else {
+      a = load(kGnGradOut), b = load(kGnSavedIn);
+      const M mean = M(load_stat<T>(l.mean, l.mean_stride, n, g)), rstd = M(load_stat<T>(l.rstd, l.rstd_stride, n, g));
+      const M mean_wg = stats[2 * (n * l.groups + g)], mean_wg_xhat = stats[2 * (n * l.groups + g) + 1];
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        out.v[k] = convert<T>(LayerNorm::grad_input(w * convert<M>(a.v[k]), (convert<M>(b.v[k]) - mean) * rstd, mean_wg,
+                                                    mean_wg_xhat, rstd));
+    }
+    T* dst = const_cast<T*>(channel_row<T>(l, 0, n, c)) + off[0];
+    if constexpr (V > 1) *reinterpret_cast<P*>(dst) = out;
+    else *dst = out.v[0];
+  }
+}
+
+unsigned blocks_for(int64_t work, int64_t per_block) { return unsigned(std::min<int64_t>((work + per_block - 1) / per_block, 1 << 30)); }
+
+template <class T, bool kBackward>
+Status launch_elementwise(const GroupLaunch& l, const SpaceCalc& space, CUstream_st* stream) {
+  const int64_t total = l.batch * l.channels * l.spatial;
+  if (total == 0) return Status::ok();
+  constexpr int V = rows::kVecOf<T>;
+  if (l.vector) elementwise_kernel<T, kBackward, true, V><<<blocks_for(total / V, kThreads), kThreads, 0, stream>>>(l, space);
+  else if (l.unit_space) elementwise_kernel<T, kBackward, true, 1><<<blocks_for(total, kThreads), kThreads, 0, stream>>>(l, space);
+  else elementwise_kernel<T, kBackward, false, 1><<<blocks_for(total, kThreads), kThreads, 0, stream>>>(l, space);
+  BARACUDA_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
+/// Step 1 over the N C channel rows, shaped by the row length S.
+template <class T, bool kBackward>
+Status launch_channel_rows(const GroupLaunch& l, const SpaceCalc& space, CUstream_st* stream) {
+  const int64_t rows = l.batch * l.channels;
+  if (rows == 0) return Status::ok();
+  return by_row_length(l.spatial, [&]<int TPR, int RPB>() {
+    const unsigned blocks = unsigned((rows + RPB - 1) / RPB);
+    if constexpr (kBackward) {
+      if (l.unit_space) channel_grad_sums_kernel<T, TPR, RPB, true><<<blocks, TPR * RPB, 0, stream>>>(l, space);
+      else channel_grad_sums_kernel<T, TPR, RPB, false><<<blocks, TPR * RPB, 0, stream>>>(l, space);
+    } else {
+      if (l.unit_space) channel_moments_kernel<T, TPR, RPB, true><<<blocks, TPR * RPB, 0, stream>>>(l, space);
+      else channel_moments_kernel<T, TPR, RPB, false><<<blocks, TPR * RPB, 0, stream>>>(l, space);
+    }
+    BARACUDA_CUDA_TRY(cudaGetLastError());
+    return Status::ok();
+  });
+}
+
+template <class T>
+struct CudaGroupNorm {
+  static Status forward(const GroupLaunch& l, CUstream_st* stream) {
+    const SpaceCalc space(l.space);
+    BARACUDA_TRY(launch_channel_rows<T, false>(l, space, stream));
+    if (l.batch * l.groups > 0) {
+      group_stats_kernel<T><<<blocks_for(l.batch * l.groups, kThreads), kThreads, 0, stream>>>(l);
+      BARACUDA_CUDA_TRY(cudaGetLastError());
+    }
+    return launch_elementwise<T, false>(l, space, stream);
+  }
+
+  static Status backward(const GroupLaunch& l, CUstream_st* stream) {
+    const SpaceCalc space(l.space);
+    BARACUDA_TRY(launch_channel_rows<T, true>(l, space, stream));
+    if (l.batch * l.groups > 0) {
+      group_coefficients_kernel<T><<<blocks_for(l.batch * l.groups, kThreads), kThreads, 0, stream>>>(l);
+      BARACUDA_CUDA_TRY(cudaGetLastError());
+    }
+    if (l.grad_weight && l.channels > 0) {
+      grad_params_kernel<T><<<blocks_for(l.channels, kThreads), kThreads, 0, stream>>>(l);
+      BARACUDA_CUDA_TRY(cudaGetLastError());
+    }
+    return launch_elementwise<T, true>(l, space, stream);
+  }
+
+  static Status running(const RunningLaunch& r, CUstream_st* stream);
+};
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) running_stats_kernel(RunningLaunch r) {
+  using M = math_t<T, false>;
+  const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= r.channels) return;
+  M mean = 0, var = 0;
+  for (int64_t n = 0; n < r.batch; ++n) {
+    mean += M(load_stat<T>(r.mean, r.mean_stride, n, c));
+    var += unbiased_var(M(load_stat<T>(r.rstd, r.rstd_stride, n, c)), M(r.eps), M(r.spatial));
+  }
+  const M rm = convert<M>(reinterpret_cast<const T*>(r.running_mean)[c * r.running_mean_stride]);
+  const M rv = convert<M>(reinterpret_cast<const T*>(r.running_var)[c * r.running_var_stride]);
+  const M m = M(r.momentum);
+  reinterpret_cast<T*>(r.mean_out)[c * r.mean_out_stride] = convert<T>((1 - m) * rm + m * (mean / M(r.batch)));
+  reinterpret_cast<T*>(r.var_out)[c * r.var_out_stride] = convert<T>((1 - m) * rv + m * (var / M(r.batch)));
+}
+
+template <class T>
+Status CudaGroupNorm<T>::running(const RunningLaunch& r, CUstream_st* stream) {
+  running_stats_kernel<T><<<blocks_for(r.channels, kThreads), kThreads, 0, stream>>>(r);
+  BARACUDA_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
+[[maybe_unused]] const bool registered = [] {
+  for_each_type<FloatTypes>([]<class T>(TypeTag<T>) {
+    auto& t = cuda_group_norms();
+    t.forward.add(launch_key("group_norm", dtype_of<T>), &CudaGroupNorm<T>::forward);
+    t.backward.add(launch_key("group_norm", dtype_of<T>), &CudaGroupNorm<T>::backward);
+    t.running.add(launch_key("instance_norm_running_stats", dtype_of<T>), &CudaGroupNorm<T>::running);
+  });
+  return true;
+}();
+
+}  // namespace
+}  // namespace baracuda::norm
