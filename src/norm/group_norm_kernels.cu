@@ -249,7 +249,7 @@ template <class T>
 struct CudaGroupNorm {
   static Status forward(const GroupLaunch& l, CUstream_st* stream) {
     const SpaceCalc space(l.space);
-    BARACUDA_TRY(launch_channel_rows<T, false>(l, space, stream));
+    BARACUDA_TRY((launch_channel_rows<T, false>(l, space, stream)));
     if (l.batch * l.groups > 0) {
       group_stats_kernel<T><<<blocks_for(l.batch * l.groups, kThreads), kThreads, 0, stream>>>(l);
       BARACUDA_CUDA_TRY(cudaGetLastError());
@@ -259,7 +259,7 @@ struct CudaGroupNorm {
 
   static Status backward(const GroupLaunch& l, CUstream_st* stream) {
     const SpaceCalc space(l.space);
-    BARACUDA_TRY(launch_channel_rows<T, true>(l, space, stream));
+    BARACUDA_TRY((launch_channel_rows<T, true>(l, space, stream)));
     if (l.batch * l.groups > 0) {
       group_coefficients_kernel<T><<<blocks_for(l.batch * l.groups, kThreads), kThreads, 0, stream>>>(l);
       BARACUDA_CUDA_TRY(cudaGetLastError());
