@@ -172,56 +172,85 @@ __global__ void __launch_bounds__(kThreads) grad_params_kernel(GroupLaunch l) {
   if (l.grad_bias) reinterpret_cast<T*>(l.grad_bias)[c * l.grad_bias_stride] = convert<T>(gb);
 }
 
-/// Step 3: every element, V at a time (V > 1: whole vectors of one (n, c) row).
-template <class T, bool kBackward, bool kUnit, int V>
-__global__ void __launch_bounds__(kThreads) elementwise_kernel(GroupLaunch l, SpaceCalc space) {
+/// Step 3 for one (n, c) row: what every element of the row shares.
+template <class T, bool kBackward>
+struct RowCoefficients {
   using M = math_t<T, false>;
-  using P = rows::Vec<T, V>;
-  const int64_t S = l.spatial, Cg = l.group_size(), packs = l.batch * l.channels * S / V;
-  const M* stats = reinterpret_cast<const M*>(l.workspace) + 2 * l.batch * l.channels;
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < packs; i += int64_t(gridDim.x) * kThreads) {
-    const int64_t e = i * V, nc = e / S, s = e % S, n = nc / l.channels, c = nc % l.channels, g = c / Cg;
+  M scale, shift, mean, rstd, mean_wg, mean_wg_xhat;
+  __device__ RowCoefficients(const GroupLaunch& l, int64_t n, int64_t c) {
+    const int64_t g = c / l.group_size();
+    const M* stats = reinterpret_cast<const M*>(l.workspace) + 2 * l.batch * l.channels + 2 * (n * l.groups + g);
     const M w = param<T>(l.weight, l.weight_stride, c, M(1));
-    P a, b, out;  // forward: a = x; backward: a = dy, b = x
-    int64_t off[kGroupFull];
-#pragma unroll
-    for (int k = 0; k < kGroupFull; ++k) off[k] = V > 1 ? s : space_offset<kUnit>(space, k, s);
-    auto load = [&](int k) {
-      const T* p = channel_row<T>(l, k, n, c) + off[k];
-      if constexpr (V > 1) return *reinterpret_cast<const P*>(p);
-      else return P{{*p}};
-    };
     if constexpr (!kBackward) {
-      a = load(kGnIn);
-      const M mean = stats[2 * (n * l.groups + g)], scale = stats[2 * (n * l.groups + g) + 1] * w;
-      const M shift = param<T>(l.bias, l.bias_stride, c, M(0));
-#pragma unroll
-      for (int k = 0; k < V; ++k) out.v[k] = convert<T>((convert<M>(a.v[k]) - mean) * scale + shift);
+      mean = stats[0], scale = stats[1] * w, shift = param<T>(l.bias, l.bias_stride, c, M(0));
     } else {
-      a = load(kGnGradOut), b = load(kGnSavedIn);
-      const M mean = M(load_stat<T>(l.mean, l.mean_stride, n, g)), rstd = M(load_stat<T>(l.rstd, l.rstd_stride, n, g));
-      const M mean_wg = stats[2 * (n * l.groups + g)], mean_wg_xhat = stats[2 * (n * l.groups + g) + 1];
-#pragma unroll
-      for (int k = 0; k < V; ++k)
-        out.v[k] = convert<T>(LayerNorm::grad_input(w * convert<M>(a.v[k]), (convert<M>(b.v[k]) - mean) * rstd, mean_wg,
-                                                    mean_wg_xhat, rstd));
+      mean = M(load_stat<T>(l.mean, l.mean_stride, n, g)), rstd = M(load_stat<T>(l.rstd, l.rstd_stride, n, g));
+      scale = w, mean_wg = stats[0], mean_wg_xhat = stats[1];
     }
-    T* dst = const_cast<T*>(channel_row<T>(l, 0, n, c)) + off[0];
-    if constexpr (V > 1) *reinterpret_cast<P*>(dst) = out;
-    else *dst = out.v[0];
+  }
+  /// forward: out from x (a); backward: dx from dy (a) and x (b).
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    if constexpr (!kBackward) return convert<T>((convert<M>(a) - mean) * scale + shift);
+    else return convert<T>(LayerNorm::grad_input(scale * convert<M>(a), (convert<M>(b) - mean) * rstd, mean_wg, mean_wg_xhat, rstd));
+  }
+};
+
+/// V elements of row (n, c) from spatial index s (V > 1: one 16-byte vector per operand).
+template <class T, bool kBackward, bool kUnit, int V>
+__device__ __forceinline__ void transform(const GroupLaunch& l, const SpaceCalc& space,
+                                          const RowCoefficients<T, kBackward>& f, int64_t n, int64_t c, int64_t s) {
+  using P = rows::Vec<T, V>;
+  constexpr int kA = kBackward ? kGnGradOut : kGnIn, kB = kBackward ? kGnSavedIn : kGnIn;
+  auto at = [&](int k) { return channel_row<T>(l, k, n, c) + (V > 1 ? s : space_offset<kUnit>(space, k, s)); };
+  P a, b, out;
+  if constexpr (V > 1) a = *reinterpret_cast<const P*>(at(kA)), b = kBackward ? *reinterpret_cast<const P*>(at(kB)) : a;
+  else a.v[0] = *at(kA), b.v[0] = kBackward ? *at(kB) : a.v[0];
+#pragma unroll
+  for (int k = 0; k < V; ++k) out.v[k] = f(a.v[k], b.v[k]);
+  T* dst = const_cast<T*>(at(0));
+  if constexpr (V > 1) *reinterpret_cast<P*>(dst) = out;
+  else *dst = out.v[0];
+}
+
+/// Step 3 over long rows: block (row, chunk) owns kChunk elements of one (n, c) row.
+constexpr int kChunk = kThreads * 16;
+
+template <class T, bool kBackward, bool kUnit, int V>
+__global__ void __launch_bounds__(kThreads) row_elementwise_kernel(GroupLaunch l, SpaceCalc space) {
+  const int64_t nc = blockIdx.x, n = nc / l.channels, c = nc % l.channels;
+  const RowCoefficients<T, kBackward> f(l, n, c);
+  const int64_t end = std::min<int64_t>(l.spatial, int64_t(blockIdx.y + 1) * kChunk);
+  for (int64_t s = int64_t(blockIdx.y) * kChunk + threadIdx.x * V; s < end; s += kThreads * V)
+    transform<T, kBackward, kUnit, V>(l, space, f, n, c, s);
+}
+
+/// Step 3 over short rows: every V-element pack of the whole tensor.
+template <class T, bool kBackward, bool kUnit, int V>
+__global__ void __launch_bounds__(kThreads) flat_elementwise_kernel(GroupLaunch l, SpaceCalc space) {
+  const int64_t S = l.spatial, packs = l.batch * l.channels * S / V;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < packs; i += int64_t(gridDim.x) * kThreads) {
+    const int64_t e = i * V, nc = e / S, n = nc / l.channels, c = nc % l.channels;
+    transform<T, kBackward, kUnit, V>(l, space, RowCoefficients<T, kBackward>(l, n, c), n, c, e % S);
   }
 }
 
 unsigned blocks_for(int64_t work, int64_t per_block) { return unsigned(std::min<int64_t>((work + per_block - 1) / per_block, 1 << 30)); }
 
+template <class T, bool kBackward, bool kUnit, int V>
+void launch_elementwise_as(const GroupLaunch& l, const SpaceCalc& space, CUstream_st* stream) {
+  const int64_t rows = l.batch * l.channels, chunks = (l.spatial + kChunk - 1) / kChunk;
+  if (l.spatial >= 4 * kThreads && rows < (int64_t(1) << 31) && chunks < 65536)
+    row_elementwise_kernel<T, kBackward, kUnit, V><<<dim3(unsigned(rows), unsigned(chunks)), kThreads, 0, stream>>>(l, space);
+  else
+    flat_elementwise_kernel<T, kBackward, kUnit, V><<<blocks_for(rows * l.spatial / V, kThreads), kThreads, 0, stream>>>(l, space);
+}
+
 template <class T, bool kBackward>
 Status launch_elementwise(const GroupLaunch& l, const SpaceCalc& space, CUstream_st* stream) {
-  const int64_t total = l.batch * l.channels * l.spatial;
-  if (total == 0) return Status::ok();
-  constexpr int V = rows::kVecOf<T>;
-  if (l.vector) elementwise_kernel<T, kBackward, true, V><<<blocks_for(total / V, kThreads), kThreads, 0, stream>>>(l, space);
-  else if (l.unit_space) elementwise_kernel<T, kBackward, true, 1><<<blocks_for(total, kThreads), kThreads, 0, stream>>>(l, space);
-  else elementwise_kernel<T, kBackward, false, 1><<<blocks_for(total, kThreads), kThreads, 0, stream>>>(l, space);
+  if (l.batch * l.channels * l.spatial == 0) return Status::ok();
+  if (l.vector) launch_elementwise_as<T, kBackward, true, rows::kVecOf<T>>(l, space, stream);
+  else if (l.unit_space) launch_elementwise_as<T, kBackward, true, 1>(l, space, stream);
+  else launch_elementwise_as<T, kBackward, false, 1>(l, space, stream);
   BARACUDA_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }
