@@ -3,6 +3,8 @@
 // fixed-order reductions); step 2 one thread per (n, g) (or per channel for
 // the parameter gradients) looping in order; step 3 a flat elementwise pass
 // with 16-byte vectors where every row allows. No atomics anywhere.
+#include <optional>
+
 #include "norm/group_norm.hpp"
 #include "norm/kernels.cuh"
 
@@ -274,10 +276,146 @@ Status launch_channel_rows(const GroupLaunch& l, const SpaceCalc& space, CUstrea
   });
 }
 
+// ---------------------------------------------------------------- whole groups in shared memory
+
+/// Shared memory of the resident kernel: per-channel pairs, then the group's
+/// rows (backward: grad_output's, then input's).
+template <class T, bool kBackward>
+size_t resident_bytes(const GroupLaunch& l) {
+  using M = math_t<T, false>;
+  const size_t pairs = (size_t(2 * l.group_size()) * sizeof(M) + 15) / 16 * 16;
+  return pairs + size_t(kBackward ? 2 : 1) * size_t(l.row_size()) * sizeof(T);
+}
+
+/// Block (n, g) keeps its group in shared memory (one HBM read, one write);
+/// one warp per channel for the channel sums (lanes and warps in a fixed
+/// order), every thread merging the channels in order: the numbers of the
+/// three-step path, in one launch.
+template <class T, bool kBackward, bool kUnit, int V>
+__global__ void __launch_bounds__(kThreads) resident_group_kernel(GroupLaunch l, SpaceCalc space) {
+  using M = math_t<T, false>;
+  using P = rows::Vec<T, V>;
+  constexpr int kA = kBackward ? kGnGradOut : kGnIn, kWarps = kThreads / 32;
+  extern __shared__ __align__(16) char smem[];
+  const int64_t n = blockIdx.x / l.groups, g = blockIdx.x % l.groups, c0 = g * l.group_size();
+  const int Cg = int(l.group_size()), S = int(l.spatial), D = Cg * S;
+  M* pair = reinterpret_cast<M*>(smem);  // [Cg][2]
+  T* cache = reinterpret_cast<T*>(smem + (size_t(2 * Cg) * sizeof(M) + 15) / 16 * 16);
+  auto row = [&](int k, int jc) { return channel_row<T>(l, k, n, c0 + jc); };
+#pragma unroll 4
+  for (int p = threadIdx.x; p < D / V; p += kThreads) {
+    const int j = p * V, jc = j / S, s = j % S;
+    if constexpr (V > 1) {
+      reinterpret_cast<P*>(cache)[p] = *reinterpret_cast<const P*>(row(kA, jc) + s);
+      if constexpr (kBackward) reinterpret_cast<P*>(cache + D)[p] = *reinterpret_cast<const P*>(row(kGnSavedIn, jc) + s);
+    } else {
+      cache[j] = row(kA, jc)[space_offset<kUnit>(space, kA, s)];
+      if constexpr (kBackward) cache[D + j] = row(kGnSavedIn, jc)[space_offset<kUnit>(space, kGnSavedIn, s)];
+    }
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const M saved_mean = kBackward ? M(load_stat<T>(l.mean, l.mean_stride, n, g)) : M(0);
+  const M saved_rstd = kBackward ? M(load_stat<T>(l.rstd, l.rstd_stride, n, g)) : M(0);
+  M* ws = reinterpret_cast<M*>(l.workspace);
+  for (int jc = warp; jc < Cg; jc += kWarps) {
+    const T* a = cache + jc * S;
+    if constexpr (!kBackward) {
+      M sum = 0, sq = 0;
+      for (int s = lane; s < S; s += 32) sum += convert<M>(a[s]);
+      const M mean = rows::row_all_reduce<32, 1>(sum, rows::SumOp{}, static_cast<M*>(nullptr)) / M(S);
+      for (int s = lane; s < S; s += 32) {
+        const M d = convert<M>(a[s]) - mean;
+        sq += d * d;
+      }
+      sq = rows::row_all_reduce<32, 1>(sq, rows::SumOp{}, static_cast<M*>(nullptr));
+      if (lane == 0) pair[2 * jc] = mean, pair[2 * jc + 1] = sq;
+    } else {
+      const T* x = cache + D + jc * S;
+      M e = 0, d = 0;
+      for (int s = lane; s < S; s += 32) {
+        const M gv = convert<M>(a[s]);
+        e += gv * (convert<M>(x[s]) - saved_mean);
+        d += gv;
+      }
+      e = rows::row_all_reduce<32, 1>(e, rows::SumOp{}, static_cast<M*>(nullptr));
+      d = rows::row_all_reduce<32, 1>(d, rows::SumOp{}, static_cast<M*>(nullptr));
+      if (lane == 0) {
+        pair[2 * jc] = e, pair[2 * jc + 1] = d;
+        const int64_t k = n * l.channels + c0 + jc;  // for the parameter gradients
+        ws[2 * k] = e, ws[2 * k + 1] = d;
+      }
+    }
+  }
+  __syncthreads();
+  // The group's coefficients, merged in channel order by every thread.
+  M mean = saved_mean, rstd = saved_rstd, mean_wg = 0, mean_wg_xhat = 0;
+  if constexpr (!kBackward) {
+    M count = 0, m2 = 0;
+    for (int jc = 0; jc < Cg; ++jc) merge_moments(count, mean, m2, M(S), pair[2 * jc], pair[2 * jc + 1]);
+    rstd = LayerNorm::rstd(m2, D, M(l.eps));
+    if (threadIdx.x == 0) {
+      reinterpret_cast<stat_t<T>*>(l.mean)[n * l.mean_stride[0] + g * l.mean_stride[1]] = stat_t<T>(mean);
+      reinterpret_cast<stat_t<T>*>(l.rstd)[n * l.rstd_stride[0] + g * l.rstd_stride[1]] = stat_t<T>(rstd);
+    }
+  } else {
+    M sum_wg = 0, sum_we = 0;
+    for (int jc = 0; jc < Cg; ++jc) {
+      const M w = param<T>(l.weight, l.weight_stride, c0 + jc, M(1));
+      sum_we += w * pair[2 * jc];
+      sum_wg += w * pair[2 * jc + 1];
+    }
+    mean_wg = sum_wg / M(D), mean_wg_xhat = rstd * sum_we / M(D);
+  }
+  __syncthreads();  // pair[] now holds (scale, shift) per channel
+  for (int jc = threadIdx.x; jc < Cg; jc += kThreads) {
+    const M w = param<T>(l.weight, l.weight_stride, c0 + jc, M(1));
+    pair[2 * jc] = kBackward ? w : w * rstd;
+    pair[2 * jc + 1] = kBackward ? M(0) : param<T>(l.bias, l.bias_stride, c0 + jc, M(0));
+  }
+  __syncthreads();
+#pragma unroll 4
+  for (int p = threadIdx.x; p < D / V; p += kThreads) {
+    const int j = p * V, jc = j / S, s = j % S;
+    const M scale = pair[2 * jc], shift = pair[2 * jc + 1];
+    const P a = reinterpret_cast<const P*>(cache)[p];
+    P b = a, out;
+    if constexpr (kBackward) b = reinterpret_cast<const P*>(cache + D)[p];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      if constexpr (!kBackward) out.v[k] = convert<T>((convert<M>(a.v[k]) - mean) * scale + shift);
+      else out.v[k] = convert<T>(LayerNorm::grad_input(scale * convert<M>(a.v[k]), (convert<M>(b.v[k]) - mean) * rstd,
+                                                       mean_wg, mean_wg_xhat, rstd));
+    }
+    T* dst = const_cast<T*>(row(0, jc));
+    if constexpr (V > 1) *reinterpret_cast<P*>(dst + s) = out;
+    else dst[space_offset<kUnit>(space, 0, s)] = out.v[0];
+  }
+}
+
+/// The resident kernel when the group fits in shared memory; nullopt otherwise.
+template <class T, bool kBackward>
+std::optional<Status> launch_resident(const GroupLaunch& l, const SpaceCalc& space, CUstream_st* stream) {
+  const size_t bytes = resident_bytes<T, kBackward>(l);
+  const int64_t blocks = l.batch * l.groups;
+  if (l.row_size() == 0 || bytes > rows::kRowCacheBytes || blocks >= (int64_t(1) << 31)) return std::nullopt;
+  auto go = [&](auto kernel) -> Status {
+    if (bytes > 48 * 1024)
+      BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(rows::kRowCacheBytes)));
+    kernel<<<unsigned(blocks), kThreads, bytes, stream>>>(l, space);
+    BARACUDA_CUDA_TRY(cudaGetLastError());
+    return Status::ok();
+  };
+  if (l.vector) return go(resident_group_kernel<T, kBackward, true, rows::kVecOf<T>>);
+  if (l.unit_space) return go(resident_group_kernel<T, kBackward, true, 1>);
+  return go(resident_group_kernel<T, kBackward, false, 1>);
+}
+
 template <class T>
 struct CudaGroupNorm {
   static Status forward(const GroupLaunch& l, CUstream_st* stream) {
     const SpaceCalc space(l.space);
+    if (auto st = launch_resident<T, false>(l, space, stream)) return *st;
     BARACUDA_TRY((launch_channel_rows<T, false>(l, space, stream)));
     if (l.batch * l.groups > 0) {
       group_stats_kernel<T><<<blocks_for(l.batch * l.groups, kThreads), kThreads, 0, stream>>>(l);
@@ -288,16 +426,21 @@ struct CudaGroupNorm {
 
   static Status backward(const GroupLaunch& l, CUstream_st* stream) {
     const SpaceCalc space(l.space);
-    BARACUDA_TRY((launch_channel_rows<T, true>(l, space, stream)));
-    if (l.batch * l.groups > 0) {
-      group_coefficients_kernel<T><<<blocks_for(l.batch * l.groups, kThreads), kThreads, 0, stream>>>(l);
-      BARACUDA_CUDA_TRY(cudaGetLastError());
+    const std::optional<Status> resident = launch_resident<T, true>(l, space, stream);
+    if (resident) {
+      BARACUDA_TRY(*resident);
+    } else {
+      BARACUDA_TRY((launch_channel_rows<T, true>(l, space, stream)));
+      if (l.batch * l.groups > 0) {
+        group_coefficients_kernel<T><<<blocks_for(l.batch * l.groups, kThreads), kThreads, 0, stream>>>(l);
+        BARACUDA_CUDA_TRY(cudaGetLastError());
+      }
     }
     if (l.grad_weight && l.channels > 0) {
       grad_params_kernel<T><<<blocks_for(l.channels, kThreads), kThreads, 0, stream>>>(l);
       BARACUDA_CUDA_TRY(cudaGetLastError());
     }
-    return launch_elementwise<T, true>(l, space, stream);
+    return resident ? Status::ok() : launch_elementwise<T, true>(l, space, stream);
   }
 
   static Status running(const RunningLaunch& r, CUstream_st* stream);
