@@ -13,12 +13,18 @@
 // updates its caches; the functional form (fresh outputs) keeps the generic
 // test driver's NaN-poisoned outputs meaningful. The instance variance comes
 // back from rstd (1 / rstd^2 - eps), unbiased by S / (S - 1) as torch does.
+#include <tuple>
+
 #include "core/errors.hpp"
 #include "core/family.hpp"
 #include "core/registry_internal.hpp"
 #include "core/tensor_util.hpp"
 #include "elementwise/prepare.hpp"
 #include "norm/group_norm.hpp"
+
+#ifdef BARACUDA_HAS_CUDA
+#include "core/cuda_check.hpp"
+#endif
 
 namespace baracuda {
 namespace norm {
@@ -283,8 +289,14 @@ class GroupNormPlan final : public FamilyPlan {
     eps_ = desc_.attrs.get("eps", 1e-5);
     const TensorSpec& stats = backward ? desc_.inputs[2] : desc_.outputs[1];
     groups_ = stats.shape[1];
-    if (backend != Backend::host_reference)
-      workspace_ = group_norm_workspace(x.shape[0], x.shape[1], groups_, x.dtype == DType::f64);
+    for (size_t a = 2; a < x.shape.size(); ++a) spatial_ *= x.shape[a];
+    chunk_ = spatial_;
+#ifdef BARACUDA_HAS_CUDA
+    if (backend != Backend::host_reference) {
+      std::tie(splits_, chunk_) = group_norm_splits(x.shape[0] * x.shape[1], spatial_, current_sm_count());
+      workspace_ = group_norm_workspace(x.shape[0], x.shape[1], groups_, splits_, x.dtype == DType::f64);
+    }
+#endif
   }
 
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
@@ -296,6 +308,8 @@ class GroupNormPlan final : public FamilyPlan {
     l.batch = x.shape[0];
     l.channels = x.shape[1];
     l.groups = groups_;
+    l.splits = splits_;
+    l.chunk = chunk_;
     l.eps = eps_;
     l.workspace = workspace.data;
     const int n_full = backward ? 3 : 2;
@@ -347,7 +361,8 @@ class GroupNormPlan final : public FamilyPlan {
   const Def& def_;
   GroupNormFn fn_;
   double eps_ = 1e-5;
-  int64_t groups_ = 1;
+  int64_t groups_ = 1, spatial_ = 1, chunk_ = 1;
+  int splits_ = 1;
 };
 
 class RunningPlan final : public FamilyPlan {

@@ -18,6 +18,9 @@
 // summed over n in order (no atomics; the workspace holds the step-1 sums).
 #pragma once
 
+#include <algorithm>
+#include <utility>
+
 #include "core/launch_table.hpp"
 #include "elementwise/engine.hpp"
 #include "norm/ops.hpp"
@@ -32,6 +35,10 @@ inline constexpr int kGroupFull = 3;
 struct GroupLaunch {
   bool backward = false;
   int64_t batch = 0, channels = 0, groups = 1, spatial = 1;
+  /// CUDA step 1 splits each channel row into `splits` parts of `chunk` elements
+  /// (a multiple of 16; the last part may be shorter, none is empty).
+  int splits = 1;
+  int64_t chunk = 1;
   char* data[kGroupFull] = {};
   int64_t stride_n[kGroupFull] = {}, stride_c[kGroupFull] = {};
   ew::Problem space;        ///< the spatial dims of the full operands, coalesced (rank >= 1)
@@ -48,7 +55,7 @@ struct GroupLaunch {
   char* grad_bias = nullptr;
   int64_t weight_stride = 0, bias_stride = 0, grad_weight_stride = 0, grad_bias_stride = 0;
   double eps = 1e-5;
-  void* workspace = nullptr;  ///< (2 N C + 2 N G) math values (CUDA)
+  void* workspace = nullptr;  ///< (2 N C splits + 2 N G) math values (CUDA)
 
   BCD_HD int64_t group_size() const { return channels / groups; }
   BCD_HD int64_t row_size() const { return group_size() * spatial; }  ///< D
@@ -85,17 +92,29 @@ struct GroupNormTables {
 GroupNormTables& host_group_norms();
 GroupNormTables& cuda_group_norms();
 
+/// CUDA step 1's parts of a channel row of `spatial` elements: enough parts
+/// over the N C rows to give every SM a few blocks, each at least 4096 long.
+/// {splits, chunk}; a function of the shapes only (the workspace is sized by it).
+inline std::pair<int, int64_t> group_norm_splits(int64_t rows, int64_t spatial, int sm_count) {
+  const int64_t want = rows > 0 ? (int64_t(4) * sm_count + rows - 1) / rows : 1;
+  const int64_t most = std::max<int64_t>(1, spatial / 4096);
+  const int64_t splits = std::clamp<int64_t>(std::min(want, most), 1, 1024);
+  const int64_t per_split = (spatial + splits - 1) / splits;
+  const int64_t chunk = std::max<int64_t>(1, (per_split + 15) / 16) * 16;
+  return {int(std::max<int64_t>(1, (spatial + chunk - 1) / chunk)), chunk};
+}
+
 /// Workspace bytes of the CUDA plans (math type f32, f64 for f64).
-inline size_t group_norm_workspace(int64_t batch, int64_t channels, int64_t groups, bool f64) {
-  return size_t(2 * batch * channels + 2 * batch * groups) * (f64 ? 8 : 4);
+inline size_t group_norm_workspace(int64_t batch, int64_t channels, int64_t groups, int splits, bool f64) {
+  return size_t(2 * batch * channels * splits + 2 * batch * groups) * (f64 ? 8 : 4);
 }
 
 /// Merges channel moments (mean, centred square sum over `n` elements each)
 /// into a running (count, mean, m2), in the order called (Chan et al.).
 template <class M>
 BCD_HD void merge_moments(M& count, M& mean, M& m2, M n, M mean_b, M m2_b) {
+  if (n == M(0)) return;
   const M total = count + n;
-  if (total == M(0)) return;
   const M delta = mean_b - mean;
   mean += delta * (n / total);
   m2 += m2_b + delta * delta * (count * n / total);

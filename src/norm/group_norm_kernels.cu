@@ -42,117 +42,140 @@ __device__ __forceinline__ stat_t<T> load_stat(const char* p, const int64_t* st,
   return reinterpret_cast<const stat_t<T>*>(p)[n * st[0] + g * st[1]];
 }
 
-/// Step 1, forward: ws[2 (n C + c) + {0, 1}] = the channel's mean and centred square sum.
+/// Step 1 works on parts: part r = (n C + c) * splits + split covers spatial
+/// [split * chunk, min(S, (split + 1) * chunk)) of channel row (n, c).
+struct Part {
+  int64_t n = 0, c = 0, begin = 0, count = 0;
+  __device__ Part(const GroupLaunch& l, int64_t r) {
+    const int64_t nc = r / l.splits;
+    n = nc / l.channels, c = nc % l.channels;
+    begin = (r % l.splits) * l.chunk;
+    count = std::min(l.spatial - begin, l.chunk);
+  }
+};
+
+/// Step 1, forward: ws[2 r + {0, 1}] = the part's mean and centred square sum.
 template <class T, int TPR, int RPB, bool kUnit>
 __global__ void __launch_bounds__(TPR * RPB) channel_moments_kernel(GroupLaunch l, SpaceCalc space) {
   using M = math_t<T, false>;
   __shared__ M scratch[RPB * (TPR / 32)];
-  const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR, S = l.spatial;
+  const int64_t r = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
   const int lane = threadIdx.x % TPR;
-  const bool valid = row < l.batch * l.channels;
-  const T* x = channel_row<T>(l, kGnIn, valid ? row / l.channels : 0, valid ? row % l.channels : 0);
+  const bool valid = r < l.batch * l.channels * l.splits;
+  const Part part(l, valid ? r : 0);
+  const int64_t S = valid ? part.count : 0, stride = space.stride[kGnIn][0];
+  const T* x = channel_row<T>(l, kGnIn, part.n, part.c) + (kUnit ? part.begin * stride : 0);
+  auto at = [&](int64_t s) { return x[space_offset<false>(space, kGnIn, part.begin + s)]; };
   M sum = 0;
-  if (valid) {
-    if constexpr (kUnit) rows::for_row<TPR>(x, space.stride[kGnIn][0], S, l.vector, lane, [&](int64_t, T v) { sum += convert<M>(v); });
-    else for (int64_t s = lane; s < S; s += TPR) sum += convert<M>(x[space_offset<false>(space, kGnIn, s)]);
-  }
+  if constexpr (kUnit) rows::for_row<TPR>(x, stride, S, l.vector, lane, [&](int64_t, T v) { sum += convert<M>(v); });
+  else for (int64_t s = lane; s < S; s += TPR) sum += convert<M>(at(s));
   sum = rows::row_all_reduce<TPR, RPB>(sum, rows::SumOp{}, scratch);
-  const M mean = sum / M(S);
+  const M mean = S > 0 ? sum / M(S) : M(0);
   M sq = 0;
   auto add_sq = [&](int64_t, T v) {
     const M d = convert<M>(v) - mean;
     sq += d * d;
   };
-  if (valid) {
-    if constexpr (kUnit) rows::for_row<TPR>(x, space.stride[kGnIn][0], S, l.vector, lane, add_sq);
-    else for (int64_t s = lane; s < S; s += TPR) add_sq(s, x[space_offset<false>(space, kGnIn, s)]);
-  }
+  if constexpr (kUnit) rows::for_row<TPR>(x, stride, S, l.vector, lane, add_sq);
+  else for (int64_t s = lane; s < S; s += TPR) add_sq(s, at(s));
   sq = rows::row_all_reduce<TPR, RPB>(sq, rows::SumOp{}, scratch);
   if (valid && lane == 0) {
     M* ws = reinterpret_cast<M*>(l.workspace);
-    ws[2 * row] = mean;
-    ws[2 * row + 1] = sq;
+    ws[2 * r] = mean;
+    ws[2 * r + 1] = sq;
   }
 }
 
-/// Step 1, backward: ws[2 (n C + c) + {0, 1}] = sum dy * (x - mean), sum dy.
+/// Step 1, backward: ws[2 r + {0, 1}] = the part's sum dy * (x - mean) and sum dy.
 template <class T, int TPR, int RPB, bool kUnit>
 __global__ void __launch_bounds__(TPR * RPB) channel_grad_sums_kernel(GroupLaunch l, SpaceCalc space) {
   using M = math_t<T, false>;
   constexpr int V = rows::kVecOf<T>;
   __shared__ M scratch[RPB * (TPR / 32)];
-  const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR, S = l.spatial;
+  const int64_t r = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
   const int lane = threadIdx.x % TPR;
-  const bool valid = row < l.batch * l.channels;
-  const int64_t n = valid ? row / l.channels : 0, c = valid ? row % l.channels : 0;
-  const T* dy = channel_row<T>(l, kGnGradOut, n, c);
-  const T* x = channel_row<T>(l, kGnSavedIn, n, c);
-  const M mean = valid ? M(load_stat<T>(l.mean, l.mean_stride, n, c / l.group_size())) : M(0);
+  const bool valid = r < l.batch * l.channels * l.splits;
+  const Part part(l, valid ? r : 0);
+  const int64_t S = valid ? part.count : 0;
+  const T* dy = channel_row<T>(l, kGnGradOut, part.n, part.c);
+  const T* x = channel_row<T>(l, kGnSavedIn, part.n, part.c);
+  const M mean = M(load_stat<T>(l.mean, l.mean_stride, part.n, part.c / l.group_size()));
   M e = 0, d = 0;
   auto add = [&](T gv, T xv) {
     const M g = convert<M>(gv);
     e += g * (convert<M>(xv) - mean);
     d += g;
   };
-  if (valid) {
-    if (kUnit && l.vector) {
-      using P = rows::Vec<T, V>;
-      for (int64_t i = lane; i < S / V; i += TPR) {
-        const P a = reinterpret_cast<const P*>(dy)[i], b = reinterpret_cast<const P*>(x)[i];
+  if (kUnit && l.vector) {  // parts begin at multiples of 16 elements
+    using P = rows::Vec<T, V>;
+    const P* a = reinterpret_cast<const P*>(dy + part.begin);
+    const P* b = reinterpret_cast<const P*>(x + part.begin);
+    for (int64_t i = lane; i < S / V; i += TPR) {
+      const P av = a[i], bv = b[i];
 #pragma unroll
-        for (int k = 0; k < V; ++k) add(a.v[k], b.v[k]);
-      }
-    } else {
-      for (int64_t s = lane; s < S; s += TPR)
-        add(dy[space_offset<kUnit>(space, kGnGradOut, s)], x[space_offset<kUnit>(space, kGnSavedIn, s)]);
+      for (int k = 0; k < V; ++k) add(av.v[k], bv.v[k]);
     }
+  } else {
+    for (int64_t s = part.begin + lane; s < part.begin + S; s += TPR)
+      add(dy[space_offset<kUnit>(space, kGnGradOut, s)], x[space_offset<kUnit>(space, kGnSavedIn, s)]);
   }
   e = rows::row_all_reduce<TPR, RPB>(e, rows::SumOp{}, scratch);
   d = rows::row_all_reduce<TPR, RPB>(d, rows::SumOp{}, scratch);
   if (valid && lane == 0) {
     M* ws = reinterpret_cast<M*>(l.workspace);
-    ws[2 * row] = e;
-    ws[2 * row + 1] = d;
+    ws[2 * r] = e;
+    ws[2 * r + 1] = d;
   }
 }
 
-/// Step 2, forward: per (n, g), the channels' moments merged in order; the
-/// statistics to the outputs and to ws[2 N C + 2 (n G + g) + {0, 1}].
+/// Step 1 sums of channel (n, c), its parts added in order.
+template <class M>
+__device__ __forceinline__ void channel_sums(const GroupLaunch& l, int64_t n, int64_t c, M& e, M& d) {
+  const M* ws = reinterpret_cast<const M*>(l.workspace) + 2 * (n * l.channels + c) * l.splits;
+  e = 0, d = 0;
+  for (int p = 0; p < l.splits; ++p) e += ws[2 * p], d += ws[2 * p + 1];
+}
+
+/// Step 2, forward: per (n, g), the parts' moments merged in channel and part
+/// order; the statistics to the outputs and to ws[2 N C splits + 2 (n G + g) + {0, 1}].
 template <class T>
 __global__ void __launch_bounds__(kThreads) group_stats_kernel(GroupLaunch l) {
   using M = math_t<T, false>;
   const int64_t row = int64_t(blockIdx.x) * kThreads + threadIdx.x, Cg = l.group_size();
   if (row >= l.batch * l.groups) return;
-  const int64_t n = row / l.groups, g = row % l.groups;
+  const int64_t n = row / l.groups, g = row % l.groups, parts = Cg * l.splits;
   M* ws = reinterpret_cast<M*>(l.workspace);
+  const M* first = ws + 2 * (n * l.channels + g * Cg) * l.splits;
   M count = 0, mean = 0, m2 = 0;
-  for (int64_t j = 0, k = n * l.channels + g * Cg; j < Cg; ++j, ++k)
-    merge_moments(count, mean, m2, M(l.spatial), ws[2 * k], ws[2 * k + 1]);
+  for (int64_t k = 0; k < parts; ++k) {
+    const int64_t begin = (k % l.splits) * l.chunk;
+    merge_moments(count, mean, m2, M(std::min(l.spatial - begin, l.chunk)), first[2 * k], first[2 * k + 1]);
+  }
   const M rstd = LayerNorm::rstd(m2, l.row_size(), M(l.eps));
-  M* stats = ws + 2 * l.batch * l.channels;
+  M* stats = ws + 2 * l.batch * l.channels * l.splits;
   stats[2 * row] = mean;
   stats[2 * row + 1] = rstd;
   reinterpret_cast<stat_t<T>*>(l.mean)[n * l.mean_stride[0] + g * l.mean_stride[1]] = stat_t<T>(mean);
   reinterpret_cast<stat_t<T>*>(l.rstd)[n * l.rstd_stride[0] + g * l.rstd_stride[1]] = stat_t<T>(rstd);
 }
 
-/// Step 2, backward: per (n, g), mean(wg) and mean(wg * xhat) to ws[2 N C + 2 (n G + g) + {0, 1}].
+/// Step 2, backward: per (n, g), mean(wg) and mean(wg * xhat) to ws[2 N C splits + 2 (n G + g) + {0, 1}].
 template <class T>
 __global__ void __launch_bounds__(kThreads) group_coefficients_kernel(GroupLaunch l) {
   using M = math_t<T, false>;
   const int64_t row = int64_t(blockIdx.x) * kThreads + threadIdx.x, Cg = l.group_size();
   if (row >= l.batch * l.groups) return;
   const int64_t n = row / l.groups, g = row % l.groups;
-  M* ws = reinterpret_cast<M*>(l.workspace);
   M sum_wg = 0, sum_we = 0;
   for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
     const M w = param<T>(l.weight, l.weight_stride, c, M(1));
-    const int64_t k = n * l.channels + c;
-    sum_we += w * ws[2 * k];
-    sum_wg += w * ws[2 * k + 1];
+    M e, d;
+    channel_sums(l, n, c, e, d);
+    sum_we += w * e;
+    sum_wg += w * d;
   }
   const M D = M(l.row_size()), rstd = M(load_stat<T>(l.rstd, l.rstd_stride, n, g));
-  M* coef = ws + 2 * l.batch * l.channels;
+  M* coef = reinterpret_cast<M*>(l.workspace) + 2 * l.batch * l.channels * l.splits;
   coef[2 * row] = sum_wg / D;
   coef[2 * row + 1] = rstd * sum_we / D;
 }
@@ -163,12 +186,12 @@ __global__ void __launch_bounds__(kThreads) grad_params_kernel(GroupLaunch l) {
   using M = math_t<T, false>;
   const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x, g = c / l.group_size();
   if (c >= l.channels) return;
-  const M* ws = reinterpret_cast<const M*>(l.workspace);
   M gw = 0, gb = 0;
   for (int64_t n = 0; n < l.batch; ++n) {
-    const int64_t k = n * l.channels + c;
-    gw += ws[2 * k] * M(load_stat<T>(l.rstd, l.rstd_stride, n, g));
-    gb += ws[2 * k + 1];
+    M e, d;
+    channel_sums(l, n, c, e, d);
+    gw += e * M(load_stat<T>(l.rstd, l.rstd_stride, n, g));
+    gb += d;
   }
   reinterpret_cast<T*>(l.grad_weight)[c * l.grad_weight_stride] = convert<T>(gw);
   if (l.grad_bias) reinterpret_cast<T*>(l.grad_bias)[c * l.grad_bias_stride] = convert<T>(gb);
@@ -181,7 +204,7 @@ struct RowCoefficients {
   M scale, shift, mean, rstd, mean_wg, mean_wg_xhat;
   __device__ RowCoefficients(const GroupLaunch& l, int64_t n, int64_t c) {
     const int64_t g = c / l.group_size();
-    const M* stats = reinterpret_cast<const M*>(l.workspace) + 2 * l.batch * l.channels + 2 * (n * l.groups + g);
+    const M* stats = reinterpret_cast<const M*>(l.workspace) + 2 * l.batch * l.channels * l.splits + 2 * (n * l.groups + g);
     const M w = param<T>(l.weight, l.weight_stride, c, M(1));
     if constexpr (!kBackward) {
       mean = stats[0], scale = stats[1] * w, shift = param<T>(l.bias, l.bias_stride, c, M(0));
@@ -257,12 +280,12 @@ Status launch_elementwise(const GroupLaunch& l, const SpaceCalc& space, CUstream
   return Status::ok();
 }
 
-/// Step 1 over the N C channel rows, shaped by the row length S.
+/// Step 1 over the N C splits parts, shaped by the part length.
 template <class T, bool kBackward>
 Status launch_channel_rows(const GroupLaunch& l, const SpaceCalc& space, CUstream_st* stream) {
-  const int64_t rows = l.batch * l.channels;
+  const int64_t rows = l.batch * l.channels * l.splits;
   if (rows == 0) return Status::ok();
-  return by_row_length(l.spatial, [&]<int TPR, int RPB>() {
+  return by_row_length(l.chunk, [&]<int TPR, int RPB>() {
     const unsigned blocks = unsigned((rows + RPB - 1) / RPB);
     if constexpr (kBackward) {
       if (l.unit_space) channel_grad_sums_kernel<T, TPR, RPB, true><<<blocks, TPR * RPB, 0, stream>>>(l, space);
@@ -342,7 +365,7 @@ __global__ void __launch_bounds__(kThreads) resident_group_kernel(GroupLaunch l,
       d = rows::row_all_reduce<32, 1>(d, rows::SumOp{}, static_cast<M*>(nullptr));
       if (lane == 0) {
         pair[2 * jc] = e, pair[2 * jc + 1] = d;
-        const int64_t k = n * l.channels + c0 + jc;  // for the parameter gradients
+        const int64_t k = n * l.channels + c0 + jc;  // for the parameter gradients (one part per channel)
         ws[2 * k] = e, ws[2 * k + 1] = d;
       }
     }
@@ -437,7 +460,9 @@ struct CudaGroupNorm {
       }
     }
     if (l.grad_weight && l.channels > 0) {
-      grad_params_kernel<T><<<blocks_for(l.channels, kThreads), kThreads, 0, stream>>>(l);
+      GroupLaunch sums = l;  // the resident kernel leaves one part per channel
+      if (resident) sums.splits = 1, sums.chunk = l.spatial;
+      grad_params_kernel<T><<<blocks_for(l.channels, kThreads), kThreads, 0, stream>>>(sums);
       BARACUDA_CUDA_TRY(cudaGetLastError());
     }
     return resident ? Status::ok() : launch_elementwise<T, true>(l, space, stream);
