@@ -1,8 +1,11 @@
-// CUDA group_norm / instance_norm (group_norm.hpp has the math). Step 1 is a
-// row kernel over the (n, c) channels (rows of S elements, TPR threads each,
-// fixed-order reductions); step 2 one thread per (n, g) (or per channel for
-// the parameter gradients) looping in order; step 3 a flat elementwise pass
-// with 16-byte vectors where every row allows. No atomics anywhere.
+// CUDA group_norm / instance_norm (group_norm.hpp has the math). A group that
+// fits in shared memory is one block: read once, written once, the three
+// steps inside (resident_group_kernel). Longer groups take three launches:
+// step 1 a row kernel over parts of the (n, c) channel rows (TPR threads per
+// part, fixed-order reductions); step 2 one thread per (n, g) (or per channel
+// for the parameter gradients) merging parts and channels in order; step 3 an
+// elementwise pass with 16-byte vectors where every row allows (a (row,
+// chunk) grid for long rows, flat for short ones). No atomics anywhere.
 #include <optional>
 
 #include "norm/group_norm.hpp"
@@ -264,7 +267,7 @@ unsigned blocks_for(int64_t work, int64_t per_block) { return unsigned(std::min<
 template <class T, bool kBackward, bool kUnit, int V>
 void launch_elementwise_as(const GroupLaunch& l, const SpaceCalc& space, CUstream_st* stream) {
   const int64_t rows = l.batch * l.channels, chunks = (l.spatial + kChunk - 1) / kChunk;
-  if (l.spatial >= 4 * kThreads && rows < (int64_t(1) << 31) && chunks < 65536)
+  if (l.spatial >= int64_t(kThreads) * V && rows < (int64_t(1) << 31) && chunks < 65536)
     row_elementwise_kernel<T, kBackward, kUnit, V><<<dim3(unsigned(rows), unsigned(chunks)), kThreads, 0, stream>>>(l, space);
   else
     flat_elementwise_kernel<T, kBackward, kUnit, V><<<blocks_for(rows * l.spatial / V, kThreads), kThreads, 0, stream>>>(l, space);
