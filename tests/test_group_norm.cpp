@@ -146,6 +146,37 @@ TEST(GroupNormLongGroups, CudaMatchesHost) {
   }
 }
 
+/// f32 weight and bias with half inputs: the same numbers as half parameters
+/// holding the same (exactly representable) values; gradients come back in f32.
+TEST(GroupNormMixedParams, F32WeightsWithHalfInput) {
+  std::mt19937_64 rng(9);
+  const Shape xs{2, 4, 6};
+  auto x = uniform(48, rng), g = uniform(48, rng);
+  const std::vector<double> w{0.5, -1.25, 2, 3}, b{0.25, 0, -1, 1.5};
+  for (Backend backend : host_and_cuda_backends())
+    for (DType t : {DType::bf16, DType::f16}) {
+      const Attrs attrs{{"num_groups", 2}};
+      auto same = exec(backend, "group_norm", {{x, xs, t}, {w, {4}, t}, {b, {4}, t}}, attrs);
+      auto mixed = exec(backend, "group_norm", {{x, xs, t}, {w, {4}, DType::f32}, {b, {4}, DType::f32}}, attrs);
+      ASSERT_TRUE(same && mixed) << (same ? mixed.status() : same.status()).to_string();
+      EXPECT_EQ((*same)[0], (*mixed)[0]);
+      const Operand mean{(*same)[1], {2, 2}, DType::f32}, rstd{(*same)[2], {2, 2}, DType::f32};
+      auto bw = exec(backend, "group_norm_backward", {{g, xs, t}, {x, xs, t}, mean, rstd, {w, {4}, DType::f32}});
+      auto bs = exec(backend, "group_norm_backward", {{g, xs, t}, {x, xs, t}, mean, rstd, {w, {4}, t}});
+      ASSERT_TRUE(bw && bs) << (bw ? bs.status() : bw.status()).to_string();
+      EXPECT_EQ((*bw)[0], (*bs)[0]);
+      for (size_t k = 1; k < 3; ++k)
+        for (size_t c = 0; c < 4; ++c) EXPECT_NEAR((*bw)[k][c], (*bs)[k][c], 2e-2 * (1 + std::abs((*bw)[k][c])));
+    }
+  auto d = infer("group_norm_backward", {{DType::bf16, {2, 4, 6}}, {DType::bf16, {2, 4, 6}}, {DType::f32, {2, 2}},
+                                         {DType::f32, {2, 2}}, {DType::f32, {4}}});
+  ASSERT_TRUE(d) << d.status().to_string();
+  EXPECT_EQ(d->outputs[1].dtype, DType::f32);
+  auto bad = infer("group_norm", {{DType::bf16, {2, 4, 6}}, {DType::f32, {4}}, {DType::bf16, {4}}}, {{"num_groups", 2}});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.status().message().find("'bias' dtype bf16, expected f32"), std::string::npos) << bad.status().message();
+}
+
 TEST(InstanceNormRunningStats, UpdateMatchesTorchFormula) {
   std::mt19937_64 rng(8);
   const Shape xs{3, 2, 4};

@@ -59,8 +59,16 @@ struct HostGroupNorm {
     Stat& stat(char* p, const int64_t* st, int64_t n, int64_t g) const {
       return reinterpret_cast<Stat*>(p)[n * st[0] + g * st[1]];
     }
-    M weight(int64_t c) const { return l.weight ? convert<M>(reinterpret_cast<const T*>(l.weight)[c * l.weight_stride]) : M(1); }
-    M bias(int64_t c) const { return l.bias ? convert<M>(reinterpret_cast<const T*>(l.bias)[c * l.bias_stride]) : M(0); }
+    M param(const char* p, int64_t stride, int64_t c, M fallback) const {
+      if (!p) return fallback;
+      return l.param_f32 ? M(reinterpret_cast<const float*>(p)[c * stride]) : convert<M>(reinterpret_cast<const T*>(p)[c * stride]);
+    }
+    M weight(int64_t c) const { return param(l.weight, l.weight_stride, c, M(1)); }
+    M bias(int64_t c) const { return param(l.bias, l.bias_stride, c, M(0)); }
+    void store(char* p, int64_t stride, int64_t c, M v) const {
+      if (l.param_f32) reinterpret_cast<float*>(p)[c * stride] = float(v);
+      else reinterpret_cast<T*>(p)[c * stride] = convert<T>(v);
+    }
   };
 
   static Status forward(const GroupLaunch& l, CUstream_st*) {
@@ -124,8 +132,8 @@ struct HostGroupNorm {
         gw += e[n * C + c] * M(a.stat(l.rstd, l.rstd_stride, n, c / Cg));
         gb += d[n * C + c];
       }
-      reinterpret_cast<T*>(l.grad_weight)[c * l.grad_weight_stride] = convert<T>(gw);
-      if (l.grad_bias) reinterpret_cast<T*>(l.grad_bias)[c * l.grad_bias_stride] = convert<T>(gb);
+      a.store(l.grad_weight, l.grad_weight_stride, c, gw);
+      if (l.grad_bias) a.store(l.grad_bias, l.grad_bias_stride, c, gb);
     }
     return Status::ok();
   }
@@ -257,9 +265,13 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   } else if (!backward && spatial <= 1) {
     return invalid(op, ": expected more than 1 spatial element when training (as torch), got 'input' shape ", shape_str(x.shape));
   }
+  // Parameters in the input's dtype, or f32 for half inputs (torch's mixed precision).
+  const size_t w_index = backward ? 4 : 1;
+  const bool half = x.dtype == DType::f16 || x.dtype == DType::bf16;
+  const DType param_dtype = def.affine && half && d.inputs[w_index].dtype == DType::f32 ? DType::f32 : x.dtype;
   auto expected = [&](const std::string& n) {
     if (is_stat(n)) return TensorSpec{stat_dtype(x.dtype), {N, G}};
-    if (n == "weight" || n == "bias" || n == "grad_weight" || n == "grad_bias") return TensorSpec{x.dtype, {C}};
+    if (n == "weight" || n == "bias" || n == "grad_weight" || n == "grad_bias") return TensorSpec{param_dtype, {C}};
     return TensorSpec{x.dtype, x.shape};
   };
   for (size_t i = 0; i < d.inputs.size(); ++i) {
@@ -346,6 +358,7 @@ class GroupNormPlan final : public FamilyPlan {
     if (def_.affine) {
       const TensorView& w = args.inputs[backward ? 4 : 1];
       l.weight = static_cast<char*>(w.data), l.weight_stride = w.stride[0];
+      l.param_f32 = w.dtype != x.dtype;
       if (backward) {
         l.grad_weight = static_cast<char*>(args.outputs[1].data), l.grad_weight_stride = args.outputs[1].stride[0];
         l.grad_bias = static_cast<char*>(args.outputs[2].data), l.grad_bias_stride = args.outputs[2].stride[0];
@@ -406,7 +419,7 @@ std::string doc_of(const Def& def) {
                                           "num_groups channels and the spatial dims)";
   if (def.kind == Kind::backward)
     return cat("gradients of ", def.forward_name, " (as torch.native_group_norm_backward)");
-  return cat(what, def.affine ? ", then weight[C] and bias[C] per channel" : "",
+  return cat(what, def.affine ? ", then weight[C] and bias[C] per channel (the input's dtype, or f32 for f16/bf16 input)" : "",
              "; mean and rstd [N, groups] are f32 (f64 for f64), as torch.native_group_norm");
 }
 

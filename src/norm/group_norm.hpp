@@ -48,7 +48,9 @@ struct GroupLaunch {
   char* mean = nullptr;
   char* rstd = nullptr;
   int64_t mean_stride[2] = {}, rstd_stride[2] = {};
-  /// [C] parameters (null: weight 1, bias 0) and their gradients (null: not wanted).
+  /// [C] parameters (null: weight 1, bias 0) and their gradients (null: not
+  /// wanted), in the input's dtype or, with param_f32, f32 (half inputs).
+  bool param_f32 = false;
   char* weight = nullptr;
   char* bias = nullptr;
   char* grad_weight = nullptr;

@@ -34,10 +34,17 @@ __device__ __forceinline__ int64_t space_offset(const SpaceCalc& space, int k, i
   }
 }
 
-/// weight[c] or bias[c], `fallback` without the parameter.
+/// weight[c] or bias[c] (T, or f32 when `f32`), `fallback` without the parameter.
 template <class T, class M>
-__device__ __forceinline__ M param(const char* p, int64_t stride, int64_t c, M fallback) {
-  return p ? convert<M>(reinterpret_cast<const T*>(p)[c * stride]) : fallback;
+__device__ __forceinline__ M param(const char* p, int64_t stride, int64_t c, M fallback, bool f32) {
+  if (!p) return fallback;
+  return f32 ? M(reinterpret_cast<const float*>(p)[c * stride]) : convert<M>(reinterpret_cast<const T*>(p)[c * stride]);
+}
+
+template <class T, class M>
+__device__ __forceinline__ void store_param(char* p, int64_t stride, int64_t c, M v, bool f32) {
+  if (f32) reinterpret_cast<float*>(p)[c * stride] = float(v);
+  else reinterpret_cast<T*>(p)[c * stride] = convert<T>(v);
 }
 
 template <class T>
@@ -171,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) group_coefficients_kernel(GroupLaunc
   const int64_t n = row / l.groups, g = row % l.groups;
   M sum_wg = 0, sum_we = 0;
   for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
-    const M w = param<T>(l.weight, l.weight_stride, c, M(1));
+    const M w = param<T>(l.weight, l.weight_stride, c, M(1), l.param_f32);
     M e, d;
     channel_sums(l, n, c, e, d);
     sum_we += w * e;
@@ -196,8 +203,8 @@ __global__ void __launch_bounds__(kThreads) grad_params_kernel(GroupLaunch l) {
     gw += e * M(load_stat<T>(l.rstd, l.rstd_stride, n, g));
     gb += d;
   }
-  reinterpret_cast<T*>(l.grad_weight)[c * l.grad_weight_stride] = convert<T>(gw);
-  if (l.grad_bias) reinterpret_cast<T*>(l.grad_bias)[c * l.grad_bias_stride] = convert<T>(gb);
+  store_param<T>(l.grad_weight, l.grad_weight_stride, c, gw, l.param_f32);
+  if (l.grad_bias) store_param<T>(l.grad_bias, l.grad_bias_stride, c, gb, l.param_f32);
 }
 
 /// Step 3 for one (n, c) row: what every element of the row shares.
@@ -208,9 +215,9 @@ struct RowCoefficients {
   __device__ RowCoefficients(const GroupLaunch& l, int64_t n, int64_t c) {
     const int64_t g = c / l.group_size();
     const M* stats = reinterpret_cast<const M*>(l.workspace) + 2 * l.batch * l.channels * l.splits + 2 * (n * l.groups + g);
-    const M w = param<T>(l.weight, l.weight_stride, c, M(1));
+    const M w = param<T>(l.weight, l.weight_stride, c, M(1), l.param_f32);
     if constexpr (!kBackward) {
-      mean = stats[0], scale = stats[1] * w, shift = param<T>(l.bias, l.bias_stride, c, M(0));
+      mean = stats[0], scale = stats[1] * w, shift = param<T>(l.bias, l.bias_stride, c, M(0), l.param_f32);
     } else {
       mean = M(load_stat<T>(l.mean, l.mean_stride, n, g)), rstd = M(load_stat<T>(l.rstd, l.rstd_stride, n, g));
       scale = w, mean_wg = stats[0], mean_wg_xhat = stats[1];
@@ -387,7 +394,7 @@ __global__ void __launch_bounds__(kThreads) resident_group_kernel(GroupLaunch l,
   } else {
     M sum_wg = 0, sum_we = 0;
     for (int jc = 0; jc < Cg; ++jc) {
-      const M w = param<T>(l.weight, l.weight_stride, c0 + jc, M(1));
+      const M w = param<T>(l.weight, l.weight_stride, c0 + jc, M(1), l.param_f32);
       sum_we += w * pair[2 * jc];
       sum_wg += w * pair[2 * jc + 1];
     }
@@ -395,9 +402,9 @@ __global__ void __launch_bounds__(kThreads) resident_group_kernel(GroupLaunch l,
   }
   __syncthreads();  // pair[] now holds (scale, shift) per channel
   for (int jc = threadIdx.x; jc < Cg; jc += kThreads) {
-    const M w = param<T>(l.weight, l.weight_stride, c0 + jc, M(1));
+    const M w = param<T>(l.weight, l.weight_stride, c0 + jc, M(1), l.param_f32);
     pair[2 * jc] = kBackward ? w : w * rstd;
-    pair[2 * jc + 1] = kBackward ? M(0) : param<T>(l.bias, l.bias_stride, c0 + jc, M(0));
+    pair[2 * jc + 1] = kBackward ? M(0) : param<T>(l.bias, l.bias_stride, c0 + jc, M(0), l.param_f32);
   }
   __syncthreads();
 #pragma unroll 4
