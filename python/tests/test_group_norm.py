@@ -171,3 +171,23 @@ def test_group_norm_is_deterministic():
     for _ in range(3):
         again = F.group_norm_backward(g, x, mean, rstd, w)
         assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_group_norm_f32_params_with_half_input(dtype):
+    dtype = getattr(torch, dtype)
+    x = torch.randn(4, 32, 16, 16, device="cuda", dtype=dtype)
+    w, b = torch.randn(32, device="cuda"), torch.randn(32, device="cuda")
+    g = torch.randn_like(x)
+    xd, wd, bd = (t.double().requires_grad_() for t in (x, w, b))
+    yd = torch.nn.functional.group_norm(xd, 8, wd, bd)
+    out, mean, rstd = F.native_group_norm(x, w, b, 4, 32, 256, 8, 1e-5)
+    assert out.dtype == dtype
+    _close(out, yd.detach().to(dtype), dtype, 4, "group_norm f32 params")
+    gx, gw, gb = torch.autograd.grad(yd, (xd, wd, bd), g.double())
+    dx, dw, db = F.group_norm_backward(g, x, mean, rstd, w)
+    assert dw.dtype == torch.float32 and db.dtype == torch.float32
+    _close(dx, gx.to(dtype), dtype, 8, "dx")
+    _close(dw, gw.float(), dtype, _grad_scale(1024), "dw")
+    _close(db, gb.float(), dtype, _grad_scale(1024), "db")
