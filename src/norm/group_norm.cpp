@@ -305,7 +305,8 @@ class GroupNormPlan final : public FamilyPlan {
     chunk_ = spatial_;
 #ifdef BARACUDA_HAS_CUDA
     if (backend != Backend::host_reference) {
-      std::tie(splits_, chunk_) = group_norm_splits(x.shape[0] * x.shape[1], spatial_, current_sm_count());
+      sm_count_ = current_sm_count();
+      std::tie(splits_, chunk_) = group_norm_splits(x.shape[0] * x.shape[1], spatial_, sm_count_);
       workspace_ = group_norm_workspace(x.shape[0], x.shape[1], groups_, splits_, x.dtype == DType::f64);
     }
 #endif
@@ -322,6 +323,7 @@ class GroupNormPlan final : public FamilyPlan {
     l.groups = groups_;
     l.splits = splits_;
     l.chunk = chunk_;
+    l.sm_count = sm_count_;
     l.eps = eps_;
     l.workspace = workspace.data;
     const int n_full = backward ? 3 : 2;
@@ -375,7 +377,7 @@ class GroupNormPlan final : public FamilyPlan {
   GroupNormFn fn_;
   double eps_ = 1e-5;
   int64_t groups_ = 1, spatial_ = 1, chunk_ = 1;
-  int splits_ = 1;
+  int splits_ = 1, sm_count_ = 0;
 };
 
 class RunningPlan final : public FamilyPlan {

@@ -39,6 +39,7 @@ struct GroupLaunch {
   /// (a multiple of 16; the last part may be shorter, none is empty).
   int splits = 1;
   int64_t chunk = 1;
+  int sm_count = 0;  ///< of the plan's device: few long groups skip the one-block-per-group kernel
   char* data[kGroupFull] = {};
   int64_t stride_n[kGroupFull] = {}, stride_c[kGroupFull] = {};
   ew::Problem space;        ///< the spatial dims of the full operands, coalesced (rank >= 1)

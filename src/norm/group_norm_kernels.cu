@@ -426,12 +426,14 @@ __global__ void __launch_bounds__(kThreads) resident_group_kernel(GroupLaunch l,
   }
 }
 
-/// The resident kernel when the group fits in shared memory; nullopt otherwise.
+/// The resident kernel when the group fits in shared memory and the groups
+/// are many or short; nullopt otherwise.
 template <class T, bool kBackward>
 std::optional<Status> launch_resident(const GroupLaunch& l, const SpaceCalc& space, CUstream_st* stream) {
   const size_t bytes = resident_bytes<T, kBackward>(l);
   const int64_t blocks = l.batch * l.groups;
   if (l.row_size() == 0 || bytes > rows::kRowCacheBytes || blocks >= (int64_t(1) << 31)) return std::nullopt;
+  if (2 * blocks < l.sm_count && l.row_size() > 8192) return std::nullopt;  // few long groups: the split path
   auto go = [&](auto kernel) -> Status {
     if (bytes > 48 * 1024)
       BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(rows::kRowCacheBytes)));
