@@ -468,14 +468,20 @@ void register_group_norm_ops(std::vector<OpInfo>& ops) {
     if (def.kind == Kind::running) info.sample_attrs = {Attrs{{"spatial", 5}}, Attrs{{"spatial", 2}, {"momentum", 1}}};
     else if (def.kind == Kind::forward && !def.instance) info.sample_attrs = {Attrs{{"num_groups", 1}}, Attrs{{"num_groups", 2}}};
     else info.sample_attrs = {Attrs{}};
-    info.sample_shapes = [&def](DType, const Shape& shape, const Attrs& attrs) -> std::optional<SampleShapes> {
+    info.sample_shapes = [&def](DType, const Shape& primary, const Attrs& attrs) -> std::optional<SampleShapes> {
       SampleShapes s;
-      if (def.kind == Kind::running) {
-        if (shape.size() != 1) return std::nullopt;
-        const Shape stats{3, shape[0]};
-        s.inputs = {shape, shape, stats, stats};
+      if (def.kind == Kind::running) {  // [C], or [N, C] (the CLI suite's matrices)
+        if (primary.empty() || primary.size() > 2) return std::nullopt;
+        const Shape c{primary.back()}, stats{primary.size() == 2 ? primary[0] : 3, primary.back()};
+        s.inputs = {c, c, stats, stats};
         return s;
       }
+      // A matrix [R, K] (the CLI suite's shape) becomes [R, 16 or 32, K / that]
+      // for instance norm (which needs spatial dims) and for long group-norm rows.
+      Shape shape = primary;
+      const int64_t split = def.instance ? 16 : 32;
+      if (shape.size() == 2 && shape[1] % split == 0 && shape[1] / split >= 2 && (def.instance || shape[1] >= 1024))
+        shape = {shape[0], split, shape[1] / split};
       if (shape.size() < (def.instance ? 3u : 2u)) return std::nullopt;
       int64_t spatial = 1;
       for (size_t a = 2; a < shape.size(); ++a) spatial *= shape[a];
