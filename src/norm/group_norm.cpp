@@ -73,7 +73,7 @@ struct HostGroupNorm {
 
   static Status forward(const GroupLaunch& l, CUstream_st*) {
     const Access a(l);
-    const int64_t C = l.channels, G = l.groups, Cg = l.group_size(), S = l.spatial;
+    const int64_t G = l.groups, Cg = l.group_size(), S = l.spatial;
     for (int64_t n = 0; n < l.batch; ++n)
       for (int64_t g = 0; g < G; ++g) {
         M count = 0, mean = 0, m2 = 0;
@@ -94,7 +94,6 @@ struct HostGroupNorm {
           for (int64_t s = 0; s < S; ++s)
             a.at(kGnOut, n, c, s) = convert<T>((convert<M>(a.at(kGnIn, n, c, s)) - mean) * rstd * a.weight(c) + a.bias(c));
       }
-    (void)C;
     return Status::ok();
   }
 
@@ -316,7 +315,6 @@ class GroupNormPlan final : public FamilyPlan {
     BARACUDA_TRY(check_run(workspace, args));
     const bool backward = def_.kind == Kind::backward;
     GroupLaunch l;
-    l.backward = backward;
     const TensorView& x = args.inputs[backward ? 1 : 0];
     l.batch = x.shape[0];
     l.channels = x.shape[1];

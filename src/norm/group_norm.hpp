@@ -33,7 +33,6 @@ namespace baracuda::norm {
 inline constexpr int kGroupFull = 3;
 
 struct GroupLaunch {
-  bool backward = false;
   int64_t batch = 0, channels = 0, groups = 1, spatial = 1;
   /// CUDA step 1 splits each channel row into `splits` parts of `chunk` elements
   /// (a multiple of 16; the last part may be shorter, none is empty).
