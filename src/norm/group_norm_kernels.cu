@@ -351,36 +351,70 @@ __global__ void __launch_bounds__(kThreads) resident_group_kernel(GroupLaunch l,
   const M saved_mean = kBackward ? M(load_stat<T>(l.mean, l.mean_stride, n, g)) : M(0);
   const M saved_rstd = kBackward ? M(load_stat<T>(l.rstd, l.rstd_stride, n, g)) : M(0);
   M* ws = reinterpret_cast<M*>(l.workspace);
-  for (int jc = warp; jc < Cg; jc += kWarps) {
-    const T* a = cache + jc * S;
-    if constexpr (!kBackward) {
-      M sum = 0, sq = 0;
-      for (int s = lane; s < S; s += 32) sum += convert<M>(a[s]);
-      const M mean = rows::row_all_reduce<32, 1>(sum, rows::SumOp{}, static_cast<M*>(nullptr)) / M(S);
-      for (int s = lane; s < S; s += 32) {
+  auto warp_sum = [](M v) { return rows::row_all_reduce<32, 1>(v, rows::SumOp{}, static_cast<M*>(nullptr)); };
+  auto keep = [&](int jc, M first, M second) {  // one channel's sums: (mean, m2) or (e, d)
+    pair[2 * jc] = first, pair[2 * jc + 1] = second;
+    if constexpr (kBackward) {
+      const int64_t k = n * l.channels + c0 + jc;  // for the parameter gradients (one part per channel)
+      ws[2 * k] = first, ws[2 * k + 1] = second;
+    }
+  };
+  // Sums of one channel by the warps of a team (lanes, then members, in a fixed order).
+  auto channel_sums = [&](int jc, bool active, int member, int team, M& p0, M& p1) {
+    const T* a = cache + (active ? jc : 0) * S;
+    p0 = 0, p1 = 0;
+    if (active)
+      for (int s = member * 32 + lane; s < S; s += 32 * team) {
+        if constexpr (!kBackward) {
+          p0 += convert<M>(a[s]);
+        } else {
+          const M gv = convert<M>(a[s]);
+          p0 += gv * (convert<M>(a[D + s]) - saved_mean);  // input's row sits D after grad_output's
+          p1 += gv;
+        }
+      }
+    p0 = warp_sum(p0), p1 = warp_sum(p1);
+  };
+  auto centred_squares = [&](int jc, bool active, int member, int team, M mean) {
+    const T* a = cache + (active ? jc : 0) * S;
+    M sq = 0;
+    if (active)
+      for (int s = member * 32 + lane; s < S; s += 32 * team) {
         const M d = convert<M>(a[s]) - mean;
         sq += d * d;
       }
-      sq = rows::row_all_reduce<32, 1>(sq, rows::SumOp{}, static_cast<M*>(nullptr));
-      if (lane == 0) pair[2 * jc] = mean, pair[2 * jc + 1] = sq;
-    } else {
-      const T* x = cache + D + jc * S;
-      M e = 0, d = 0;
-      for (int s = lane; s < S; s += 32) {
-        const M gv = convert<M>(a[s]);
-        e += gv * (convert<M>(x[s]) - saved_mean);
-        d += gv;
-      }
-      e = rows::row_all_reduce<32, 1>(e, rows::SumOp{}, static_cast<M*>(nullptr));
-      d = rows::row_all_reduce<32, 1>(d, rows::SumOp{}, static_cast<M*>(nullptr));
-      if (lane == 0) {
-        pair[2 * jc] = e, pair[2 * jc + 1] = d;
-        const int64_t k = n * l.channels + c0 + jc;  // for the parameter gradients (one part per channel)
-        ws[2 * k] = e, ws[2 * k + 1] = d;
-      }
+    return warp_sum(sq);
+  };
+  if (Cg >= kWarps) {  // a warp per channel, no block synchronisation
+    for (int jc = warp; jc < Cg; jc += kWarps) {
+      M p0, p1;
+      channel_sums(jc, true, 0, 1, p0, p1);
+      if constexpr (!kBackward) p1 = centred_squares(jc, true, 0, 1, p0 / M(S)), p0 /= M(S);
+      if (lane == 0) keep(jc, p0, p1);
     }
+  } else {  // fewer channels than warps: a team of kWarps / Cg warps per channel
+    __shared__ M partial[2][kWarps];
+    const int team = kWarps / Cg, jc = warp / team, member = warp % team, lead = jc * team;
+    const bool active = jc < Cg;
+    M p0, p1;
+    channel_sums(jc, active, member, team, p0, p1);
+    if (lane == 0) partial[0][warp] = p0, partial[1][warp] = p1;
+    __syncthreads();
+    M first = 0, second = 0;
+    if (active)
+      for (int m = 0; m < team; ++m) first += partial[0][lead + m], second += partial[1][lead + m];
+    if constexpr (!kBackward) {
+      first /= M(S);  // the channel mean
+      const M sq = centred_squares(jc, active, member, team, first);
+      __syncthreads();  // every warp has read partial[]
+      if (lane == 0) partial[1][warp] = sq;
+      __syncthreads();
+      second = 0;
+      if (active)
+        for (int m = 0; m < team; ++m) second += partial[1][lead + m];
+    }
+    if (active && member == 0 && lane == 0) keep(jc, first, second);
   }
-  __syncthreads();
   // The group's coefficients, merged in channel order by every thread.
   M mean = saved_mean, rstd = saved_rstd, mean_wg = 0, mean_wg_xhat = 0;
   if constexpr (!kBackward) {
