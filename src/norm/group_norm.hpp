@@ -6,7 +6,9 @@
 // D = (C / G) * S elements (S = the spatial size):
 //   mean = sum x / D, rstd = 1 / sqrt(sum (x - mean)^2 / D + eps)
 //   out[n, c, s] = (x - mean) * rstd * weight[c] + bias[c]
-// Both backends reduce in three steps, each in a fixed order:
+// Both backends reduce in three steps, each in a fixed order (CUDA: in one
+// block per group when the group fits in shared memory, else in three
+// launches, step 1 over parts of the channel rows):
 //   1. per (n, c): forward, the channel's mean and centred square sum over S;
 //      backward, e = sum dy * (x - mean[n, g]) and d = sum dy over S;
 //   2. per (n, g): forward, the channels' moments merged in channel order
