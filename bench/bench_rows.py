@@ -109,6 +109,29 @@ def main():
                     lambda: torch.autograd.grad(yr, (xr, wr), g, retain_graph=True), 3 * n * es + stats // 2)
                 del xr, wr, yr
             del x, g, o1, o2
+        if want("group_norm") or want("instance_norm"):
+            for (n, c, h, wd), groups in (((32, 512, 32, 32), 32), ((16, 256, 64, 64), 256)):
+                name = "group_norm" if groups < c else "instance_norm"
+                if not want(name):
+                    continue
+                x = torch.randn(n, c, h, wd, device="cuda", dtype=dtype)
+                g = torch.randn_like(x)
+                w = torch.randn(c, device="cuda", dtype=dtype)
+                b = torch.randn(c, device="cuda", dtype=dtype)
+                numel, hw, stats = x.numel(), h * wd, n * groups * 4 * 2
+                shape = f"{n}x{c}x{h}x{wd} G={groups}"
+                row(f"{name} {shape}", dtype, lambda: F.native_group_norm(x, w, b, n, c, hw, groups, 1e-5),
+                    lambda: aten.native_group_norm(x, w, b, n, c, hw, groups, 1e-5), 2 * numel * es + stats,
+                    lambda: close(F.group_norm(x, groups, w, b), torch.nn.functional.group_norm(x, groups, w, b), tol * 4))
+                _, mean, rstd = F.native_group_norm(x, w, b, n, c, hw, groups, 1e-5)
+                _, tmean, trstd = aten.native_group_norm(x, w, b, n, c, hw, groups, 1e-5)
+                row(f"{name}_backward {shape}", dtype, lambda: F.group_norm_backward(g, x, mean, rstd, w),
+                    lambda: aten.native_group_norm_backward(g, x, tmean, trstd, w, n, c, hw, groups, [True, True, True]),
+                    3 * numel * es + stats,
+                    lambda: close(F.group_norm_backward(g, x, mean, rstd, w)[0],
+                                  aten.native_group_norm_backward(g, x, tmean, trstd, w, n, c, hw, groups,
+                                                                  [True, True, True])[0], tol * 8))
+                del x, g
         if want("cross_entropy"):
             rows, cols = 8192, 128256
             x = torch.randn(rows, cols, device="cuda", dtype=dtype)

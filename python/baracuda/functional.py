@@ -602,6 +602,88 @@ def batch_norm_backward(grad_output, input, save_mean=None, save_invstd=None, we
     """(grad_input, grad_weight, grad_bias) of batch_norm; grad_weight and grad_bias also without a weight."""
     return native_batch_norm_backward(grad_output, input, weight, running_mean, running_var, save_mean, save_invstd,
                                       training, eps)
+# ---------------------------------------------------------------- group / instance normalization
+
+def _channel_params(op, input, weight, bias):
+    """(weight, bias) both given or both None; a missing one of a pair becomes ones / zeros."""
+    shape = tuple(_spec(input)[1])
+    if len(shape) < 2:
+        raise ValueError(f"{op}: input must be [N, C, *], got shape {list(shape)}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and tuple(_spec(p)[1]) != (shape[1],):
+            raise ValueError(f"{op}: {name} shape {list(_spec(p)[1])} != [{shape[1]}] (one per channel)")
+    if weight is None and bias is not None:
+        weight = full_like(bias, 1.0)
+    elif bias is None and weight is not None:
+        bias = full_like(weight, 0.0)
+    return weight, bias
+
+
+def _group_norm(op, input, weight, bias, attrs):
+    weight, bias = _channel_params(op, input, weight, bias)
+    if weight is None:
+        return _call(op + "_noaffine", (input,), attrs)
+    return _call(op, (input, weight, bias), attrs)
+
+
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    """(out, mean, rstd) like torch.native_group_norm: mean/rstd [N, group], f32 (f64 for f64)."""
+    shape = tuple(_spec(input)[1])
+    if len(shape) < 2 or (shape[0], shape[1], int(_np.prod(shape[2:], dtype=_np.int64))) != (N, C, HxW):
+        raise ValueError(f"native_group_norm: N, C, HxW = {N}, {C}, {HxW} do not describe input shape {list(shape)}")
+    return _group_norm("group_norm", input, weight, bias, {"num_groups": int(group), "eps": float(eps)})
+
+
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """torch.nn.functional.group_norm: input [N, C, *], statistics per (n, group) of C / num_groups channels."""
+    return _group_norm("group_norm", input, weight, bias, {"num_groups": int(num_groups), "eps": float(eps)})[0]
+
+
+def group_norm_backward(grad_output, input, mean, rstd, weight=None):
+    """(grad_input, grad_weight, grad_bias) with weight, else grad_input (torch.native_group_norm_backward);
+    num_groups comes from mean's shape [N, num_groups]."""
+    if weight is None:
+        return _call("group_norm_noaffine_backward", (grad_output, input, mean, rstd), {})
+    return _call("group_norm_backward", (grad_output, input, mean, rstd, weight), {})
+
+
+def native_instance_norm(input, weight=None, bias=None, eps=1e-5):
+    """(out, mean, rstd) of instance normalization with the input's statistics: mean/rstd [N, C]."""
+    return _group_norm("instance_norm", input, weight, bias, {"eps": float(eps)})
+
+
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                  momentum=0.1, eps=1e-5):
+    """torch.nn.functional.instance_norm. With use_input_stats and running stats given, running_mean and
+    running_var are updated in place (op instance_norm_running_stats: momentum-weighted mean over the batch of
+    the instance means and unbiased variances, as torch). use_input_stats=False normalises with the running
+    stats through elementwise ops."""
+    shape = tuple(_spec(input)[1])
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("instance_norm: give both running_mean and running_var, or neither")
+    if use_input_stats:
+        out, mean, rstd = native_instance_norm(input, weight, bias, eps)
+        if running_mean is not None:
+            attrs = {"momentum": float(momentum), "eps": float(eps), "spatial": int(_np.prod(shape[2:], dtype=_np.int64))}
+            _call("instance_norm_running_stats", (running_mean, running_var, mean, rstd), attrs,
+                  (running_mean, running_var))
+        return out
+    if running_mean is None:
+        raise ValueError("instance_norm: running_mean and running_var are needed when use_input_stats is False")
+    weight, bias = _channel_params("instance_norm", input, weight, bias)
+    view = (1, shape[1]) + (1,) * (len(shape) - 2)
+    scale = rsqrt(add(running_var, eps))  # noqa: F821 (generated)
+    if weight is not None:
+        scale = mul(scale, weight)  # noqa: F821
+    out = mul(sub(input, running_mean.reshape(view)), scale.reshape(view))  # noqa: F821
+    return add(out, bias.reshape(view)) if bias is not None else out  # noqa: F821
+
+
+def instance_norm_backward(grad_output, input, mean, rstd, weight=None):
+    """(grad_input, grad_weight, grad_bias) with weight, else grad_input, from native_instance_norm's mean/rstd."""
+    if weight is None:
+        return _call("instance_norm_noaffine_backward", (grad_output, input, mean, rstd), {})
+    return _call("instance_norm_backward", (grad_output, input, mean, rstd, weight), {})
 
 
 # ---------------------------------------------------------------- losses

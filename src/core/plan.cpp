@@ -78,6 +78,7 @@ const std::vector<OpInfo>& registry() {
     register_softmax_ops(all);
     register_norm_ops(all);
     register_batch_norm_ops(all);
+    register_group_norm_ops(all);
     register_scan_ops(all);
     register_loss_ops(all);
     register_gemm_ops(all);
