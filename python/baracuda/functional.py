@@ -379,6 +379,9 @@ logsumexp_backward = _reduction_grad("logsumexp", True)
 var_backward = _reduction_grad("var", False, (("correction", 1),))
 std_backward = _reduction_grad("std", True, (("correction", 1),))
 _norm_backward = _reduction_grad("norm", True, (("p", 2.0),))
+prod_backward = _reduction_grad("prod", True)  # zeros as torch: the product of the others at a lone zero
+amax_backward = _reduction_grad("amax", True)  # ties share the gradient evenly, as torch
+amin_backward = _reduction_grad("amin", True)
 
 
 def vector_norm_backward(grad_output, x, output, ord=2, dim=None, keepdim=False, *, out=None):

@@ -50,9 +50,15 @@ struct HostBatchNorm {
       if constexpr (!kBackward) {
         double mean, invstd, var = 0;
         if (l.training) {
-          double sum = 0, sq = 0;
-          walk_channel(l, c, [&](const int64_t* o) { sum += x(o); });
-          mean = l.count ? sum / n : std::numeric_limits<double>::quiet_NaN();
+          // Sums relative to the channel's first element: a constant channel
+          // (a broadcast input) has exactly zero deviation, as on the GPU.
+          double sum = 0, sq = 0, shift = 0;
+          bool first = true;
+          walk_channel(l, c, [&](const int64_t* o) {
+            if (first) shift = x(o), first = false;
+            sum += x(o) - shift;
+          });
+          mean = l.count ? shift + sum / n : std::numeric_limits<double>::quiet_NaN();
           walk_channel(l, c, [&](const int64_t* o) { sq += (x(o) - mean) * (x(o) - mean); });
           var = l.count ? sq / n : std::numeric_limits<double>::quiet_NaN();
           invstd = invstd_of(var, l.eps);
