@@ -300,4 +300,7 @@ def test_scan_gradients_match_torch(dtype, shape, dim):
     if len(shape) == 2:
         gt = g.t().contiguous().t()
         _, idx = torch.cummax(x, dim)
-        assert torch.equal(F.cummax_backward(gt, x, idx, dim), F.cummax_backward(g, x, idx, dim)), "strided"
+        _close_to_largest(F.cummax_backward(gt, x, idx, dim), F.cummax_backward(g, x, idx, dim), dtype, 1, "strided")
+        y = torch.cumprod(x, dim).t().contiguous().t()
+        _close_to_largest(F.cumprod_backward(gt, x, dim, y), torch_grad(lambda t: torch.cumprod(t, dim), x), dtype,
+                          scale, "cumprod_backward strided")

@@ -268,6 +268,19 @@ class ScanPlan final : public FamilyPlan {
 #endif
   }
 
+  /// The CUDA gradients read the input and the saved operand at neighbouring
+  /// positions while other threads write grad_input: it may share only
+  /// grad_output's memory (in place).
+  Status can_implement(const OpArgs& args) const override {
+    BARACUDA_TRY(FamilyPlan::can_implement(args));
+    if (fn_ && def_.backward && def_.kind != Kind::cumsum)
+      for (size_t i = 1; i < args.inputs.size(); ++i)
+        if (memory_overlaps(args.outputs[0], args.inputs[i]))
+          return unsupported(def_.name, ": 'grad_input' overlaps '", def_.inputs[i],
+                             "' (on CUDA it may share only grad_output's memory)");
+    return Status::ok();
+  }
+
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
     BARACUDA_TRY(check_run(workspace, args));
     const size_t xi = def_.backward ? 1 : 0;
