@@ -221,6 +221,28 @@ TEST(ScanErrors, BadInputIsNamed) {
   ASSERT_FALSE(e);
   EXPECT_NE(e.status().message().find("'grad_output' must be bf16[2, 3], got f32[2, 3]"), std::string::npos)
       << e.status().message();
+  // On CUDA grad_input may be in place over grad_output only.
+  if (cuda_available()) {
+    auto desc = infer("cumprod_backward", {{DType::f32, {8}}, {DType::f32, {8}}, {DType::f32, {8}}});
+    ASSERT_TRUE(desc);
+    PlanPreference pref;
+    pref.backend = Backend::bespoke_cuda;
+    auto plan = select(Stream::cuda(), *desc, pref);
+    ASSERT_TRUE(plan) << plan.status().to_string();
+    auto mem = Memory::device(3 * 8 * sizeof(float));
+    ASSERT_TRUE(mem);
+    float* base = static_cast<float*>(mem->data());
+    const Shape s8{8};
+    std::array<TensorView, 3> ins{*TensorView::contiguous(base, DType::f32, s8),
+                                  *TensorView::contiguous(base + 8, DType::f32, s8),
+                                  *TensorView::contiguous(base + 16, DType::f32, s8)};
+    std::array<TensorView, 1> outs{ins[0]};
+    EXPECT_TRUE((*plan)->can_implement(OpArgs{ins, outs}));
+    outs[0] = ins[1];
+    Status c = (*plan)->can_implement(OpArgs{ins, outs});
+    ASSERT_FALSE(c);
+    EXPECT_NE(c.message().find("'grad_input' overlaps 'input'"), std::string::npos) << c.message();
+  }
   e = infer("cummin_backward", {{DType::f32, {2, 3}}, {DType::f32, {2, 3}}});
   ASSERT_FALSE(e);
   EXPECT_NE(e.status().message().find("expected 3 inputs, got 2"), std::string::npos) << e.status().message();

@@ -91,7 +91,12 @@ struct CumExtreme {
 //  - cummax/cummin: indices are non-decreasing along the row with idx_j <= j,
 //    so the j with idx_j = k form one run starting at k: dx_k is the sum of
 //    that run (a segmented sum, heads where the index changes) when
-//    idx_k == k, else 0. No scatter, no atomics.
+//    idx_k == k, else 0. No scatter, no atomics. Indices no running extreme
+//    has: the host reference rejects them (run cannot check on the GPU); the
+//    CUDA kernel still writes each position once, never out of bounds, with
+//    values that are then unspecified.
+// The kernels read the input and the saved operand one position away from
+// the one they write: grad_input may share grad_output's memory only.
 
 /// Composition of affine maps r -> a r + b (the right operand applied last).
 template <class M>
