@@ -261,7 +261,8 @@ def _close_to_largest(got, want, dtype, scale, msg):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,dim", [((64, 1000), -1), ((1000, 64), 0), ((3, 200000), 1), ((300, 7), 1)])
 def test_scan_gradients_match_torch(dtype, shape, dim):
-    """Our backward ops against torch.autograd in float64 on the same inputs and saved operands."""
+    """Our backward ops against torch.autograd in float64 on the same (rounded) inputs; saved
+    operands from float64 forwards rounded to dtype."""
     dtype = getattr(torch, dtype)
     n = shape[dim]
     scale = 8 * max(1.0, n ** 0.5 / 16)
@@ -273,34 +274,33 @@ def test_scan_gradients_match_torch(dtype, shape, dim):
         return gx
 
     # cumprod: magnitudes near 1 keep long products in range; zeros, one and several per row.
-    x = (torch.empty(shape, device="cuda").uniform_(-0.01, 0.01).exp() *
-         torch.randint(0, 2, shape, device="cuda").mul(2).sub(1)).to(dtype)
-    xm = x.movedim(dim, -1)
+    xp = (torch.empty(shape, device="cuda").uniform_(-0.01, 0.01).exp() *
+          torch.randint(0, 2, shape, device="cuda").mul(2).sub(1)).to(dtype)
+    xm = xp.movedim(dim, -1)
     xm[0::3, n // 3] = 0
     xm[1::3, n // 4] = 0
     xm[1::3, n // 2] = 0
     xm[1::3, n - 1] = 0
-    got = F.cumprod_backward(g, x, dim, torch.cumprod(x, dim))
-    _close_to_largest(got, torch_grad(lambda t: torch.cumprod(t, dim), x), dtype, scale, "cumprod_backward")
-    # logcumsumexp: every third row far from 0, where exp(x) overflows (f32/f64: a saved output
-    # rounded to f16/bf16 near 200 is off by up to 1/16 or 1/2, exp of which no tolerance covers).
+    want_p = torch_grad(lambda t: torch.cumprod(t, dim), xp)
+    _close_to_largest(F.cumprod_backward(g, xp, dim, torch.cumprod(xp.double(), dim).to(dtype)), want_p, dtype, scale, "cumprod_backward")
+    # logcumsumexp: every third row far from 0, where exp(x) overflows; f32/f64 only (a saved
+    # output rounded to f16/bf16 near 200 is off by up to 1/16 or 1/2: exp of that fits no tolerance).
     x = torch.empty(shape, device="cuda").uniform_(-3, 3)
     if dtype in (torch.float32, torch.float64):
         x.movedim(dim, -1)[0::3] += 200
     x = x.to(dtype)
-    got = F.logcumsumexp_backward(g, x, torch.logcumsumexp(x, dim), dim)
+    got = F.logcumsumexp_backward(g, x, torch.logcumsumexp(x.double(), dim).to(dtype), dim)
     _close_to_largest(got, torch_grad(lambda t: torch.logcumsumexp(t, dim), x), dtype, scale, "logcumsumexp_backward")
     # cummax/cummin: small integers, many ties.
     x = torch.randint(-3, 4, shape, device="cuda").to(dtype)
     for name in ("cummax", "cummin"):
-        _, idx = getattr(torch, name)(x, dim)
+        _, idx = getattr(torch, name)(x.double(), dim)
         got = getattr(F, name + "_backward")(g, x, idx, dim)
         _close_to_largest(got, torch_grad(lambda t: getattr(torch, name)(t, dim)[0], x), dtype, scale, name + "_backward")
     # Strided operands: a transposed view of the grad.
     if len(shape) == 2:
         gt = g.t().contiguous().t()
-        _, idx = torch.cummax(x, dim)
+        _, idx = torch.cummax(x.double(), dim)
         _close_to_largest(F.cummax_backward(gt, x, idx, dim), F.cummax_backward(g, x, idx, dim), dtype, 1, "strided")
-        y = torch.cumprod(x, dim).t().contiguous().t()
-        _close_to_largest(F.cumprod_backward(gt, x, dim, y), torch_grad(lambda t: torch.cumprod(t, dim), x), dtype,
-                          scale, "cumprod_backward strided")
+        y = torch.cumprod(xp.double(), dim).to(dtype).t().contiguous().t()
+        _close_to_largest(F.cumprod_backward(gt, xp, dim, y), want_p, dtype, scale, "cumprod_backward strided")

@@ -124,8 +124,8 @@ struct ScaledSum {
   static BCD_HD S combine(S p, S q) {
     if (p.m == M(-INFINITY)) return q;
     if (q.m == M(-INFINITY)) return p;
-    const M m = p.m > q.m ? p.m : q.m;
-    return S{m, p.s * exp(p.m - m) + q.s * exp(q.m - m)};
+    if (p.m >= q.m) return S{p.m, p.s + q.s * exp(q.m - p.m)};
+    return S{q.m, p.s * exp(p.m - q.m) + q.s};  // and NaN propagates
   }
   /// exp(x) times the sum, exactly 0 for an empty one.
   static BCD_HD M scale(S t, M x) { return t.s == M(0) ? M(0) : exp(x + t.m) * t.s; }
