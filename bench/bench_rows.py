@@ -186,6 +186,39 @@ def main():
             row("cumsum 8192x8192 dim=-1", dtype, lambda: F.cumsum(x, -1, out=o1), lambda: torch.cumsum(x, -1, out=o2),
                 2 * x.numel() * es)
             del x, o1, o2
+        if want("cumprod_backward") or want("logcumsumexp_backward") or want("cummax_backward"):
+            shape = (8192, 8192)
+            g = torch.randn(shape, device="cuda", dtype=dtype)
+            # Magnitudes near 1: products along 8192 columns stay in range.
+            x = (torch.empty(shape, device="cuda").uniform_(-0.01, 0.01).exp() *
+                 torch.randint(0, 2, shape, device="cuda").mul(2).sub(1)).to(dtype)
+            n = x.numel()
+            y = theirs = None
+
+            def torch_grad(fn, x):
+                xr = x.detach().requires_grad_()
+                y = fn(xr)
+                return lambda: torch.autograd.grad(y, xr, g, retain_graph=True)[0]
+
+            def close_to_largest(a, b):
+                return torch.allclose(a.float(), b.float(), rtol=tol * 8, atol=tol * 8 * b.float().abs().max().item())
+
+            if want("cumprod_backward"):
+                y, theirs = torch.cumprod(x, -1), torch_grad(lambda t: torch.cumprod(t, -1), x)
+                row("cumprod_backward 8192x8192 dim=-1", dtype, lambda: F.cumprod_backward(g, x, -1, y), theirs,
+                    4 * n * es, lambda: close_to_largest(F.cumprod_backward(g, x, -1, y), theirs()))
+            if want("logcumsumexp_backward"):
+                y, theirs = torch.logcumsumexp(x, -1), torch_grad(lambda t: torch.logcumsumexp(t, -1), x)
+                row("logcumsumexp_backward 8192x8192 dim=-1", dtype, lambda: F.logcumsumexp_backward(g, x, y, -1),
+                    theirs, 4 * n * es, lambda: close_to_largest(F.logcumsumexp_backward(g, x, y, -1), theirs()))
+            if want("cummax_backward"):
+                xi = torch.randint(-8, 8, shape, device="cuda").to(dtype)  # ties
+                _, idx = torch.cummax(xi, -1)
+                theirs = torch_grad(lambda t: torch.cummax(t, -1)[0], xi)
+                row("cummax_backward 8192x8192 dim=-1", dtype, lambda: F.cummax_backward(g, xi, idx, -1), theirs,
+                    2 * n * es + 8 * n, lambda: close_to_largest(F.cummax_backward(g, xi, idx, -1), theirs()))
+                del xi, idx
+            del g, x, y, theirs
         if want("sum") or want("mean"):
             x = torch.randn(8192, 8192, device="cuda", dtype=dtype)
             for dim in (-1, 0):

@@ -1,6 +1,7 @@
-// Scan family: the forward ops (and cumsum_backward) through the generic sweep
-// on the host and on CUDA, long chunked rows and run-to-run determinism on
-// CUDA, torch's semantics, and every backward against finite differences.
+// Scan family: every op through the generic sweep on the host and on CUDA,
+// long chunked rows and run-to-run determinism on CUDA, torch's semantics,
+// every backward against finite differences, the gradients on CUDA with
+// consistent saved operands (zeros, ties, large values) against the host.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +9,8 @@
 #include <random>
 
 #include "baracuda/registry.hpp"
+#include "core/errors.hpp"
+#include "exec.hpp"
 #include "harness.hpp"
 #include "sweep.hpp"
 
@@ -21,15 +24,9 @@ using namespace baracuda::testing_support;
 
 namespace {
 
-/// The scans the generic driver can sample: the forward ops and cumsum_backward
-/// (whose saved operand is only the input).
-std::vector<std::string> sampled_scans() {
-  std::vector<std::string> names;
-  for (const OpInfo& op : registry())
-    if (op.category == OpCategory::scan && (op.direction == Direction::forward || op.name == "cumsum_backward"))
-      names.push_back(op.name);
-  return names;
-}
+/// Every scan: the driver draws the saved operands of the gradients at random
+/// (an output in [0.5, 2], indices all 0), which they take as given.
+std::vector<std::string> sampled_scans() { return ops_of(OpCategory::scan); }
 
 class Scan : public testing::TestWithParam<std::string> {};
 TEST_P(Scan, HostMatchesReference) { sweep(*find_op(GetParam()), Backend::host_reference); }
@@ -42,10 +39,10 @@ INSTANTIATE_TEST_SUITE_P(Ops, Scan, testing::ValuesIn(sampled_scans()), param_na
 /// Rows long enough to be cut into chunks (reduce-then-scan), one and several rows, both layouts.
 TEST(CudaScan, ChunkedRowsMatchReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  for (const char* op : {"cumsum", "cummax", "logcumsumexp", "cumsum_backward"}) {
+  for (const char* op : {"cumsum", "cummax", "logcumsumexp", "cumsum_backward", "logcumsumexp_backward", "cummax_backward"}) {
     // f64 and bf16 outputs: an f32 running sum over 10^6 elements drifts past the f32 tolerance (as torch's does).
     for (DType dtype : {DType::f64, DType::bf16, DType::i32}) {
-      if (dtype == DType::i32 && (std::string(op) == "logcumsumexp" || std::string(op) == "cumsum_backward")) continue;
+      if (dtype == DType::i32 && (std::string(op) == "logcumsumexp" || std::string(op).ends_with("_backward"))) continue;
       for (const Shape& shape : {Shape{1 << 20}, Shape{3, 300001}}) {
         for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::strided}) {
           CaseSpec spec{find_op(op), dtype, shape, Attrs{}, layout};
@@ -163,7 +160,7 @@ TEST(ScanFiniteDifferences, BackwardMatchesForward) {
       const std::string op = name;
       std::vector<double> x(10), g(10);
       for (auto& v : x) v = u(rng) * (u(rng) < 1.2 ? -1 : 1);
-      if (op == "cumprod") x[3] = 0;  // the exact gradient through a zero
+      if (op == "cumprod") x[3] = 0, x[dim == 0 ? 8 : 1] = 0;  // the exact gradient through two zeros on an axis
       for (auto& v : g) v = u(rng);
       const Attrs attrs{{"dim", dim}};
       auto fwd = run_scan(op, {x}, s, attrs);
@@ -202,12 +199,154 @@ TEST(ScanErrors, BadInputIsNamed) {
   Status st = run_op(Stream::host(), "cummax_backward", in, std::span(&out, 1));
   ASSERT_FALSE(st);
   EXPECT_NE(st.message().find("'indices' holds 2 at position 1"), std::string::npos) << st.message();
-  // The gradients other than cumsum's have no CUDA kernel: select on a CUDA stream says so.
+  // Indices that decrease, or point at a position that does not hold itself.
+  for (const auto& [bad, want] : std::vector<std::pair<std::vector<double>, std::string>>{
+           {{0, 1, 0}, "'indices' decreases from 1 to 0 at position 2"},
+           {{0, 0, 1}, "'indices' holds 1 at position 2 but 0 at position 1"}}) {
+    auto r = exec(Backend::host_reference, "cummax_backward",
+                  {{g, s, DType::f32}, {x, s, DType::f32}, {bad, s, DType::i64}});
+    ASSERT_FALSE(r);
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
+  }
+  // Saved operands of the wrong dtype or shape name the operand, expected vs given.
+  auto e = infer("cummax_backward", {{DType::f32, {2, 3}}, {DType::f32, {2, 3}}, {DType::i32, {2, 3}}});
+  ASSERT_FALSE(e);
+  EXPECT_NE(e.status().message().find("'indices' must be i64[2, 3], got i32[2, 3]"), std::string::npos)
+      << e.status().message();
+  e = infer("cumprod_backward", {{DType::f32, {2, 3}}, {DType::f32, {2, 3}}, {DType::f32, {2, 4}}});
+  ASSERT_FALSE(e);
+  EXPECT_NE(e.status().message().find("'output' must be f32[2, 3], got f32[2, 4]"), std::string::npos)
+      << e.status().message();
+  e = infer("logcumsumexp_backward", {{DType::f32, {2, 3}}, {DType::bf16, {2, 3}}, {DType::f32, {2, 3}}});
+  ASSERT_FALSE(e);
+  EXPECT_NE(e.status().message().find("'grad_output' must be bf16[2, 3], got f32[2, 3]"), std::string::npos)
+      << e.status().message();
+  // On CUDA grad_input may be in place over grad_output only.
   if (cuda_available()) {
-    auto plan = select(Stream::cuda(), *infer("cumprod_backward", {{DType::f32, {8}}, {DType::f32, {8}}, {DType::f32, {8}}}));
-    ASSERT_FALSE(plan);
-    EXPECT_NE(plan.status().message().find("no candidate accepts cumprod_backward"), std::string::npos)
-        << plan.status().message();
+    auto desc = infer("cumprod_backward", {{DType::f32, {8}}, {DType::f32, {8}}, {DType::f32, {8}}});
+    ASSERT_TRUE(desc);
+    PlanPreference pref;
+    pref.backend = Backend::bespoke_cuda;
+    auto plan = select(Stream::cuda(), *desc, pref);
+    ASSERT_TRUE(plan) << plan.status().to_string();
+    auto mem = Memory::device(3 * 8 * sizeof(float));
+    ASSERT_TRUE(mem);
+    float* base = static_cast<float*>(mem->data());
+    const Shape s8{8};
+    std::array<TensorView, 3> ins{*TensorView::contiguous(base, DType::f32, s8),
+                                  *TensorView::contiguous(base + 8, DType::f32, s8),
+                                  *TensorView::contiguous(base + 16, DType::f32, s8)};
+    std::array<TensorView, 1> outs{ins[0]};
+    EXPECT_TRUE((*plan)->can_implement(OpArgs{ins, outs}));
+    outs[0] = ins[1];
+    Status c = (*plan)->can_implement(OpArgs{ins, outs});
+    ASSERT_FALSE(c);
+    EXPECT_NE(c.message().find("'grad_input' overlaps 'input'"), std::string::npos) << c.message();
+  }
+  e = infer("cummin_backward", {{DType::f32, {2, 3}}, {DType::f32, {2, 3}}});
+  ASSERT_FALSE(e);
+  EXPECT_NE(e.status().message().find("expected 3 inputs, got 2"), std::string::npos) << e.status().message();
+}
+
+/// Gradients with their closed forms: cumprod through zeros (one, two,
+/// three per row) against the product formula, cummax/cummin through ties.
+TEST(ScanKnownValues, GradientsThroughZerosAndTies) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(-1.5, 1.5);
+  const int64_t n = 9;
+  for (int zeros = 0; zeros <= 3; ++zeros) {
+    std::vector<double> x(n), g(n);
+    for (auto& v : x) v = u(rng);
+    for (auto& v : g) v = u(rng);
+    for (int z = 0; z < zeros; ++z) x[std::uniform_int_distribution<int64_t>(0, n - 1)(rng)] = 0;
+    const auto out = run_scan("cumprod", {x}, {n})[0];
+    const auto dx = run_scan("cumprod_backward", {g, x, out}, {n})[0];
+    for (int64_t i = 0; i < n; ++i) {  // sum_{j >= i} g_j prod_{k <= j, k != i} x_k
+      double want = 0;
+      for (int64_t j = i; j < n; ++j) {
+        double p = 1;
+        for (int64_t k = 0; k <= j; ++k)
+          if (k != i) p *= x[k];
+        want += g[j] * p;
+      }
+      EXPECT_NEAR(dx[i], want, 1e-12) << zeros << " zeros, i " << i;
+    }
+  }
+  // Ties: the gradient goes to the index torch keeps (the later one).
+  const std::vector<double> x{1, 3, 3, 2, 3}, g{1, 10, 100, 1000, 10000};
+  auto m = run_scan("cummax", {x}, {5});
+  EXPECT_EQ(run_scan("cummax_backward", {g, x, m[1]}, {5})[0], (std::vector<double>{1, 10, 1100, 0, 10000}));
+  m = run_scan("cummin", {x}, {5});
+  EXPECT_EQ(run_scan("cummin_backward", {g, x, m[1]}, {5})[0], (std::vector<double>{11111, 0, 0, 0, 0}));
+  // logcumsumexp far from 0: exp(x) alone would overflow in f64.
+  const std::vector<double> big{1000, 1001, 999};
+  auto y = run_scan("logcumsumexp", {big}, {3})[0];
+  auto dl = run_scan("logcumsumexp_backward", {{1, 1, 1}, big, y}, {3})[0];
+  // sum_j exp(x_i - y_j) for the three outputs.
+  for (int i = 0; i < 3; ++i) {
+    double want = 0;
+    for (int j = i; j < 3; ++j) want += std::exp(big[i] - y[j]);
+    EXPECT_NEAR(dl[i], want, 1e-12) << i;
+  }
+}
+
+/// The gradients on CUDA from consistent saved operands (the host forward of
+/// the same rounded input): cumprod with zeros, cummax/cummin with ties,
+/// logcumsumexp with a row far from 0; short, tiled and chunked rows, both
+/// axes; against the host reference in f64, relative to the largest value;
+/// bitwise equal from run to run.
+TEST(CudaScan, GradientsMatchHostWithSavedOperands) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (const char* name : {"cumprod", "logcumsumexp", "cummax", "cummin"}) {
+    const std::string op = name;
+    for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+      for (const Shape& shape : {Shape{5, 37}, Shape{300, 20}, Shape{4, 3000}, Shape{2, 70001}}) {
+        for (double dim : {-1.0, 0.0}) {
+          const int64_t count = numel(shape);
+          std::vector<double> x(count), g(count);
+          for (int64_t e = 0; e < count; ++e) {
+            g[e] = u(rng);
+            if (op == "cumprod") x[e] = (u(rng) < 0 ? -1 : 1) * std::exp(0.01 * u(rng));  // products stay in f16's range
+            else if (op == "logcumsumexp") x[e] = 3 * u(rng) + (e < shape[1] ? 500 : 0);  // row 0 far from 0
+            else x[e] = std::round(3 * u(rng));  // ties
+          }
+          if (op == "cumprod")
+            for (int64_t e = count / 11; e < count; e += 1 + count / 7) x[e] = 0;  // zeros, several per axis
+          auto rounded = [&](std::vector<double> v) {  // what a dtype tensor holds
+            std::vector<char> b(dtype_size(dtype));
+            for (auto& e : v) store_double(b.data(), dtype, 0, e), e = load_double(b.data(), dtype, 0);
+            return v;
+          };
+          x = rounded(x), g = rounded(g);
+          const Attrs attrs{{"dim", dim}};
+          auto fwd = exec(Backend::host_reference, op, {{x, shape, DType::f64}}, attrs);
+          ASSERT_TRUE(fwd) << fwd.status().to_string();
+          const bool extreme = op == "cummax" || op == "cummin";
+          std::vector<Operand> in{{g, shape, dtype}, {x, shape, dtype},
+                                  extreme ? Operand{(*fwd)[1], shape, DType::i64} : Operand{rounded((*fwd)[0]), shape, dtype}};
+          auto got = exec(Backend::bespoke_cuda, op + "_backward", in, attrs);
+          ASSERT_TRUE(got) << got.status().to_string();
+          auto again = exec(Backend::bespoke_cuda, op + "_backward", in, attrs);  // bitwise run to run
+          ASSERT_TRUE(again) << again.status().to_string();
+          EXPECT_EQ(std::memcmp((*got)[0].data(), (*again)[0].data(), count * sizeof(double)), 0) << op << " rerun";
+          for (auto& o : in) o.dtype = o.dtype == DType::i64 ? o.dtype : DType::f64;
+          auto want = exec(Backend::host_reference, op + "_backward", in, attrs);
+          ASSERT_TRUE(want) << want.status().to_string();
+          double scale = 0, worst = 0;
+          for (double v : (*want)[0]) scale = std::max(scale, std::abs(v));
+          for (int64_t e = 0; e < count; ++e) {  // NaN (an unwritten output) counts as worst
+            const double d = std::abs((*got)[0][e] - (*want)[0][e]);
+            if (!(d <= worst)) worst = d;
+          }
+          const Tolerance tol = tolerance_for(dtype, 8);
+          EXPECT_LE(worst, tol.rtol * scale + tol.atol)
+              << op << "_backward " << dtype_name(dtype) << shape_str(shape) << " dim " << dim << " (scale " << scale << ")";
+          EXPECT_GT(scale, 0) << op;
+        }
+      }
+    }
   }
 }
 

@@ -421,6 +421,27 @@ def cumsum_backward(grad_output, input, dim, *, out=None):
     return _call("cumsum_backward", (grad_output, input), {"dim": dim}, out)
 
 
+def cumprod_backward(grad_output, input, dim, output, *, out=None):
+    """Gradient of cumprod (aten::cumprod_backward's order); output is cumprod(input, dim).
+    Exact where input has zeros."""
+    return _call("cumprod_backward", (grad_output, input, output), {"dim": dim}, out)
+
+
+def logcumsumexp_backward(grad_output, input, output, dim, *, out=None):
+    """Gradient of logcumsumexp (aten::logcumsumexp_backward's order); output is logcumsumexp(input, dim)."""
+    return _call("logcumsumexp_backward", (grad_output, input, output), {"dim": dim}, out)
+
+
+def cummax_backward(grad_output, input, indices, dim, *, out=None):
+    """Gradient of cummax (aten::cummaxmin_backward's order): grad_output summed onto the saved indices."""
+    return _call("cummax_backward", (grad_output, input, indices), {"dim": dim}, out)
+
+
+def cummin_backward(grad_output, input, indices, dim, *, out=None):
+    """Gradient of cummin (aten::cummaxmin_backward's order): grad_output summed onto the saved indices."""
+    return _call("cummin_backward", (grad_output, input, indices), {"dim": dim}, out)
+
+
 # ---------------------------------------------------------------- softmax family
 
 def _softmax_fn(op):

@@ -76,6 +76,39 @@ def test_scans_match_numpy():
     assert F.cumsum(np.arange(5, dtype=np.int32), 0).dtype == np.int64
 
 
+def test_scan_gradients_match_numpy():
+    rng = np.random.default_rng(3)
+    for zeros in range(4):  # cumprod through zeros: sum_{j >= i} g_j prod_{k <= j, k != i} x_k
+        x, g = _x((2, 7)), _x((2, 7))
+        x[0, rng.choice(7, zeros, replace=False)] = 0
+        x[1, :zeros] = 0
+        for dim in (0, 1):
+            got = F.cumprod_backward(g, x, dim, F.cumprod(x, dim))
+            xm, gm = np.moveaxis(x, dim, -1), np.moveaxis(g, dim, -1)
+            want = np.zeros_like(xm)
+            n = xm.shape[-1]
+            for i in range(n):
+                for j in range(i, n):
+                    want[..., i] += gm[..., j] * np.prod(np.delete(xm[..., :j + 1], i, -1), -1)
+            np.testing.assert_allclose(got, np.moveaxis(want, -1, dim), rtol=1e-12, atol=1e-14)
+    x, g = _x((3, 6), lo=-40, hi=40) + 700, _x((3, 6))  # exp(x) alone overflows
+    for dim in (0, 1):
+        y = F.logcumsumexp(x, dim)
+        xm, gm, ym = (np.moveaxis(a, dim, -1) for a in (x, g, y))
+        want = np.stack([(gm[..., i:] * np.exp(xm[..., i:i + 1] - ym[..., i:])).sum(-1) for i in range(xm.shape[-1])], -1)
+        np.testing.assert_allclose(F.logcumsumexp_backward(g, x, y, dim), np.moveaxis(want, -1, dim), rtol=1e-12)
+    x = np.array([[1.0, 3, 3, 2, 3], [2, 2, 0, 0, 1]])  # ties: the later index keeps the gradient
+    g = np.array([[1.0, 10, 100, 1000, 10000]] * 2)
+    for name in ("cummax", "cummin"):
+        _, idx = getattr(F, name)(x, 1)
+        want = np.zeros_like(g)
+        for r in range(2):
+            np.add.at(want[r], idx[r], g[r])
+        np.testing.assert_array_equal(getattr(F, name + "_backward")(g, x, idx, 1), want)
+    with pytest.raises(ValueError, match="indices"):
+        F.cummax_backward(g, x, np.array([[0, 1, 0, 0, 0]] * 2), 1)
+
+
 def test_softmax_family_matches_numpy():
     x = _x((4, 9), lo=-6, hi=6)
     for dim in (-1, 0):
@@ -107,7 +140,7 @@ def test_norms_match_numpy():
 
 # ---------------------------------------------------------------- CUDA vs torch
 
-from torch_parity import CUDA, DTYPES, close as _close, gpu, torch  # noqa: E402,F401
+from torch_parity import CUDA, DTYPES, TOL as _TOL, close as _close, gpu, torch  # noqa: E402,F401
 
 
 @gpu
@@ -245,3 +278,59 @@ def test_scans_match_torch(dtype, shape, dim):
         _close(F.cumprod(p, dim), torch.cumprod(p.double(), dim).to(dtype), dtype, 16, "cumprod")
     ints = torch.randint(-5, 5, shape, device="cuda", dtype=torch.int32)
     assert torch.equal(F.cumsum(ints, dim), torch.cumsum(ints, dim)), "cumsum int32 -> int64"
+
+
+def _close_to_largest(got, want, dtype, scale, msg):
+    """got ~ want within the dtype's tolerance times `scale` of the largest |want| (long running sums cancel)."""
+    tol = _TOL[str(dtype).replace("torch.", "")] * scale
+    torch.testing.assert_close(got.double(), want.double(), rtol=tol,
+                               atol=tol * max(1.0, want.double().abs().max().item()), msg=msg)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dim", [((64, 1000), -1), ((1000, 64), 0), ((3, 200000), 1), ((300, 7), 1)])
+def test_scan_gradients_match_torch(dtype, shape, dim):
+    """Our backward ops against torch.autograd in float64 on the same (rounded) inputs; saved
+    operands from float64 forwards rounded to dtype."""
+    dtype = getattr(torch, dtype)
+    n = shape[dim]
+    scale = 8 * max(1.0, n ** 0.5 / 16)
+    g = torch.randn(shape, device="cuda", dtype=dtype)
+
+    def torch_grad(fn, x):
+        xd = x.double().requires_grad_()
+        (gx,) = torch.autograd.grad(fn(xd), xd, g.double())
+        return gx
+
+    # cumprod: magnitudes near 1 keep long products in range; zeros, one and several per row.
+    xp = (torch.empty(shape, device="cuda").uniform_(-0.01, 0.01).exp() *
+          torch.randint(0, 2, shape, device="cuda").mul(2).sub(1)).to(dtype)
+    xm = xp.movedim(dim, -1)
+    xm[0::3, n // 3] = 0
+    xm[1::3, n // 4] = 0
+    xm[1::3, n // 2] = 0
+    xm[1::3, n - 1] = 0
+    want_p = torch_grad(lambda t: torch.cumprod(t, dim), xp)
+    _close_to_largest(F.cumprod_backward(g, xp, dim, torch.cumprod(xp.double(), dim).to(dtype)), want_p, dtype, scale, "cumprod_backward")
+    # logcumsumexp: every third row far from 0, where exp(x) overflows; f32/f64 only (a saved
+    # output rounded to f16/bf16 near 200 is off by up to 1/16 or 1/2: exp of that fits no tolerance).
+    x = torch.empty(shape, device="cuda").uniform_(-3, 3)
+    if dtype in (torch.float32, torch.float64):
+        x.movedim(dim, -1)[0::3] += 200
+    x = x.to(dtype)
+    got = F.logcumsumexp_backward(g, x, torch.logcumsumexp(x.double(), dim).to(dtype), dim)
+    _close_to_largest(got, torch_grad(lambda t: torch.logcumsumexp(t, dim), x), dtype, scale, "logcumsumexp_backward")
+    # cummax/cummin: small integers, many ties.
+    x = torch.randint(-3, 4, shape, device="cuda").to(dtype)
+    for name in ("cummax", "cummin"):
+        _, idx = getattr(torch, name)(x.double(), dim)
+        got = getattr(F, name + "_backward")(g, x, idx, dim)
+        _close_to_largest(got, torch_grad(lambda t: getattr(torch, name)(t, dim)[0], x), dtype, scale, name + "_backward")
+    # Strided operands: a transposed view of the grad.
+    if len(shape) == 2:
+        gt = g.t().contiguous().t()
+        _, idx = torch.cummax(x.double(), dim)
+        _close_to_largest(F.cummax_backward(gt, x, idx, dim), F.cummax_backward(g, x, idx, dim), dtype, 1, "strided")
+        y = torch.cumprod(xp.double(), dim).to(dtype).t().contiguous().t()
+        _close_to_largest(F.cumprod_backward(gt, xp, dim, y), want_p, dtype, scale, "cumprod_backward strided")

@@ -4,9 +4,9 @@
 
 namespace baracuda::scan {
 namespace {
-template <class Op, class T, class Out>
+template <class Io>
 struct CudaScan {
-  static Status run(const ScanLaunch& l, CUstream_st* s) { return scan_on_cuda<Op, T, Out>(l, s); }
+  static Status run(const ScanLaunch& l, CUstream_st* s) { return scan_on_cuda<Io>(l, s); }
 };
 [[maybe_unused]] const bool registered = register_scans<CudaScan, TypeList<__half, __nv_bfloat16>>(cuda_scans());
 }  // namespace

@@ -1,7 +1,7 @@
 // Scan family: cumsum, cumprod, logcumsumexp, cummax, cummin along `dim`,
 // and their backward plans. CUDA kernels (scan/kernels.cuh) serve every
-// forward op and cumsum_backward (a reversed cumsum); the other backward
-// plans run on the host reference only.
+// op; the backward ops are scans of the views reversed along dim (Note
+// [Scan gradients as reversed scans] in scan/ops.hpp).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -106,38 +106,32 @@ void forward_row(Kind kind, const T* x, int64_t sx, Out* y, int64_t sy, int64_t*
 }
 
 /// One row of a backward op: dx from the grad g and the saved operand s
-/// (the forward output, or the indices of cummax/cummin).
+/// (the forward output, or the indices of cummax/cummin), in f64, walking
+/// the row from its end (Note [Scan gradients as reversed scans]).
 template <class T>
 Status backward_row(Kind kind, const T* g, int64_t sg, const T* x, int64_t sx, const void* saved, int64_t ss, T* dx,
                   int64_t sd, int64_t n) {
   std::vector<double> out(n, 0.0);
   auto G = [&](int64_t j) { return convert<double>(g[j * sg]); };
   auto X = [&](int64_t j) { return convert<double>(x[j * sx]); };
+  auto Y = [&](int64_t j) { return convert<double>(static_cast<const T*>(saved)[j * ss]); };
   switch (kind) {
     case Kind::cumsum: {
       double run = 0;
       for (int64_t i = n; i-- > 0;) out[i] = run += G(i);
       break;
     }
-    case Kind::logcumsumexp: {  // dx_i = sum_{j >= i} g_j exp(x_i - y_j)
-      const T* y = static_cast<const T*>(saved);
-      for (int64_t i = 0; i < n; ++i) {
-        double s = 0;
-        for (int64_t j = i; j < n; ++j) s += G(j) * std::exp(X(i) - convert<double>(y[j * ss]));
-        out[i] = s;
-      }
+    case Kind::logcumsumexp: {  // dx_i = exp(x_i) sum_{j >= i} g_j exp(-y_j)
+      using Op = ScaledSum<double>;
+      Op::S run = Op::identity();
+      for (int64_t i = n; i-- > 0;) out[i] = Op::scale(run = Op::combine(run, {-Y(i), G(i)}), X(i));
       break;
     }
-    case Kind::cumprod: {  // dx_i = sum_{j >= i} g_j prod_{k <= j, k != i} x_k (exact with zeros)
-      for (int64_t i = 0; i < n; ++i) {
-        double s = 0, prefix = 1;
-        for (int64_t k = 0; k < i; ++k) prefix *= X(k);
-        double p = prefix;
-        for (int64_t j = i; j < n; ++j) {
-          if (j > i) p *= X(j);
-          s += G(j) * p;
-        }
-        out[i] = s;
+    case Kind::cumprod: {  // dx_i = out_{i-1} R_i, R_i = g_i + x_{i+1} R_{i+1} (exact with zeros)
+      double r = 0;
+      for (int64_t i = n; i-- > 0;) {
+        r = G(i) + (i + 1 < n ? X(i + 1) * r : 0.0);
+        out[i] = (i > 0 ? Y(i - 1) : 1.0) * r;
       }
       break;
     }
@@ -147,6 +141,12 @@ Status backward_row(Kind kind, const T* g, int64_t sg, const T* x, int64_t sx, c
       for (int64_t j = 0; j < n; ++j) {
         const int64_t to = idx[j * ss];
         if (to < 0 || to > j) return invalid("'indices' holds ", to, " at position ", j, " of a row; a running extreme's index lies in [0, ", j, "]");
+        if (j > 0 && to < idx[(j - 1) * ss])
+          return invalid("'indices' decreases from ", idx[(j - 1) * ss], " to ", to, " at position ", j,
+                         " of a row; a running extreme's indices never decrease");
+        if (idx[to * ss] != to)
+          return invalid("'indices' holds ", to, " at position ", j, " but ", idx[to * ss], " at position ", to,
+                         " of a row; a running extreme's index k holds k at position k");
         out[to] += G(j);
       }
       break;
@@ -260,11 +260,25 @@ class ScanPlan final : public FamilyPlan {
       if (chunks_ > 1) {
         chunk_len_ = ((cols + chunks_ - 1) / chunks_ + kTile - 1) / kTile * kTile;
         chunks_ = (cols + chunk_len_ - 1) / chunk_len_;
-        const size_t state = def.kind == Kind::cummax || def.kind == Kind::cummin ? 16 : 8;
+        const bool extreme = def.kind == Kind::cummax || def.kind == Kind::cummin;
+        const size_t state = extreme || def.backward ? kMaxStateBytes : 8;
         workspace_ = size_t(rows) * size_t(chunks_) * state;
       }
     }
 #endif
+  }
+
+  /// The CUDA gradients read the input and the saved operand at neighbouring
+  /// positions while other threads write grad_input: it may share only
+  /// grad_output's memory (in place).
+  Status can_implement(const OpArgs& args) const override {
+    BARACUDA_TRY(FamilyPlan::can_implement(args));
+    if (fn_ && def_.backward && def_.kind != Kind::cumsum)
+      for (size_t i = 1; i < args.inputs.size(); ++i)
+        if (memory_overlaps(args.outputs[0], args.inputs[i]))
+          return unsupported(def_.name, ": 'grad_input' overlaps '", def_.inputs[i],
+                             "' (on CUDA it may share only grad_output's memory)");
+    return Status::ok();
   }
 
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
@@ -281,9 +295,9 @@ class ScanPlan final : public FamilyPlan {
     std::array<rows::Role, 4> roles;
     roles.fill(rows::Role::full);
     size_t n = 0;
-    if (fn_ && def_.backward) {  // cumsum_backward: the cumsum of grad_output from the end
+    if (fn_ && def_.backward) {  // scans from the end of the row
       views[n++] = rows::move_axis_last(reversed(args.outputs[0], dim), dim);
-      views[n++] = rows::move_axis_last(reversed(args.inputs[0], dim), dim);
+      for (const auto& v : args.inputs) views[n++] = rows::move_axis_last(reversed(v, dim), dim);
     } else {
       for (const auto& v : args.outputs) views[n++] = rows::move_axis_last(v, dim);
       for (const auto& v : args.inputs) views[n++] = rows::move_axis_last(v, dim);
@@ -335,9 +349,7 @@ void add_ops(std::vector<OpInfo>& ops, const char* name, Kind kind, const char* 
     info.output_names = stored.outputs;
     info.dtypes = dtypes_for(kind, backward);
     info.attrs = {{"dim", -1, "the axis scanned (negative: from the end)"}};
-    const bool has_cuda = !backward || kind == Kind::cumsum;
-    info.backends = has_cuda ? std::vector<Backend>{Backend::bespoke_cuda, Backend::host_reference}
-                             : std::vector<Backend>{Backend::host_reference};
+    info.backends = {Backend::bespoke_cuda, Backend::host_reference};
     info.doc = backward ? cat("gradient of ", name) : doc;
     info.input_dtypes = [&stored](DType primary) {
       std::vector<DType> v;
@@ -345,20 +357,19 @@ void add_ops(std::vector<OpInfo>& ops, const char* name, Kind kind, const char* 
       return v;
     };
     info.domains = {kind == Kind::cumprod ? Domain{0.5, 1.5, true} : Domain{-2, 2}};
-    if (backward) info.domains = {Domain{-1, 1}, info.domains[0], Domain{0.5, 2}};
+    // Saved operands are drawn at random: an output in [0.5, 2] (the
+    // gradients are functions of it as given), indices all 0 (valid: one
+    // segment per row; real ones are tested apart).
+    if (backward) info.domains = {Domain{-1, 1}, info.domains[0], extreme ? Domain{0, 0, false, false, true} : Domain{0.5, 2}};
     // f32 running sums over 65K elements drift well past 4 ulps of their (cancelling) values.
-    info.tolerance_scale = kind == Kind::cumsum || kind == Kind::logcumsumexp ? 32 : 4;
+    info.tolerance_scale = backward || kind == Kind::cumsum || kind == Kind::logcumsumexp ? 32 : 4;
     info.sample_attrs = {Attrs{}, Attrs{{"dim", 0}}};
     info.integer_valued_inputs = extreme && !backward;  // ties
-    // Saved operands (output, indices) must be consistent with the input and
-    // the generic driver draws them at random: it runs the forward ops and
-    // cumsum_backward only (the other backward ops are checked against finite differences).
-    info.sample_shapes = [backward, kind](DType, const Shape& shape, const Attrs& attrs) -> std::optional<SampleShapes> {
-        if (backward && kind != Kind::cumsum) return std::nullopt;
+    info.sample_shapes = [n = stored.inputs.size()](DType, const Shape& shape, const Attrs& attrs) -> std::optional<SampleShapes> {
         const int rank = static_cast<int>(shape.size());
         const int dim = normalize_dim(attrs.get("dim", -1), std::max(rank, 1));
         if (dim < 0 || dim >= std::max(rank, 1)) return std::nullopt;
-        return SampleShapes{std::vector<Shape>(backward ? 2 : 1, shape), {}};
+        return SampleShapes{std::vector<Shape>(n, shape), {}};
       };
     const size_t index = ops.size();
     info.infer = [&stored](const OpDesc& partial) { return infer_desc(stored, partial); };
@@ -370,8 +381,7 @@ void add_ops(std::vector<OpInfo>& ops, const char* name, Kind kind, const char* 
         const DType t = full->inputs[stored.backward ? 1 : 0].dtype;
         fn = cuda_scans().find(launch_key(stored.name, t));
         if (!fn)
-          return unsupported(stored.name, ": no ", backend_name(backend), " kernel for ", dtype_name(t),
-                             stored.backward ? " (this gradient runs on the host reference only)" : "");
+          return unsupported(stored.name, ": no ", backend_name(backend), " kernel for ", dtype_name(t));
       }
       return PlanPtr(std::make_unique<ScanPlan>(stored, registry()[index], std::move(*full), backend, fn));
     };

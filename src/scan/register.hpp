@@ -1,5 +1,6 @@
 // Instantiates the CUDA scan launchers for every op and dtype of a list,
-// recorded under "op:dtype" (cumsum_backward: the reversed cumsum).
+// recorded under "op:dtype"; the gradients are scans of the reversed views
+// (Note [Scan gradients as reversed scans] in scan/ops.hpp).
 #pragma once
 
 #include <string>
@@ -22,6 +23,18 @@ struct ScanLaunch {
 
 /// Threads per block, elements per thread and per tile of the CUDA kernels.
 inline constexpr int kBlock = 256, kItems = 8, kTile = kBlock * kItems;
+/// Bytes of the largest scan state (the chunk workspace holds one per chunk).
+inline constexpr size_t kMaxStateBytes = 16;
+
+// The operand adapters of the kernels (scan/kernels.cuh).
+template <class Op, class T, class Out>
+struct ScanIo;
+template <class T>
+struct CumProdGradIo;
+template <class T>
+struct LogCumSumExpGradIo;
+template <class T>
+struct CumExtremeGradIo;
 
 using ScanFn = Status (*)(const ScanLaunch&, CUstream_st*);
 using ScanTable = LaunchTable<ScanFn>;
@@ -31,19 +44,23 @@ ScanTable& cuda_scans();
 template <class T, bool kWidens>
 using scan_out_t = std::conditional_t<kWidens && !is_float_v<T>, int64_t, T>;
 
-/// `Launch<Op, T, Out>::run` for every scan and T of `Types`.
-template <template <class, class, class> class Launch, class Types>
+/// `Launch<Io>::run` for every scan and T of `Types`.
+template <template <class> class Launch, class Types>
 bool register_scans(ScanTable& table) {
   for_each_type<Types>([&]<class T>(TypeTag<T>) {
     using M = scan_math_t<T>;
     constexpr DType d = dtype_of<T>;
-    table.add(launch_key("cumsum", d), &Launch<CumSum<M>, T, scan_out_t<T, true>>::run);
-    table.add(launch_key("cumprod", d), &Launch<CumProd<M>, T, scan_out_t<T, true>>::run);
-    table.add(launch_key("cummax", d), &Launch<CumExtreme<M, true>, T, T>::run);
-    table.add(launch_key("cummin", d), &Launch<CumExtreme<M, false>, T, T>::run);
+    table.add(launch_key("cumsum", d), &Launch<ScanIo<CumSum<M>, T, scan_out_t<T, true>>>::run);
+    table.add(launch_key("cumprod", d), &Launch<ScanIo<CumProd<M>, T, scan_out_t<T, true>>>::run);
+    table.add(launch_key("cummax", d), &Launch<ScanIo<CumExtreme<M, true>, T, T>>::run);
+    table.add(launch_key("cummin", d), &Launch<ScanIo<CumExtreme<M, false>, T, T>>::run);
     if constexpr (is_float_v<T>) {
-      table.add(launch_key("logcumsumexp", d), &Launch<LogCumSumExp<M>, T, T>::run);
-      table.add(launch_key("cumsum_backward", d), &Launch<CumSum<M>, T, T>::run);
+      table.add(launch_key("logcumsumexp", d), &Launch<ScanIo<LogCumSumExp<M>, T, T>>::run);
+      table.add(launch_key("cumsum_backward", d), &Launch<ScanIo<CumSum<M>, T, T>>::run);
+      table.add(launch_key("cumprod_backward", d), &Launch<CumProdGradIo<T>>::run);
+      table.add(launch_key("logcumsumexp_backward", d), &Launch<LogCumSumExpGradIo<T>>::run);
+      table.add(launch_key("cummax_backward", d), &Launch<CumExtremeGradIo<T>>::run);
+      table.add(launch_key("cummin_backward", d), &Launch<CumExtremeGradIo<T>>::run);
     }
   });
   return true;
