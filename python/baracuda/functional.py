@@ -715,6 +715,50 @@ def nll_loss_backward(grad_output, input, target, weight=None, ignore_index=-100
                  _class_attrs("nll_loss", reduction, ignore_index), out)
 
 
+def _ctc_indices(x, like):
+    """Targets or lengths as an integer array where log_probs lives: ints, lists and tuples become i64;
+    a torch tensor on another device is moved (torch takes CPU lengths with CUDA log_probs)."""
+    adapter, ref = _adapt(like)
+    if isinstance(x, (list, tuple, int, _np.integer)):
+        values = _np.asarray(x, dtype=_np.int64)
+        out = adapter.empty("i64", values.shape, ref)
+        if isinstance(out, _np.ndarray):
+            out[...] = values
+        elif hasattr(out, "copy_"):  # torch
+            import torch
+            out.copy_(torch.from_numpy(values))
+        else:  # cupy
+            out.set(values)
+        return out
+    if hasattr(x, "to") and hasattr(x, "device") and hasattr(ref, "device") and x.device != ref.device:
+        return x.to(ref.device)
+    return x
+
+
+def _ctc_attrs(reduction, blank, zero_infinity):
+    return {"reduction": _reduction_code("ctc_loss", reduction), "blank": float(blank),
+            "zero_infinity": float(bool(zero_infinity))}
+
+
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean", zero_infinity=False, *,
+             out=None):
+    """torch.nn.functional.ctc_loss: log_probs [T, N, C] (or [T, C] unbatched), targets padded [N, S] or
+    concatenated [sum(target_lengths)] (i64/i32), lengths [N] as tensors, lists or tuples. Mean divides each
+    loss by its target length (at least 1), then averages over the batch."""
+    return _call("ctc_loss", (log_probs, _ctc_indices(targets, log_probs), _ctc_indices(input_lengths, log_probs),
+                              _ctc_indices(target_lengths, log_probs)),
+                 _ctc_attrs(reduction, blank, zero_infinity), out)
+
+
+def ctc_loss_backward(grad_output, log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean",
+                      zero_infinity=False, *, out=None):
+    """Gradient of ctc_loss with respect to log_probs, as torch's autograd gives it (torch's ctc_loss_backward:
+    exp(log_probs) minus the alignment occupancy, scaled; zero for t >= input_length)."""
+    lengths = [_ctc_indices(x, log_probs) for x in (targets, input_lengths, target_lengths)]
+    return _call("ctc_loss_backward", (grad_output, log_probs, *lengths), _ctc_attrs(reduction, blank, zero_infinity),
+                 out)
+
+
 # ---------------------------------------------------------------- torch aliases
 
 clip = clamp

@@ -12,6 +12,7 @@ void register_softmax_ops(std::vector<OpInfo>& ops);
 void register_norm_ops(std::vector<OpInfo>& ops);
 void register_scan_ops(std::vector<OpInfo>& ops);
 void register_loss_ops(std::vector<OpInfo>& ops);
+void register_ctc_ops(std::vector<OpInfo>& ops);
 void register_gemm_ops(std::vector<OpInfo>& ops);
 void register_attention_ops(std::vector<OpInfo>& ops);
 void register_rope_ops(std::vector<OpInfo>& ops);
