@@ -60,17 +60,33 @@ __global__ void __launch_bounds__(kThreads) ctc_kernel(Problem p, bool backward)
   auto row = [&](int64_t t) { return backward ? alpha + t * L : rows + (t % 3) * L; };
   auto lp = [&](int64_t t, int64_t c) { return lp_at<T, M>(p, b, t, c); };
 
+  // Thread tid's first position s0 keeps its label and skip flags in registers and loads
+  // the log-probability of the next step before this one's math (in flight across the barrier).
+  const int64_t s0 = tid;
+  const bool own = s0 < L;
+  const int64_t e0 = own ? extended(p, sm, s0) : 0;
+  const bool skip_below0 = own && skips_from(p, sm, s0), skip_above0 = own && s0 + 2 < L && skips_from(p, sm, s0 + 2);
+  auto alpha_at = [&](const M* prev, int64_t s, bool skip, M lpv) {
+    return log_add(prev[s], s >= 1 ? prev[s - 1] : ninf, skip ? prev[s - 2] : ninf) + lpv;
+  };
+  auto beta_at = [&](const M* next_row, int64_t s, bool skip, M lpv) {
+    return log_add(next_row[s], s + 1 < L ? next_row[s + 1] : ninf, skip ? next_row[s + 2] : ninf) + lpv;
+  };
+
   // alpha
   M nll = M(NAN);
   if (!bad && I > 0) {
     for (int64_t s = tid; s < L; s += kThreads) row(0)[s] = s < 2 ? lp(0, extended(p, sm, s)) : ninf;
+    M lp_next = own && I > 1 ? lp(1, e0) : M(0);
     __syncthreads();
     for (int64_t t = 1; t < I; ++t) {
+      const M lp_now = lp_next;
+      if (own && t + 1 < I) lp_next = lp(t + 1, e0);
       const M* prev = row(t - 1);
       M* cur = row(t);
-      for (int64_t s = tid; s < L; s += kThreads)
-        cur[s] = log_add(prev[s], s >= 1 ? prev[s - 1] : ninf, skips_from(p, sm, s) ? prev[s - 2] : ninf) +
-                 lp(t, extended(p, sm, s));
+      if (own) cur[s0] = alpha_at(prev, s0, skip_below0, lp_now);
+      for (int64_t s = s0 + kThreads; s < L; s += kThreads)
+        cur[s] = alpha_at(prev, s, skips_from(p, sm, s), lp(t, extended(p, sm, s)));
       __syncthreads();
     }
     const M* last = row(I - 1);
@@ -110,18 +126,23 @@ __global__ void __launch_bounds__(kThreads) ctc_kernel(Problem p, bool backward)
   }
   __syncthreads();  // next and first written; every thread has read alpha_{I-1} for nll before (1) adds beta to it
 
+  M lp_next = own ? lp(I - 1, e0) : M(0);
   for (int64_t t = I - 1; t >= 0; --t) {
     M* cur = rows + (t % 3) * L;
     M* parked = rows + ((t + 1) % 3) * L;  // beta_{t+1}: read in (1), then holds the lse of (2)
     M* ab = alpha + t * L;
-    for (int64_t s = tid; s < L; s += kThreads) {
-      M beta;
-      if (t == I - 1) {
-        beta = s >= L - 2 ? lp(t, extended(p, sm, s)) : ninf;
-      } else {
-        beta = log_add(parked[s], s + 1 < L ? parked[s + 1] : ninf, s + 2 < L && skips_from(p, sm, s + 2) ? parked[s + 2] : ninf) +
-               lp(t, extended(p, sm, s));
-      }
+    const M lp_now = lp_next;
+    if (own && t >= 1) lp_next = lp(t - 1, e0);
+    auto beta_of = [&](int64_t s, bool skip, M lpv) {
+      return t == I - 1 ? (s >= L - 2 ? lpv : ninf) : beta_at(parked, s, skip, lpv);
+    };
+    if (own) {
+      const M beta = beta_of(s0, skip_above0, lp_now);
+      cur[s0] = beta;
+      ab[s0] += beta;
+    }
+    for (int64_t s = s0 + kThreads; s < L; s += kThreads) {
+      const M beta = beta_of(s, s + 2 < L && skips_from(p, sm, s + 2), lp(t, extended(p, sm, s)));
       cur[s] = beta;
       ab[s] += beta;
     }
