@@ -20,7 +20,7 @@ import functools as _functools
 import numpy as _np
 
 from . import _baracuda as _C
-from ._interop import _FRAMEWORK_NAME, adapt as _adapt, dtype_name as _dtype_name
+from ._interop import NUMPY as _NUMPY, _FRAMEWORK_NAME, adapt as _adapt, dtype_name as _dtype_name
 
 _OPS = {op["name"]: op for op in _C.ops() if op["category"] == "elementwise"}
 
@@ -716,15 +716,18 @@ def nll_loss_backward(grad_output, input, target, weight=None, ignore_index=-100
 
 
 def _ctc_indices(x, like):
-    """Targets or lengths as an integer array where log_probs lives: ints, lists and tuples become i64;
-    a torch tensor on another device is moved (torch takes CPU lengths with CUDA log_probs)."""
+    """Targets or lengths as an integer array where log_probs lives: ints, lists, tuples and host arrays
+    given with device log_probs are copied there (i64; i32 arrays stay i32); a torch tensor on another
+    device is moved (torch takes CPU lengths with CUDA log_probs)."""
     adapter, ref = _adapt(like)
-    if isinstance(x, (list, tuple, int, _np.integer)):
-        values = _np.asarray(x, dtype=_np.int64)
-        out = adapter.empty("i64", values.shape, ref)
-        if isinstance(out, _np.ndarray):
-            out[...] = values
-        elif hasattr(out, "copy_"):  # torch
+    x_adapter, x = _adapt(x)
+    if x_adapter is None or (x_adapter is _NUMPY and adapter is not _NUMPY):
+        values = _np.asarray(x)
+        values = values.astype(_np.int32 if values.dtype == _np.int32 else _np.int64)
+        if adapter is _NUMPY:
+            return values
+        out = adapter.empty("i32" if values.dtype == _np.int32 else "i64", values.shape, ref)
+        if hasattr(out, "copy_"):  # torch
             import torch
             out.copy_(torch.from_numpy(values))
         else:  # cupy

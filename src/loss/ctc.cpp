@@ -110,11 +110,11 @@ class CtcPlan final : public FamilyPlan {
     if (backend == Backend::host_reference) return;
     const size_t m = t == DType::f64 ? 8 : 4;
     const size_t rows = size_t(dims_.concatenated ? 2 * dims_.S + dims_.N : dims_.N * (2 * dims_.S + 1));
-    rows_in_smem_ = 3 * size_t(2 * dims_.S + 1) * m <= kSmemBytes;
+    rows_in_smem_ = kRollingRows * size_t(2 * dims_.S + 1) * m <= kSmemBytes;
     const double reduction = desc_.attrs.get("reduction", 1);
     loss_bytes_ = aligned(!backward && reduction != 0 ? size_t(dims_.N) * m : 0);
     alpha_bytes_ = aligned(backward ? size_t(dims_.T) * rows * m : 0);
-    rows_bytes_ = aligned(rows_in_smem_ ? 0 : 3 * rows * m);
+    rows_bytes_ = aligned(rows_in_smem_ ? 0 : kRollingRows * rows * m);
     const size_t next = backward ? 2 * size_t(dims_.concatenated ? dims_.S : dims_.N * dims_.S) * 4 : 0;
     workspace_ = loss_bytes_ + alpha_bytes_ + rows_bytes_ + aligned(next);
   }

@@ -46,7 +46,7 @@ struct Problem {
   // CUDA workspace (see Workspace); the host reference allocates its own.
   void* ws_loss = nullptr;   ///< M[N]: each sample's reduced term
   void* ws_alpha = nullptr;  ///< M: alpha of every t (backward)
-  void* ws_rows = nullptr;   ///< M: two rolling rows per sample (when not in shared memory)
+  void* ws_rows = nullptr;   ///< M: kRollingRows rows per sample (when not in shared memory)
   int32_t* ws_next = nullptr;  ///< the next target position with the same label (backward)
   bool rows_in_smem = true;
 };
@@ -56,6 +56,10 @@ enum class Bad : int { none = 0, input_length, target_length, target_sum, label 
 
 /// Longest extended label sequence a descriptor allows.
 inline int64_t max_positions(const Problem& p) { return 2 * p.S + 1; }
+
+/// Rows of 2S + 1 values a CUDA block keeps per sample (shared memory or ws_rows):
+/// three rolling rows of alpha or beta, and alpha + beta of the current step.
+inline constexpr int kRollingRows = 4;
 
 /// Where sample b's rows start in a buffer of rows: padded b * (2S + 1);
 /// concatenated 2 * (target lengths before b) + b (each sample's own 2 S_b + 1).

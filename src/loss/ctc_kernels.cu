@@ -12,11 +12,11 @@ LaunchTable<Fn>& cuda_ctc();
 namespace {
 
 // Note [CTC on the GPU]
-// Forward: alpha in three rolling rows (shared memory when 3 (2S + 1) values
-// fit, else the workspace), the sample's nll by thread 0; a reduction sums
-// the per-sample terms in one block in a fixed order. Backward: alpha of
+// Forward: alpha in three rolling rows (shared memory when kRollingRows (2S + 1)
+// values fit, else the workspace), the sample's nll by thread 0; a reduction
+// sums the per-sample terms in one block in a fixed order. Backward: alpha of
 // every t in the workspace, then t from I-1 down: (1) beta_t into a rolling
-// row and alpha_t + beta_t into alpha's row; (2) every class gets
+// row and alpha_t + beta_t into the fourth row; (2) every class gets
 // the value of a class no position holds; warp 0 takes the lse over the blank positions, the thread
 // of each label's first target position walks the chain of its repeats
 // (next[k]); both park the lse in the row beta_t no longer needs; (3) those
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kThreads) ctc_kernel(Problem p, bool backward)
   }
   bad = __syncthreads_or(bad);
   const int64_t L = sm.L, I = sm.I;
-  M* rows = p.rows_in_smem ? reinterpret_cast<M*>(smem_bytes) : static_cast<M*>(p.ws_rows) + 3 * sm.rows;
+  M* rows = p.rows_in_smem ? reinterpret_cast<M*>(smem_bytes) : static_cast<M*>(p.ws_rows) + kRollingRows * sm.rows;
   M* alpha = backward ? static_cast<M*>(p.ws_alpha) + p.T * sm.rows : nullptr;
   auto row = [&](int64_t t) { return backward ? alpha + t * L : rows + (t % 3) * L; };
   auto lp = [&](int64_t t, int64_t c) { return lp_at<T, M>(p, b, t, c); };
@@ -124,30 +124,37 @@ __global__ void __launch_bounds__(kThreads) ctc_kernel(Problem p, bool backward)
     next[k] = nk;
     first[k] = is_first;
   }
-  __syncthreads();  // next and first written; every thread has read alpha_{I-1} for nll before (1) adds beta to it
+  __syncthreads();  // next and first written before their reads
 
-  M lp_next = own ? lp(I - 1, e0) : M(0);
+  // Prefetched a step ahead: thread tid's position's log-probability and alpha, and class tid's log-probability.
+  const bool own_class = tid < p.C;
+  M lp_next = own ? lp(I - 1, e0) : M(0), alpha_next = own ? alpha[(I - 1) * L + s0] : M(0);
+  M lpc_next = own_class ? lp(I - 1, tid) : M(0), lpc_now = 0;
+  M* ab = rows + 3 * L;  // alpha_t + beta_t
   for (int64_t t = I - 1; t >= 0; --t) {
     M* cur = rows + (t % 3) * L;
     M* parked = rows + ((t + 1) % 3) * L;  // beta_{t+1}: read in (1), then holds the lse of (2)
-    M* ab = alpha + t * L;
-    const M lp_now = lp_next;
-    if (own && t >= 1) lp_next = lp(t - 1, e0);
+    const M* alpha_t = alpha + t * L;
+    const M lp_now = lp_next, alpha_now = alpha_next;
+    lpc_now = lpc_next;
+    if (own && t >= 1) lp_next = lp(t - 1, e0), alpha_next = alpha[(t - 1) * L + s0];
+    if (own_class && t >= 1) lpc_next = lp(t - 1, tid);
     auto beta_of = [&](int64_t s, bool skip, M lpv) {
       return t == I - 1 ? (s >= L - 2 ? lpv : ninf) : beta_at(parked, s, skip, lpv);
     };
     if (own) {
       const M beta = beta_of(s0, skip_above0, lp_now);
       cur[s0] = beta;
-      ab[s0] += beta;
+      ab[s0] = alpha_now + beta;
     }
     for (int64_t s = s0 + kThreads; s < L; s += kThreads) {
       const M beta = beta_of(s, s + 2 < L && skips_from(p, sm, s + 2), lp(t, extended(p, sm, s)));
       cur[s] = beta;
-      ab[s] += beta;
+      ab[s] = alpha_t[s] + beta;
     }
     __syncthreads();
-    for (int64_t c = tid; c < p.C; c += kThreads) store(t, c, grad_at(lp(t, c), ninf, nll, scale));
+    if (own_class) store(t, tid, grad_at(lpc_now, ninf, nll, scale));
+    for (int64_t c = tid + kThreads; c < p.C; c += kThreads) store(t, c, grad_at(lp(t, c), ninf, nll, scale));
     if (tid < 32) {  // the blank: lanes over the even positions, then a butterfly (symmetric, so every lane agrees)
       M acc = ninf;
       for (int64_t j = tid; 2 * j < L; j += 32) acc = log_add(acc, ab[2 * j]);
@@ -186,7 +193,7 @@ template <class T>
 struct CudaCtc {
   static Status run(const Problem& p, bool backward, CUstream_st* stream) {
     using M = math_t<T, false>;
-    const size_t smem = p.rows_in_smem ? size_t(3 * max_positions(p)) * sizeof(M) : 0;
+    const size_t smem = p.rows_in_smem ? size_t(kRollingRows * max_positions(p)) * sizeof(M) : 0;
     if (p.N > 0) ctc_kernel<T><<<unsigned(p.N), kThreads, smem, stream>>>(p, backward);
     if (!backward && p.reduction != 0) finalize_kernel<T><<<1, 1024, 0, stream>>>(p);
     BARACUDA_CUDA_TRY(cudaGetLastError());
