@@ -165,7 +165,8 @@ class CtcPlan final : public FamilyPlan {
 };
 
 /// The sweep's cases from its primary shape: rank 1 {n} an unbatched case
-/// (n <= 8) or a batch, rank 2 {N, C}, rank 3 {T - 16, N, C}. Lengths and
+/// (n <= 8) or n / 16 + 1 samples, rank 2 {a, C} a / 16 samples (about as
+/// many log-probabilities as the shape has elements), rank 3 {T - 16, N, C}. Lengths and
 /// labels come from the domains (input 8..16, target 0..3, labels 1..4), so
 /// every case is feasible (finite loss) and blank 0 or 5 is never a label.
 std::optional<SampleShapes> ctc_samples(bool backward, const Shape& shape, const Attrs& attrs) {
@@ -173,7 +174,7 @@ std::optional<SampleShapes> ctc_samples(bool backward, const Shape& shape, const
   bool batched = true;
   if (shape.size() == 1 && shape[0] >= 1 && shape[0] <= 8) batched = false, C = 6 + shape[0];
   else if (shape.size() == 1 && shape[0] <= 2048) N = shape[0] / 16 + (shape[0] == 0 ? 0 : 1);
-  else if (shape.size() == 2) T = 16 + shape[0] % 7, N = shape[0], C = std::max<int64_t>(shape[1], 6), S = 3 + shape[1] % 3;
+  else if (shape.size() == 2) T = 16 + shape[0] % 7, N = shape[0] == 0 ? 0 : std::max<int64_t>(shape[0] / 16, 1), C = std::max<int64_t>(shape[1], 6), S = 3 + shape[1] % 3;
   else if (shape.size() == 3) T = 16 + shape[0], N = shape[1], C = std::max<int64_t>(shape[2], 6), S = 3 + shape[2] % 4;
   else return std::nullopt;
   SampleShapes s;
