@@ -135,6 +135,8 @@ def test_ctc_lists_unbatched_blank_and_zero_infinity():
     np.testing.assert_allclose(zeroed, [want[0], 0.0], rtol=1e-12)
     grad = F.ctc_loss_backward(np.ones(2), lp, targets, (8, 3), [3, 3], blank=4, reduction="none", zero_infinity=True)
     assert np.all(grad[:, 1] == 0)
+    g_mean = F.ctc_loss_backward(1.0, lp, targets, (8, 3), [3, 3], blank=4, zero_infinity=True)  # a Python scalar
+    np.testing.assert_allclose(g_mean[:, 0], grad[:, 0] / 3 / 2, rtol=1e-12)
     single = F.ctc_loss(lp[:, 0], targets[0], 8, 3, blank=4, reduction="none")
     assert single.shape == ()
     np.testing.assert_allclose(single, want[0], rtol=1e-12)
