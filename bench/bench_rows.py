@@ -176,6 +176,29 @@ def main():
                     lambda: close(F.batch_norm_backward(g, x, sm, si, w)[0],
                                   torch.autograd.grad(yr, (xr,), g, retain_graph=True)[0], tol * 8))
                 del x, g, xr, wr, br, yr
+        if want("ctc_loss") and dtype == torch.float32:
+            T, N, C, S = 500, 32, 64, 100
+            lp = torch.log_softmax(torch.randn(T, N, C, device="cuda"), -1)
+            tg = torch.randint(1, C, (N, S), device="cuda")
+            il = torch.full((N,), T, device="cuda", dtype=torch.long)
+            tl = torch.randint(S // 2, S + 1, (N,), device="cuda")
+            n = T * N * C
+            row(f"ctc_loss T{T} N{N} C{C} S{S}", dtype, lambda: F.ctc_loss(lp, tg, il, tl),
+                lambda: torch.nn.functional.ctc_loss(lp, tg, il, tl), n * es + N * S * 8,
+                lambda: close(F.ctc_loss(lp, tg, il, tl), torch.nn.functional.ctc_loss(lp, tg, il, tl), 1e-4))
+            lpr = lp.detach().requires_grad_()
+            go = torch.ones((), device="cuda")
+
+            def torch_ctc_fwd_bwd():
+                return torch.autograd.grad(torch.nn.functional.ctc_loss(lpr, tg, il, tl), lpr)
+
+            def ours_ctc_fwd_bwd():
+                return F.ctc_loss(lp, tg, il, tl), F.ctc_loss_backward(go, lp, tg, il, tl)
+
+            row(f"ctc_loss fwd+bwd T{T} N{N} C{C} S{S}", dtype, ours_ctc_fwd_bwd, torch_ctc_fwd_bwd,
+                2 * n * es + N * S * 8,
+                lambda: close(ours_ctc_fwd_bwd()[1], torch_ctc_fwd_bwd()[0], 1e-4))
+            del lp, lpr
         if want("cumsum"):
             x = torch.randn(1 << 26, device="cuda", dtype=dtype)
             o1, o2 = torch.empty_like(x), torch.empty_like(x)

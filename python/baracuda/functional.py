@@ -21,7 +21,7 @@ import sys as _sys
 import numpy as _np
 
 from . import _baracuda as _C
-from ._interop import _FRAMEWORK_NAME, adapt as _adapt, dtype_name as _dtype_name
+from ._interop import NUMPY as _NUMPY, _FRAMEWORK_NAME, adapt as _adapt, dtype_name as _dtype_name
 
 _OPS = {op["name"]: op for op in _C.ops() if op["category"] == "elementwise"}
 
@@ -952,6 +952,53 @@ def multilabel_margin_loss_backward(grad_output, input, target, reduction="mean"
     """Gradient of multilabel_margin_loss with respect to the input."""
     return _call("multilabel_margin_loss_backward", (grad_output, input, target),
                  _row_loss_attrs("multilabel_margin_loss", reduction), out)
+
+
+def _ctc_indices(x, like):
+    """Targets or lengths as an integer array where log_probs lives: ints, lists, tuples and host arrays
+    given with device log_probs are copied there (i64; i32 arrays stay i32); a torch tensor on another
+    device is moved (torch takes CPU lengths with CUDA log_probs)."""
+    adapter, ref = _adapt(like)
+    x_adapter, x = _adapt(x)
+    if x_adapter is None or (x_adapter is _NUMPY and adapter is not _NUMPY):
+        values = _np.asarray(x)
+        values = values.astype(_np.int32 if values.dtype == _np.int32 else _np.int64)
+        if adapter is _NUMPY:
+            return values
+        out = adapter.empty("i32" if values.dtype == _np.int32 else "i64", values.shape, ref)
+        if hasattr(out, "copy_"):  # torch
+            import torch
+            out.copy_(torch.from_numpy(values))
+        else:  # cupy
+            out.set(values)
+        return out
+    if hasattr(x, "to") and hasattr(x, "device") and hasattr(ref, "device") and x.device != ref.device:
+        return x.to(ref.device)
+    return x
+
+
+def _ctc_attrs(reduction, blank, zero_infinity):
+    return {"reduction": _reduction_code("ctc_loss", reduction), "blank": float(blank),
+            "zero_infinity": float(bool(zero_infinity))}
+
+
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean", zero_infinity=False, *,
+             out=None):
+    """torch.nn.functional.ctc_loss: log_probs [T, N, C] (or [T, C] unbatched), targets padded [N, S] or
+    concatenated [sum(target_lengths)] (i64/i32), lengths [N] as tensors, lists or tuples. Mean divides each
+    loss by its target length (at least 1), then averages over the batch."""
+    return _call("ctc_loss", (log_probs, _ctc_indices(targets, log_probs), _ctc_indices(input_lengths, log_probs),
+                              _ctc_indices(target_lengths, log_probs)),
+                 _ctc_attrs(reduction, blank, zero_infinity), out)
+
+
+def ctc_loss_backward(grad_output, log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean",
+                      zero_infinity=False, *, out=None):
+    """Gradient of ctc_loss with respect to log_probs, as torch's autograd gives it (torch's ctc_loss_backward:
+    exp(log_probs) minus the alignment occupancy, scaled; zero for t >= input_length)."""
+    lengths = [_ctc_indices(x, log_probs) for x in (targets, input_lengths, target_lengths)]
+    return _call("ctc_loss_backward", (grad_output, log_probs, *lengths), _ctc_attrs(reduction, blank, zero_infinity),
+                 out)
 
 
 # ---------------------------------------------------------------- torch aliases

@@ -81,6 +81,7 @@ const std::vector<OpInfo>& registry() {
     register_group_norm_ops(all);
     register_scan_ops(all);
     register_loss_ops(all);
+    register_ctc_ops(all);
     register_gemm_ops(all);
     register_attention_ops(all);
     register_rope_ops(all);

@@ -14,6 +14,7 @@ void register_batch_norm_ops(std::vector<OpInfo>& ops);
 void register_group_norm_ops(std::vector<OpInfo>& ops);  // group_norm, instance_norm
 void register_scan_ops(std::vector<OpInfo>& ops);
 void register_loss_ops(std::vector<OpInfo>& ops);
+void register_ctc_ops(std::vector<OpInfo>& ops);
 void register_gemm_ops(std::vector<OpInfo>& ops);
 void register_attention_ops(std::vector<OpInfo>& ops);
 void register_rope_ops(std::vector<OpInfo>& ops);
