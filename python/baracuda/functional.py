@@ -598,7 +598,8 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     adapter, ref, _ = _operand(input)
     specs = _infer("batch_norm", tuple(_spec(a) for a in args), tuple(attrs.items()), None)
     outs = _empty_like_layout(adapter, ref, specs[:3])
-    running = [ops[2], ops[3]] if running_mean is not None else [_absent(input), _absent(input)]
+    # Absent running stats: [0] outputs in the parameters' dtype (f32 with f32 weights on a half input).
+    running = [ops[2], ops[3]] if running_mean is not None else [adapter.empty(d, s, ref) for d, s in specs[3:5]]
     _call("batch_norm", args, attrs, tuple(outs + running))
     return tuple(outs)
 

@@ -43,6 +43,16 @@ def test_training_matches_numpy_and_updates_running_stats(shape):
     np.testing.assert_allclose(y, out, rtol=1e-12, atol=1e-12)
 
 
+def test_half_input_with_f32_parameters_and_no_running_stats():
+    """torch's mixed batch norm: f16 input, f32 weight and bias, no running stats (their absent outputs are f32)."""
+    x = _x((8, 3, 5)).astype(np.float16)
+    w, b = _x(3).astype(np.float32), _x(3).astype(np.float32)
+    out, _, _, _ = _reference(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), 1e-5)
+    got = F.batch_norm(x, None, None, w, b, training=True)
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float64), out, rtol=4e-3, atol=4e-3)
+
+
 def test_eval_uses_running_stats():
     x, w, b = _x((5, 4, 7)), _x(4), _x(4)
     rm, rv = _x(4, -0.5, 0.5), _x(4, 0.5, 2)
