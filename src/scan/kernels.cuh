@@ -172,19 +172,32 @@ __device__ __forceinline__ Chunk<Io> chunk_of(const ScanLaunch& l, const OffsetC
   return {Io(l, off, l.rows.cols), begin, min(l.rows.cols, begin + l.chunk_len)};
 }
 
-/// Phase 1 (chunks > 1): the total of each (row, chunk) into the workspace.
+/// Phase 1 (chunks > 1): the total of each (row, chunk) into the workspace,
+/// combined in element order (the gradients' affine maps and segmented sums
+/// do not commute): tile by tile through shared memory as in phase 3, each
+/// thread combining its kItems consecutive elements, the threads in order.
 template <class Io>
 __global__ void __launch_bounds__(kBlock) chunk_totals_kernel(ScanLaunch l, OffsetCalc<Io::kOperands, int64_t> outer) {
   using Op = typename Io::Op;
   using S = typename Op::S;
+  __shared__ S tile[kTile + kTile / 32];
   __shared__ S warp_totals[kBlock / 32];
   const Chunk<Io> c = chunk_of<Io>(l, outer);
   const auto& io = c.io;
   const int64_t begin = c.begin, end = c.end;
-  S acc = Op::identity();
-  for (int64_t e = begin + threadIdx.x; e < end; e += kBlock) acc = Op::combine(acc, io.load(e));
   S carry = Op::identity();
-  block_exclusive<Op>(acc, carry, warp_totals);
+  for (int64_t base = begin; base < end; base += kTile) {
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {  // coalesced loads
+      const int64_t e = base + k * kBlock + threadIdx.x;
+      tile[padded(k * kBlock + threadIdx.x)] = e < end ? io.load(e) : Op::identity();
+    }
+    __syncthreads();
+    S acc = tile[padded(threadIdx.x * kItems)];
+#pragma unroll
+    for (int k = 1; k < kItems; ++k) acc = Op::combine(acc, tile[padded(threadIdx.x * kItems + k)]);
+    block_exclusive<Op>(acc, carry, warp_totals);  // its barriers also guard the tile's reuse
+  }
   if (threadIdx.x == 0) static_cast<S*>(l.workspace)[blockIdx.x] = carry;
 }
 

@@ -1,7 +1,8 @@
-// The scans as associative, commutative combines over a state S, for the
-// CUDA kernels: lift(x, i) makes the state of element i; combine(a, b) with
-// a before b; value(s) is the output. Commutativity lets partial results be
-// formed in any fixed order (deterministic, not sequential).
+// The scans as associative combines over a state S, for the CUDA kernels:
+// lift(x, i) makes the state of element i; combine(a, b) with a before b;
+// value(s) is the output. The forward combines also commute, the gradients'
+// (affine maps, segmented sums) do not: the kernels combine every partial
+// result in element order (deterministic, not sequential).
 #pragma once
 
 #include <cmath>
