@@ -415,6 +415,10 @@ __global__ void __launch_bounds__(kThreads) resident_group_kernel(GroupLaunch l,
     }
     if (active && member == 0 && lane == 0) keep(jc, first, second);
   }
+  // pair[] was written by lane 0 of one warp per channel (member 0 of a team);
+  // every thread reads all of it below, so the whole block waits here (without
+  // this barrier a warp scheduled early merges channels not yet written).
+  __syncthreads();
   // The group's coefficients, merged in channel order by every thread.
   M mean = saved_mean, rstd = saved_rstd, mean_wg = 0, mean_wg_xhat = 0;
   if constexpr (!kBackward) {
@@ -434,7 +438,7 @@ __global__ void __launch_bounds__(kThreads) resident_group_kernel(GroupLaunch l,
     }
     mean_wg = sum_wg / M(D), mean_wg_xhat = rstd * sum_we / M(D);
   }
-  __syncthreads();  // pair[] now holds (scale, shift) per channel
+  __syncthreads();  // every thread has read the sums in pair[]: it now takes (scale, shift) per channel
   for (int jc = threadIdx.x; jc < Cg; jc += kThreads) {
     const M w = param<T>(l.weight, l.weight_stride, c0 + jc, M(1), l.param_f32);
     pair[2 * jc] = kBackward ? w : w * rstd;
