@@ -157,26 +157,57 @@ struct TripletMarginLoss {
     const M sign = v > M(0) ? M(1) : v < M(0) ? M(-1) : M(0);
     return p == M(1) ? sign : p == M(2) ? v / d : sign * pow(sign * v / d, p - M(1));
   }
+  /// root(t) - root(s) for sums t, s >= 0 whose difference `delta` was summed
+  /// termwise: no cancellation where t and s are close.
+  template <class M>
+  static BCD_HD M root_diff(M s, M t, M delta, M p) {
+    if (p == M(1)) return delta;
+    const M big = s > t ? s : t;
+    if (big == M(0)) return M(0);
+    if (p == M(2)) return delta / (sqrt(t) + sqrt(s));
+    if (M(2) * (delta < M(0) ? -delta : delta) > big) return root(t, p) - root(s, p);  // far apart
+    return root(s, p) * expm1(log1p(delta / s) / p);  // s >= big / 2 > 0 here
+  }
   template <class M>
   struct Dist {
     M ap, an, pn, active, w_an, w_pn;  ///< distances; the clamp's gate; the weights of an and pn in min(an, pn)
   };
+  // d(a, p) - d(a, n) is a small difference of large distances on long rows
+  // (rows of 65537 values in [-2, 2]: distances ~1e5 for p = 1, whose f32
+  // sums are off by ~1e-2). The sums of the termwise differences
+  // (sum |a - p|^p - |a - n|^p, terms of either sign) give it to the
+  // accuracy of the terms instead: the loss, and which of d(a, n), d(p, n)
+  // is smaller, come from them.
   template <class M, class Ctx, class R>
   static BCD_HD Dist<M> distances(const Ctx& ctx, const R& r, const RowParams& prm) {
     const M p = prm.get<M>(1), eps = prm.get<M>(2);
     const bool swap = prm.v[3] != 0;
-    M ap = 0, an = 0, pn = 0;
+    M ap = 0, an = 0, pn = 0, dan = 0, dpn = 0;
     ctx.each([&](int64_t c) {
       const M a = r.template at<M>(0, c), q = r.template at<M>(1, c), n = r.template at<M>(2, c);
-      ap += term(a - q + eps, p), an += term(a - n + eps, p);
-      if (swap) pn += term(q - n + eps, p);
+      const M t_ap = term(a - q + eps, p), t_an = term(a - n + eps, p);
+      ap += t_ap, an += t_an, dan += t_ap - t_an;
+      if (swap) {
+        const M t_pn = term(q - n + eps, p);
+        pn += t_pn, dpn += t_ap - t_pn;
+      }
     });
     Dist<M> d;
-    d.ap = root(ctx.sum(ap), p), d.an = root(ctx.sum(an), p), d.pn = swap ? root(ctx.sum(pn), p) : M(0);
-    // torch's minimum splits the gradient at a tie.
-    d.w_an = !swap || d.an < d.pn ? M(1) : d.an == d.pn ? M(0.5) : M(0);
-    d.w_pn = swap ? M(1) - d.w_an : M(0);
-    d.active = prm.get<M>(0) + d.ap - (swap && d.pn < d.an ? d.pn : d.an);
+    const M s_ap = ctx.sum(ap), s_an = ctx.sum(an), d_an = ctx.sum(dan);
+    d.ap = root(s_ap, p), d.an = root(s_an, p);
+    M gap = root_diff(s_an, s_ap, d_an, p);  // d(a, p) - d(a, n)
+    d.w_an = M(1), d.w_pn = M(0);
+    if (swap) {
+      const M s_pn = ctx.sum(pn), d_pn = ctx.sum(dpn);  // d_pn > d_an: d(p, n) < d(a, n)
+      d.pn = root(s_pn, p);
+      // torch's minimum splits the gradient at a tie.
+      d.w_an = d_an > d_pn ? M(1) : d_an == d_pn ? M(0.5) : M(0);
+      d.w_pn = M(1) - d.w_an;
+      if (d_pn > d_an) gap = root_diff(s_pn, s_ap, d_pn, p);
+    } else {
+      d.pn = M(0);
+    }
+    d.active = prm.get<M>(0) + gap;
     return d;
   }
   template <class M, class Ctx, class R>
