@@ -360,7 +360,12 @@ void add_ops(std::vector<OpInfo>& ops, const char* name, Kind kind, const char* 
     // Saved operands are drawn at random: an output in [0.5, 2] (the
     // gradients are functions of it as given), indices all 0 (valid: one
     // segment per row; real ones are tested apart).
-    if (backward) info.domains = {Domain{-1, 1}, info.domains[0], extreme ? Domain{0, 0, false, false, true} : Domain{0.5, 2}};
+    // cumprod's gradient holds suffix products of the input: |x| <= 1 keeps
+    // them finite over 65K-element (and broadcast, constant) rows. Where they
+    // overflow, the parallel composition of affine maps may meet inf - inf
+    // (NaN) where a serial loop would stay at +-inf.
+    const Domain grad_x = kind == Kind::cumprod ? Domain{0.5, 1, true} : info.domains[0];
+    if (backward) info.domains = {Domain{-1, 1}, grad_x, extreme ? Domain{0, 0, false, false, true} : Domain{0.5, 2}};
     // f32 running sums over 65K elements drift well past 4 ulps of their (cancelling) values.
     info.tolerance_scale = backward || kind == Kind::cumsum || kind == Kind::logcumsumexp ? 32 : 4;
     info.sample_attrs = {Attrs{}, Attrs{{"dim", 0}}};
