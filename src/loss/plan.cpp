@@ -209,37 +209,52 @@ std::vector<Attrs> reduction_samples(bool batchmean) {
   return s;
 }
 
+/// A loss op or its backward: its name and operands (backward: grad_output
+/// first, one grad_<input> output per differentiable input).
+template <class Def, class Meta>
+Def loss_def(const Meta& meta, bool backward) {
+  const std::vector<std::string> names(meta.input_names, meta.input_names + meta.inputs);
+  Def def{backward ? cat(meta.name, "_backward") : std::string(meta.name), &meta, backward, names, {"out"}};
+  if (backward) {
+    def.inputs.insert(def.inputs.begin(), "grad_output");
+    def.outputs.clear();
+    for (int k = 0; k < meta.grads; ++k) def.outputs.push_back(cat("grad_", names[k]));
+  }
+  return def;
+}
+
+/// The registry fields every pointwise and row loss shares: names, gradient
+/// link, float dtypes, both backends, the reduction attribute, the domains.
+template <class Def, class Meta>
+OpInfo loss_info(const Def& d, const Meta& meta, const char* family, const char* reduction_doc) {
+  OpInfo info;
+  info.name = d.name;
+  info.category = OpCategory::loss;
+  info.family = d.backward ? cat(family, "_backward") : std::string(family);
+  info.direction = d.backward ? Direction::backward : Direction::forward;
+  info.gradient = d.backward ? std::string(meta.name) : cat(meta.name, "_backward");
+  info.input_names = d.inputs;
+  info.output_names = d.outputs;
+  info.dtypes = dtypes_of<FloatTypes>();
+  info.attrs = {{"reduction", 1, reduction_doc}};
+  info.backends = {Backend::bespoke_cuda, Backend::host_reference};
+  info.doc = d.backward ? cat("gradients of ", meta.name, " with respect to ", d.outputs.size(), " operand(s)") : meta.doc;
+  for (int i = 0; i < meta.inputs; ++i) info.domains.push_back(meta.domains[i]);
+  if (d.backward) info.domains.insert(info.domains.begin(), Domain{-1, 1});
+  info.tolerance_scale = 4;
+  return info;
+}
+
 template <class L>
 void add_pointwise(std::vector<OpInfo>& ops) {
   const LossMeta& meta = L::meta;
-  std::vector<std::string> names(meta.input_names, meta.input_names + meta.inputs);
   for (bool backward : {false, true}) {
-    PointwiseDef def{backward ? cat(meta.name, "_backward") : std::string(meta.name), &meta, backward, names, {"out"}};
-    if (backward) {
-      def.inputs.insert(def.inputs.begin(), "grad_output");
-      def.outputs.clear();
-      for (int k = 0; k < meta.grads; ++k) def.outputs.push_back(cat("grad_", names[k]));
-    }
-    pointwise_defs().push_back(def);
+    pointwise_defs().push_back(loss_def<PointwiseDef>(meta, backward));
     const PointwiseDef& d = pointwise_defs().back();
-    OpInfo info;
-    info.name = d.name;
-    info.category = OpCategory::loss;
-    info.family = backward ? "pointwise_loss_backward" : "pointwise_loss";
-    info.direction = backward ? Direction::backward : Direction::forward;
-    info.gradient = backward ? std::string(meta.name) : cat(meta.name, "_backward");
-    info.input_names = d.inputs;
-    info.output_names = d.outputs;
-    info.dtypes = dtypes_of<FloatTypes>();
-    info.attrs = {{"reduction", 1, "0 none, 1 mean, 2 sum, 3 batchmean (sum / size of dim 0)"}};
+    OpInfo info = loss_info(d, meta, "pointwise_loss", "0 none, 1 mean, 2 sum, 3 batchmean (sum / size of dim 0)");
     for (const auto& a : meta.attrs)
       if (a.name) info.attrs.push_back({a.name, a.value, ""});
-    info.backends = {Backend::bespoke_cuda, Backend::host_reference};
-    info.doc = backward ? cat("gradients of ", meta.name, " with respect to ", d.outputs.size(), " operand(s)") : meta.doc;
     info.input_dtypes = [n = d.inputs.size()](DType primary) { return std::vector<DType>(n, primary); };
-    for (int i = 0; i < meta.inputs; ++i) info.domains.push_back(meta.domains[i]);
-    if (backward) info.domains.insert(info.domains.begin(), Domain{-1, 1});
-    info.tolerance_scale = 4;
     info.sample_attrs = reduction_samples(std::string_view(meta.name) == "kl_div");
     if (std::string_view(meta.name) == "kl_div") info.sample_attrs.push_back(Attrs{{"reduction", 1}, {"log_target", 1}});
     if (std::string_view(meta.name) == "poisson_nll_loss")
@@ -664,39 +679,18 @@ std::string row_attr_doc(std::string_view loss, std::string_view attr) {
 template <class L>
 void add_row_op(std::vector<OpInfo>& ops) {
   const RowLossMeta& meta = L::meta;
-  const std::vector<std::string> names(meta.input_names, meta.input_names + meta.inputs);
   for (bool backward : {false, true}) {
-    RowDef def{backward ? cat(meta.name, "_backward") : std::string(meta.name), &meta, backward, names, {"out"}};
-    if (backward) {
-      def.inputs.insert(def.inputs.begin(), "grad_output");
-      def.outputs.clear();
-      for (int k = 0; k < meta.grads; ++k) def.outputs.push_back(cat("grad_", names[k]));
-    }
-    row_defs().push_back(def);
+    row_defs().push_back(loss_def<RowDef>(meta, backward));
     const RowDef& d = row_defs().back();
-    OpInfo info;
-    info.name = d.name;
-    info.category = OpCategory::loss;
-    info.family = backward ? "row_loss_backward" : "row_loss";
-    info.direction = backward ? Direction::backward : Direction::forward;
-    info.gradient = backward ? std::string(meta.name) : cat(meta.name, "_backward");
-    info.input_names = d.inputs;
-    info.output_names = d.outputs;
-    info.dtypes = dtypes_of<FloatTypes>();
-    info.attrs = {{"reduction", 1, "0 none, 1 mean (over the rows), 2 sum"}};
+    OpInfo info = loss_info(d, meta, "row_loss", "0 none, 1 mean (over the rows), 2 sum");
     for (const auto& a : meta.attrs)
       if (a.name) info.attrs.push_back({a.name, a.value, row_attr_doc(meta.name, a.name)});
-    info.backends = {Backend::bespoke_cuda, Backend::host_reference};
-    info.doc = backward ? cat("gradients of ", meta.name, " with respect to ", d.outputs.size(), " operand(s)") : meta.doc;
     info.input_dtypes = [&d](DType primary) {
       std::vector<DType> t;
       for (const std::string& n : d.inputs)
         t.push_back(n == "target" && d.meta->target != TargetKind::sign ? DType::i64 : primary);
       return t;
     };
-    for (int i = 0; i < meta.inputs; ++i) info.domains.push_back(meta.domains[i]);
-    if (backward) info.domains.insert(info.domains.begin(), Domain{-1, 1});
-    info.tolerance_scale = 4;
     // The backward of multilabel_margin reads the input after writing gradients of listed classes.
     info.in_place = !(backward && meta.target == TargetKind::index_list);
     for (double r : {0.0, 1.0, 2.0}) info.sample_attrs.push_back(Attrs{{"reduction", r}});
