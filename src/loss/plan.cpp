@@ -50,17 +50,24 @@ Status check_reduction(std::string_view op, double reduction, bool batchmean_ok)
 
 // ================================================================ pointwise losses
 
-struct PointwiseDef {
+/// A registered loss op (pointwise or row) and its operands.
+template <class Meta>
+struct LossOpDef {
   std::string name;
-  const LossMeta* meta;
+  const Meta* meta;
   bool backward;
   std::vector<std::string> inputs, outputs;  ///< of this op (backward: grad_output first)
 };
 
-std::vector<PointwiseDef>& pointwise_defs() {
-  static std::vector<PointwiseDef> all;
+/// Defs of one kind, kept at stable addresses for the registry's lambdas.
+template <class Meta>
+std::vector<LossOpDef<Meta>>& loss_defs() {
+  static std::vector<LossOpDef<Meta>> all;
   return all;
 }
+
+using PointwiseDef = LossOpDef<LossMeta>;
+std::vector<PointwiseDef>& pointwise_defs() { return loss_defs<LossMeta>(); }
 
 /// The forward descriptor (inputs = the loss's operands): checks and the output.
 Result<OpDesc> infer_pointwise_forward(const PointwiseDef& def, const std::vector<std::string>& names, OpDesc d) {
@@ -90,25 +97,31 @@ Result<OpDesc> infer_pointwise_forward(const PointwiseDef& def, const std::vecto
   return d;
 }
 
-Result<OpDesc> infer_pointwise(const PointwiseDef& def, const OpDesc& partial) {
-  if (!def.backward) {
-    OpDesc d = partial;
-    return infer_pointwise_forward(def, def.inputs, std::move(d));
-  }
+/// A loss op's descriptor: the forward's own rule, or for the backward the
+/// forward's rule on the operands after grad_output, grad_output shaped like
+/// the loss, and one gradient per differentiable input shaped like it.
+template <class Meta, class Forward>
+Result<OpDesc> infer_loss_op(const LossOpDef<Meta>& def, const OpDesc& partial, Forward forward) {
+  if (!def.backward) return forward(def, def.inputs, partial);
   BARACUDA_TRY(check_inputs(def.name, partial, def.inputs, 1));
   const std::vector<std::string> fwd_names(def.inputs.begin() + 1, def.inputs.end());
   OpDesc f{def.meta->name, std::vector<TensorSpec>(partial.inputs.begin() + 1, partial.inputs.end()), {}, partial.attrs};
-  auto fwd = infer_pointwise_forward(def, fwd_names, f);
+  auto fwd = forward(def, fwd_names, f);
   if (!fwd) return fwd.status();
   const TensorSpec& want = fwd->outputs[0];
   if (partial.inputs[0].dtype != want.dtype || partial.inputs[0].shape != want.shape)
     return invalid(def.name, ": 'grad_output' must be ", dtype_name(want.dtype), shape_str(want.shape),
                    " (the loss's shape), got ", dtype_name(partial.inputs[0].dtype), shape_str(partial.inputs[0].shape));
   OpDesc d = partial;
-  std::vector<TensorSpec> outs;
-  for (int k = 0; k < def.meta->grads; ++k) outs.push_back(partial.inputs[1 + k]);
+  std::vector<TensorSpec> outs(partial.inputs.begin() + 1, partial.inputs.begin() + 1 + def.meta->grads);
   BARACUDA_TRY(set_outputs(def.name, d, outs, def.outputs));
   return d;
+}
+
+Result<OpDesc> infer_pointwise(const PointwiseDef& def, const OpDesc& partial) {
+  return infer_loss_op(def, partial, [](const PointwiseDef& d, const std::vector<std::string>& names, OpDesc desc) {
+    return infer_pointwise_forward(d, names, std::move(desc));
+  });
 }
 
 /// The factor each per-element value is scaled by before the sum.
@@ -519,17 +532,8 @@ void add_class_op(std::vector<OpInfo>& ops, ClassDef def_in, const char* doc) {
 
 // ================================================================ row losses
 
-struct RowDef {
-  std::string name;
-  const RowLossMeta* meta;
-  bool backward;
-  std::vector<std::string> inputs, outputs;  ///< of this op (backward: grad_output first)
-};
-
-std::vector<RowDef>& row_defs() {
-  static std::vector<RowDef> all;
-  return all;
-}
+using RowDef = LossOpDef<RowLossMeta>;
+std::vector<RowDef>& row_defs() { return loss_defs<RowLossMeta>(); }
 
 bool index_target(const RowLossMeta& m) {
   return m.target == TargetKind::index_per_row || m.target == TargetKind::index_list;
@@ -590,20 +594,9 @@ Result<OpDesc> infer_row_forward(const RowDef& def, const std::vector<std::strin
 }
 
 Result<OpDesc> infer_row(const RowDef& def, const OpDesc& partial) {
-  if (!def.backward) return infer_row_forward(def, def.inputs, partial);
-  BARACUDA_TRY(check_inputs(def.name, partial, def.inputs, 1));
-  const std::vector<std::string> fwd_names(def.inputs.begin() + 1, def.inputs.end());
-  OpDesc f{def.meta->name, std::vector<TensorSpec>(partial.inputs.begin() + 1, partial.inputs.end()), {}, partial.attrs};
-  auto fwd = infer_row_forward(def, fwd_names, f);
-  if (!fwd) return fwd.status();
-  const TensorSpec& want = fwd->outputs[0];
-  if (partial.inputs[0].dtype != want.dtype || partial.inputs[0].shape != want.shape)
-    return invalid(def.name, ": 'grad_output' must be ", dtype_name(want.dtype), shape_str(want.shape),
-                   " (the loss's shape), got ", dtype_name(partial.inputs[0].dtype), shape_str(partial.inputs[0].shape));
-  OpDesc d = partial;
-  std::vector<TensorSpec> outs(partial.inputs.begin() + 1, partial.inputs.begin() + 1 + def.meta->grads);
-  BARACUDA_TRY(set_outputs(def.name, d, outs, def.outputs));
-  return d;
+  return infer_loss_op(def, partial, [](const RowDef& d, const std::vector<std::string>& names, const OpDesc& desc) {
+    return infer_row_forward(d, names, desc);
+  });
 }
 
 class RowPlan final : public FamilyPlan {
