@@ -833,10 +833,7 @@ def multilabel_soft_margin_loss_backward(grad_output, input, target, weight=None
 
 def _class_weight(input, weight):
     """The class weights, or an empty [0] array of input's dtype (no weights)."""
-    if weight is not None:
-        return weight
-    adapter, a, (dtype, _) = _operand(input)
-    return adapter.empty(dtype, (0,), a)
+    return weight if weight is not None else _absent(input)
 
 
 def _class_attrs(op, reduction, ignore_index, label_smoothing=None):

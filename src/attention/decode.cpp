@@ -36,7 +36,6 @@ const std::vector<std::string> kOutputs = {"out", "lse"};
 enum Input { kQ, kK, kV, kTable, kSeqLens };
 
 /// lse is f32, f64 for f64 inputs (the reference computes in f64).
-DType lse_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 /// A rank-2 block table pages the caches; a [0] one means per-sequence caches.
 bool is_paged(const OpDesc& d) { return d.inputs[kTable].shape.size() == 2; }
 int64_t capacity(const OpDesc& d) {
@@ -97,7 +96,7 @@ Result<OpDesc> infer_desc(const OpDesc& partial) {
     return invalid(kOp, ": 'window_left' must be -1 (unbounded) or a whole number >= 0, got ", window);
   if (!is_whole(splits) || splits < 0 || splits > kDecodeMaxSplits)
     return invalid(kOp, ": 'num_splits' must be 0 (auto) or a whole number up to ", kDecodeMaxSplits, ", got ", splits);
-  BARACUDA_TRY(set_outputs(kOp, d, {{t, {batch, heads_q, v.shape[3]}}, {lse_dtype(t), {batch, heads_q}}}, kOutputs));
+  BARACUDA_TRY(set_outputs(kOp, d, {{t, {batch, heads_q, v.shape[3]}}, {stat_dtype(t), {batch, heads_q}}}, kOutputs));
   return d;
 }
 

@@ -50,7 +50,6 @@ const std::vector<Def>& defs() {
   return all;
 }
 
-DType lse_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 bool is_float(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64; }
 
 /// Index of a named input of an op.
@@ -149,7 +148,7 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   for (size_t i = 0; i < d.inputs.size(); ++i) {
     const std::string& name = def.inputs[i];
     if (name == "attn_mask" || name == "alibi_slopes" || name.starts_with("cu_seqlens")) continue;
-    const DType want = name == "lse" ? lse_dtype(t) : t;
+    const DType want = name == "lse" ? stat_dtype(t) : t;
     if (d.inputs[i].dtype != want)
       return invalid(op, ": '", name, "' dtype ", dtype_name(d.inputs[i].dtype), ", expected ", dtype_name(want));
   }
@@ -188,11 +187,11 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
     const bool ok = alibi.shape == Shape{s.heads_q} || alibi.shape == Shape{s.batch, s.heads_q};
     if (!ok) return invalid(op, ": 'alibi_slopes' must be [", s.heads_q, "] or [", s.batch, ", ", s.heads_q, "] or [0], got ", shape_str(alibi.shape));
   }
-  if (alibi.dtype != lse_dtype(t))
-    return invalid(op, ": 'alibi_slopes' dtype ", dtype_name(alibi.dtype), ", expected ", dtype_name(lse_dtype(t)));
+  if (alibi.dtype != stat_dtype(t))
+    return invalid(op, ": 'alibi_slopes' dtype ", dtype_name(alibi.dtype), ", expected ", dtype_name(stat_dtype(t)));
   std::vector<TensorSpec> outs;
   if (def.backward) outs = {d.inputs[iq], d.inputs[iq + 1], d.inputs[iq + 2]};
-  else outs = {{t, out}, {lse_dtype(t), lse}};
+  else outs = {{t, out}, {stat_dtype(t), lse}};
   BARACUDA_TRY(set_outputs(op, d, outs, def.outputs));
   return d;
 }
@@ -512,7 +511,7 @@ void register_attention_ops(std::vector<OpInfo>& ops) {
     info.input_dtypes = [&def](DType primary) {
       std::vector<DType> v;
       for (const auto& name : def.inputs)
-        v.push_back(name == "lse" || name == "alibi_slopes" ? lse_dtype(primary)
+        v.push_back(name == "lse" || name == "alibi_slopes" ? stat_dtype(primary)
                     : name.starts_with("cu_seqlens") ? DType::i32
                                                      : primary);
       return v;

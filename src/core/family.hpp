@@ -11,6 +11,14 @@ namespace baracuda {
 /// float atomics); the arch of the current device for CUDA plans.
 KernelSku bespoke_sku(OpCategory category, const char* op, DType element, Backend backend);
 
+/// Saved statistics a plan returns (mean, rstd, lse, ...): f32, f64 for f64.
+inline DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+/// Scratch kept in the math type: f64 on the host reference and for f64, f32 otherwise.
+inline DType math_dtype(DType t, Backend backend) {
+  return backend == Backend::host_reference || t == DType::f64 ? DType::f64 : DType::f32;
+}
+
 /// Contiguous views of a descriptor's operands at aligned addresses that are
 /// never dereferenced: the common layout a vendor library (cuBLASLt's
 /// heuristics, cuDNN's graphs) is prepared for at plan time.

@@ -107,12 +107,14 @@ class CtcPlan final : public FamilyPlan {
     const DType t = desc_.inputs[k].dtype;
     sku_ = bespoke_sku(OpCategory::loss, info.name.c_str(), t, backend);
     sku_.aux_element = desc_.inputs[k + 1].dtype;
+    blank_ = static_cast<int64_t>(desc_.attrs.get("blank", 0));
+    reduction_ = static_cast<int>(desc_.attrs.get("reduction", 1));
+    zero_infinity_ = desc_.attrs.get("zero_infinity", 0) != 0;
     if (backend == Backend::host_reference) return;
     const size_t m = t == DType::f64 ? 8 : 4;
     const size_t rows = size_t(dims_.concatenated ? 2 * dims_.S + dims_.N : dims_.N * (2 * dims_.S + 1));
     rows_in_smem_ = kRollingRows * size_t(2 * dims_.S + 1) * m <= kSmemBytes;
-    const double reduction = desc_.attrs.get("reduction", 1);
-    loss_bytes_ = aligned(!backward && reduction != 0 ? size_t(dims_.N) * m : 0);
+    loss_bytes_ = aligned(!backward && reduction_ != 0 ? size_t(dims_.N) * m : 0);
     alpha_bytes_ = aligned(backward ? size_t(dims_.T) * rows * m : 0);
     rows_bytes_ = aligned(rows_in_smem_ ? 0 : kRollingRows * rows * m);
     const size_t next = backward ? 2 * size_t(dims_.concatenated ? dims_.S : dims_.N * dims_.S) * 4 : 0;
@@ -144,9 +146,7 @@ class CtcPlan final : public FamilyPlan {
     }
     p.T = dims_.T, p.N = dims_.N, p.C = dims_.C, p.S = dims_.S;
     p.concatenated = dims_.concatenated;
-    p.blank = static_cast<int64_t>(desc_.attrs.get("blank", 0));
-    p.reduction = static_cast<int>(desc_.attrs.get("reduction", 1));
-    p.zero_infinity = desc_.attrs.get("zero_infinity", 0) != 0;
+    p.blank = blank_, p.reduction = reduction_, p.zero_infinity = zero_infinity_;
     char* ws = static_cast<char*>(workspace.data);
     p.ws_loss = ws;
     p.ws_alpha = ws + loss_bytes_;
@@ -160,6 +160,9 @@ class CtcPlan final : public FamilyPlan {
   Fn fn_;
   bool backward_;
   Dims dims_;
+  int64_t blank_ = 0;  ///< attributes, read once at plan time
+  int reduction_ = 1;
+  bool zero_infinity_ = false;
   bool rows_in_smem_ = true;
   size_t loss_bytes_ = 0, alpha_bytes_ = 0, rows_bytes_ = 0;
 };

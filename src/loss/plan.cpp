@@ -151,7 +151,7 @@ class PointwisePlan final : public FamilyPlan {
       if (def.meta->attrs[i].name) params_.v[i] = desc_.attrs.get(def.meta->attrs[i].name, def.meta->attrs[i].value);
     params_.v[3] = pointwise_scale(*def.meta, x.shape, reduction_);
     mask_ = summed_mask(*def.meta, static_cast<int>(x.shape.size()), reduction_);
-    scratch_dtype_ = backend == Backend::host_reference || x.dtype == DType::f64 ? DType::f64 : DType::f32;
+    scratch_dtype_ = math_dtype(x.dtype, backend);
   }
 
   /// The forward's sum step (when it reduces), chosen once the scratch dtype is known.
@@ -317,7 +317,6 @@ std::vector<ClassDef>& class_defs() {
   return all;
 }
 
-DType saved_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
 /// The class dim: 1, or 0 for an input of rank 1 (a single sample).
 int class_dim(const Shape& x) { return x.size() == 1 ? 0 : 1; }
@@ -376,7 +375,7 @@ Result<OpDesc> infer_class(const ClassDef& def, const OpDesc& partial) {
   if (gi >= 0 && (d.inputs[gi].dtype != loss.dtype || d.inputs[gi].shape != loss.shape))
     return invalid(op, ": 'grad_output' must be ", dtype_name(loss.dtype), shape_str(loss.shape), " (the loss's shape), got ",
                    dtype_name(d.inputs[gi].dtype), shape_str(d.inputs[gi].shape));
-  const TensorSpec lse{saved_dtype(x.dtype), outer};
+  const TensorSpec lse{stat_dtype(x.dtype), outer};
   if (li >= 0 && (d.inputs[li].dtype != lse.dtype || d.inputs[li].shape != lse.shape))
     return invalid(op, ": 'lse' must be ", dtype_name(lse.dtype), shape_str(lse.shape), " (saved by the forward), got ",
                    dtype_name(d.inputs[li].dtype), shape_str(d.inputs[li].shape));
@@ -404,7 +403,7 @@ class ClassPlan final : public FamilyPlan {
     for (size_t a = 0; a < x.shape.size(); ++a)
       if (int(a) != dim_) rows *= x.shape[a];
     if (backend != Backend::host_reference)
-      workspace_ = size_t(scratch_elements(rows)) * dtype_size(saved_dtype(x.dtype));
+      workspace_ = size_t(scratch_elements(rows)) * dtype_size(stat_dtype(x.dtype));
     // Where each operand goes, decided once (run only follows the list).
     const bool none = params_.reduction == Reduction::none;
     for (const std::string& n : def.inputs) {
@@ -488,7 +487,7 @@ void add_class_op(std::vector<OpInfo>& ops, ClassDef def_in, const char* doc) {
   info.doc = doc;
   info.input_dtypes = [&def](DType primary) {
     std::vector<DType> d;
-    for (const std::string& n : def.inputs) d.push_back(n == "target" ? DType::i64 : n == "lse" ? saved_dtype(primary) : primary);
+    for (const std::string& n : def.inputs) d.push_back(n == "target" ? DType::i64 : n == "lse" ? stat_dtype(primary) : primary);
     return d;
   };
   for (const std::string& n : def.inputs)
@@ -617,7 +616,7 @@ class RowPlan final : public FamilyPlan {
     int64_t rows = 1;
     for (size_t a = 0; a + 1 < x.shape.size(); ++a) rows *= x.shape[a];
     if (backend != Backend::host_reference) {
-      if (!def.backward && params_.reduction != 0) workspace_ = (size_t(rows) * dtype_size(saved_dtype(x.dtype)) + 255) / 256 * 256;
+      if (!def.backward && params_.reduction != 0) workspace_ = (size_t(rows) * dtype_size(stat_dtype(x.dtype)) + 255) / 256 * 256;
       if (m.target == TargetKind::index_list) workspace_ += size_t(rows) * size_t(x.shape.back());
     }
   }

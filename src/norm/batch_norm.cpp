@@ -54,7 +54,6 @@ const Def& backward_def() {
 
 bool is_float4(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64; }
 bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
-DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 bool is_stat(const std::string& n) { return n == "save_mean" || n == "save_invstd"; }
 
 /// The input's index among the operands.
@@ -163,6 +162,9 @@ class BatchNormPlan final : public FamilyPlan {
     sku_.aux_element = param_dtype(def, desc_);
     channels_ = x.shape[1];
     count_ = space_count(x.shape);
+    training_ = desc_.attrs.get("training", 0) == 1;
+    momentum_ = desc_.attrs.get("momentum", 0.1);
+    eps_ = desc_.attrs.get("eps", 1e-5);
 #ifdef BARACUDA_HAS_CUDA
     if (backend != Backend::host_reference && count_ > 0) {
       splits_ = choose_splits(channels_, count_, dtype_size(x.dtype), current_sm_count());
@@ -182,9 +184,7 @@ class BatchNormPlan final : public FamilyPlan {
     BatchNormLaunch l;
     l.channels = channels_;
     l.count = count_;
-    l.training = desc_.attrs.get("training", 0) == 1;
-    l.momentum = desc_.attrs.get("momentum", 0.1);
-    l.eps = desc_.attrs.get("eps", 1e-5);
+    l.training = training_, l.momentum = momentum_, l.eps = eps_;
     l.workspace = workspace.data;
     auto vec = [](const TensorView& v) {
       return v.numel() == 0 ? ChannelVec{} : ChannelVec{static_cast<char*>(v.data), v.stride[0]};
@@ -241,6 +241,8 @@ class BatchNormPlan final : public FamilyPlan {
   const Def& def_;
   BatchNormFn fn_;
   int64_t channels_ = 0, count_ = 0;
+  bool training_ = false;
+  double momentum_ = 0.1, eps_ = 1e-5;  ///< attributes, read once at plan time
   Splits splits_;
 };
 

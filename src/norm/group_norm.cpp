@@ -200,7 +200,6 @@ const std::vector<Def>& defs() {
   return all;
 }
 
-DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 bool is_float4(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64; }
 bool is_stat(const std::string& n) { return n == "mean" || n == "rstd"; }
 
@@ -383,6 +382,9 @@ class RunningPlan final : public FamilyPlan {
   RunningPlan(const OpInfo& info, OpDesc desc, Backend backend, RunningFn fn) : FamilyPlan(info, std::move(desc)), fn_(fn) {
     sku_ = bespoke_sku(OpCategory::norm, info.name.c_str(), desc_.inputs[0].dtype, backend);
     sku_.aux_element = stat_dtype(desc_.inputs[0].dtype);
+    momentum_ = desc_.attrs.get("momentum", 0.1);
+    eps_ = desc_.attrs.get("eps", 1e-5);
+    spatial_ = desc_.attrs.get("spatial", 0);
   }
 
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
@@ -398,14 +400,13 @@ class RunningPlan final : public FamilyPlan {
     r.rstd = static_cast<const char*>(rstd.data), r.rstd_stride[0] = rstd.stride[0], r.rstd_stride[1] = rstd.stride[1];
     r.mean_out = static_cast<char*>(args.outputs[0].data), r.mean_out_stride = args.outputs[0].stride[0];
     r.var_out = static_cast<char*>(args.outputs[1].data), r.var_out_stride = args.outputs[1].stride[0];
-    r.momentum = desc_.attrs.get("momentum", 0.1);
-    r.eps = desc_.attrs.get("eps", 1e-5);
-    r.spatial = desc_.attrs.get("spatial", 0);
+    r.momentum = momentum_, r.eps = eps_, r.spatial = spatial_;
     return fn_(r, stream.cuda_stream()).with_context(info_.name);
   }
 
  private:
   RunningFn fn_;
+  double momentum_ = 0.1, eps_ = 1e-5, spatial_ = 0;  ///< attributes, read once at plan time
 };
 
 std::string doc_of(const Def& def) {

@@ -123,7 +123,6 @@ std::vector<Def>& defs() {
   return all;
 }
 
-DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
 /// Trailing dims normalised: the weight's rank, else the `normalized_dims` attribute.
 int normalized_dims(const Def& def, const OpDesc& d) {

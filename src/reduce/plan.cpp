@@ -487,7 +487,7 @@ class ReduceGradPlan final : public FamilyPlan {
     params_.v[0] = double(reduction_.count);
     params_.v[1] = desc_.attrs.get("p", 2);
     params_.v[2] = desc_.attrs.get("correction", 1);
-    aux_dtype_ = backend == Backend::host_reference || t == DType::f64 ? DType::f64 : DType::f32;
+    aux_dtype_ = math_dtype(t, backend);
     if (reads_aux_)
       workspace_ = size_t(aux_fn_ ? std::max<int64_t>(desc_.inputs[0].numel(), 1) : 1) * dtype_size(aux_dtype_);
   }
@@ -623,7 +623,7 @@ void add_grad_op(std::vector<OpInfo>& ops, const Def& fwd, size_t fwd_index, con
                                                                                                       : nullptr;
     ReduceFn aux_fn = nullptr;
     if (aux) {
-      const DType m = host || t == DType::f64 ? DType::f64 : DType::f32;
+      const DType m = math_dtype(t, backend);
       aux_fn = (host ? host_reducers() : cuda_reducers()).find(launch_key(aux, t, m));
       if (!aux_fn) return unsupported("no ", backend_name(backend), " ", aux, " kernel for ", self.name);
     }
