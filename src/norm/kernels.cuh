@@ -158,14 +158,25 @@ __global__ void __launch_bounds__(TPR * RPB)
     return v;
   };
   M a = 0, b = 0;  // sum(wg), sum(wg * xhat)
-  if (valid)
-    for (int64_t c = lane; c < cols; c += TPR) {
-      const T gv = g[c * sg], xv = x[c * sx];
-      if constexpr (kCache) cache_g[c] = gv, cache_x[c] = xv;
-      const M wg = wg_at(c, gv), xhat = (convert<M>(xv) - mean) * rstd;
-      a += wg;
-      b += wg * xhat;
+  auto accumulate = [&](int64_t c, T gv, T xv) {
+    const M wg = wg_at(c, gv), xhat = (convert<M>(xv) - mean) * rstd;
+    a += wg;
+    b += wg * xhat;
+  };
+  if (valid) {
+    if (kCache && rows::vector_ok<T>(g, sg, cols) && rows::vector_ok<T>(x, sx, cols)) {
+      // Whole vectors: grad_output into the cache first, then the input, whose
+      // element c this same thread finds beside grad_output's in the cache.
+      rows::for_row<TPR>(g, 1, cols, true, lane, [](int64_t, T) {}, cache_g);
+      rows::for_row<TPR>(x, 1, cols, true, lane, [&](int64_t c, T xv) { accumulate(c, cache_g[c], xv); }, cache_x);
+    } else {
+      for (int64_t c = lane; c < cols; c += TPR) {
+        const T gv = g[c * sg], xv = x[c * sx];
+        if constexpr (kCache) cache_g[c] = gv, cache_x[c] = xv;
+        accumulate(c, gv, xv);
+      }
     }
+  }
   a = rows::row_all_reduce<TPR, RPB>(a, rows::SumOp{}, scratch);
   b = rows::row_all_reduce<TPR, RPB>(b, rows::SumOp{}, scratch);
   if (!valid) return;
@@ -180,19 +191,22 @@ __global__ void __launch_bounds__(TPR * RPB)
   });
 }
 
-/// grad_weight / grad_bias: 32 columns x 8 lanes per block; lanes walk the
-/// rows of one split; partial sums (split > 1) go to the workspace.
+/// grad_weight / grad_bias: 32 lanes x V adjacent columns (one 16-byte
+/// vector each where the rows allow) x 8 row lanes per block; the row lanes
+/// walk the rows of one split; partial sums (split > 1) go to the workspace.
 template <class S, class T, bool kRank1>
 __global__ void __launch_bounds__(256)
     grad_params_kernel(RowLaunch l, rows::OffsetCalc<S::kBackwardOperands, int64_t> outer, int splits, int64_t chunk) {
   using M = math_t<T, false>;
-  constexpr int N = S::kBackwardOperands, kUnroll = 4;
+  constexpr int N = S::kBackwardOperands, kUnroll = 4, V = rows::kVecOf<T>;
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32, split = blockIdx.y;
-  const int64_t c = int64_t(blockIdx.x) * 32 + tx;
+  const int64_t c0 = (int64_t(blockIdx.x) * 32 + tx) * V;
   const auto& st = l.inner.stride;
-  M dw = 0, db = 0;
-  if (c < l.cols) {
+  const int64_t sg = st[S::kGradOutput][0], sx = st[S::kSavedInput][0];
+  M dw[V] = {}, db[V] = {};
+  if (c0 < l.cols) {
     const int64_t end = std::min(l.rows, (split + 1) * chunk);
+    const bool whole = sg == 1 && sx == 1 && c0 + V <= l.cols;
     auto accumulate = [&](int64_t r) {
       int64_t off[N];
       if constexpr (kRank1) {
@@ -201,13 +215,29 @@ __global__ void __launch_bounds__(256)
       } else {
         outer.get(r, off);
       }
-      const M gv = convert<M>(operand<T>(l, S::kGradOutput, off)[c * st[S::kGradOutput][0]]);
-      const M xv = convert<M>(operand<T>(l, S::kSavedInput, off)[c * st[S::kSavedInput][0]]);
+      const T* g = operand<T>(l, S::kGradOutput, off) + c0 * sg;
+      const T* x = operand<T>(l, S::kSavedInput, off) + c0 * sx;
+      rows::Vec<T, V> gv, xv;
+      if (whole && reinterpret_cast<uintptr_t>(g) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+        gv = *reinterpret_cast<const rows::Vec<T, V>*>(g);
+        xv = *reinterpret_cast<const rows::Vec<T, V>*>(x);
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const bool in = c0 + e < l.cols;
+          gv.v[e] = in ? g[e * sg] : convert<T>(M(0));
+          xv.v[e] = in ? x[e * sx] : convert<T>(M(0));
+        }
+      }
       M mean = 0;
       if constexpr (!S::kRms) mean = M(reinterpret_cast<const stat_t<T>*>(l.data[S::kSavedMean])[off[S::kSavedMean]]);
       const M rstd = M(reinterpret_cast<const stat_t<T>*>(l.data[S::kSavedRstd])[off[S::kSavedRstd]]);
-      dw += gv * (xv - mean) * rstd;
-      db += gv;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const M gm = convert<M>(gv.v[e]);
+        dw[e] += gm * (convert<M>(xv.v[e]) - mean) * rstd;
+        db[e] += gm;
+      }
     };
     int64_t r = split * chunk + ty;
     for (; r + 8 * (kUnroll - 1) < end; r += 8 * kUnroll)
@@ -215,19 +245,24 @@ __global__ void __launch_bounds__(256)
       for (int u = 0; u < kUnroll; ++u) accumulate(r + 8 * u);
     for (; r < end; r += 8) accumulate(r);
   }
-  __shared__ M acc[2][8][33];
-  acc[0][ty][tx] = dw;
-  acc[1][ty][tx] = db;
+  // Row lanes merged in order; the padding column keeps lanes off each other's banks.
+  __shared__ M acc[2][8][32 * V + 1];
+#pragma unroll
+  for (int e = 0; e < V; ++e) acc[0][ty][tx * V + e] = dw[e], acc[1][ty][tx * V + e] = db[e];
   __syncthreads();
-  if (ty != 0 || c >= l.cols) return;
-  for (int y = 1; y < 8; ++y) dw += acc[0][y][tx], db += acc[1][y][tx];
-  if (splits == 1) {
-    reinterpret_cast<T*>(l.data[S::kGradWeight])[c * st[S::kGradWeight][0]] = convert<T>(dw);
-    if constexpr (S::kBias) reinterpret_cast<T*>(l.data[S::kGradBias])[c * st[S::kGradBias][0]] = convert<T>(db);
-  } else {
-    M* partial = reinterpret_cast<M*>(l.workspace);
-    partial[(int64_t(split) * 2) * l.cols + c] = dw;
-    partial[(int64_t(split) * 2 + 1) * l.cols + c] = db;
+  for (int j = threadIdx.x; j < 32 * V; j += 256) {
+    const int64_t c = int64_t(blockIdx.x) * 32 * V + j;
+    if (c >= l.cols) break;
+    M w = acc[0][0][j], b = acc[1][0][j];
+    for (int y = 1; y < 8; ++y) w += acc[0][y][j], b += acc[1][y][j];
+    if (splits == 1) {
+      reinterpret_cast<T*>(l.data[S::kGradWeight])[c * st[S::kGradWeight][0]] = convert<T>(w);
+      if constexpr (S::kBias) reinterpret_cast<T*>(l.data[S::kGradBias])[c * st[S::kGradBias][0]] = convert<T>(b);
+    } else {
+      M* partial = reinterpret_cast<M*>(l.workspace);
+      partial[(int64_t(split) * 2) * l.cols + c] = w;
+      partial[(int64_t(split) * 2 + 1) * l.cols + c] = b;
+    }
   }
 }
 
@@ -285,7 +320,8 @@ Status norm_backward_on_cuda(const RowLaunch& l, const NormParams&, int splits, 
   // Parameter gradients first: grad_input may overwrite grad_output (in place).
   if constexpr (S::kWeight) {
     const int64_t chunk = (l.rows + splits - 1) / splits;
-    const dim3 grid(unsigned((l.cols + 31) / 32), unsigned(splits));
+    const int64_t block_cols = 32 * rows::kVecOf<T>;
+    const dim3 grid(unsigned((l.cols + block_cols - 1) / block_cols), unsigned(splits));
     if (l.outer.rank <= 1) grad_params_kernel<S, T, true><<<grid, 256, 0, stream>>>(l, outer, splits, chunk);
     else grad_params_kernel<S, T, false><<<grid, 256, 0, stream>>>(l, outer, splits, chunk);
     BARACUDA_CUDA_TRY(cudaGetLastError());
