@@ -202,8 +202,25 @@ def main():
         if want("cumsum"):
             x = torch.randn(1 << 26, device="cuda", dtype=dtype)
             o1, o2 = torch.empty_like(x), torch.empty_like(x)
+            bits = torch.int16 if es == 2 else torch.int32
             row("cumsum 64M", dtype, lambda: F.cumsum(x, 0, out=o1), lambda: torch.cumsum(x, 0, out=o2),
+                2 * x.numel() * es, lambda: close(F.cumsum(x, 0) / 1e3, torch.cumsum(x.double(), 0).to(dtype) / 1e3, tol)
+                and torch.equal(F.cumsum(x, 0).view(bits), F.cumsum(x, 0).view(bits)))  # bitwise run to run
+            i1, i2 = (torch.empty(x.shape, device="cuda", dtype=torch.long) for _ in range(2))
+            row("cummax 64M", dtype, lambda: F.cummax(x, 0, out=(o1, i1)), lambda: torch.cummax(x, 0, out=(o2, i2)),
+                x.numel() * (2 * es + 8), lambda: all(torch.equal(a, b) for a, b in zip(F.cummax(x, 0), torch.cummax(x, 0))))
+            row("logcumsumexp 64M", dtype, lambda: F.logcumsumexp(x, 0, out=o1),
+                lambda: torch.logcumsumexp(x, 0, out=o2), 2 * x.numel() * es,
+                lambda: close(F.logcumsumexp(x, 0), torch.logcumsumexp(x.double(), 0).to(dtype), tol))
+            del i1, i2
+            x = torch.randn((1 << 26) + 3, device="cuda", dtype=dtype)
+            o1, o2 = torch.empty_like(x), torch.empty_like(x)
+            row("cumsum 64M+3", dtype, lambda: F.cumsum(x, 0, out=o1), lambda: torch.cumsum(x, 0, out=o2),
                 2 * x.numel() * es, lambda: close(F.cumsum(x, 0) / 1e3, torch.cumsum(x.double(), 0).to(dtype) / 1e3, tol))
+            x = torch.randn(2 * 1000003, device="cuda", dtype=dtype)[::2]
+            o1, o2 = torch.empty_like(x), torch.empty_like(x)
+            row("cumsum 1000003 step 2", dtype, lambda: F.cumsum(x, 0, out=o1), lambda: torch.cumsum(x, 0, out=o2),
+                2 * x.numel() * es, lambda: close(F.cumsum(x, 0) / 1e2, torch.cumsum(x.double(), 0).to(dtype) / 1e2, tol))
             x = torch.randn(8192, 8192, device="cuda", dtype=dtype)
             o1, o2 = torch.empty_like(x), torch.empty_like(x)
             row("cumsum 8192x8192 dim=-1", dtype, lambda: F.cumsum(x, -1, out=o1), lambda: torch.cumsum(x, -1, out=o2),

@@ -1,5 +1,5 @@
 // Scan family: every op through the generic sweep on the host and on CUDA,
-// long chunked rows and run-to-run determinism on CUDA, torch's semantics,
+// long rows cut across blocks and run-to-run determinism on CUDA, torch's semantics,
 // every backward against finite differences, the gradients on CUDA with
 // consistent saved operands (zeros, ties, large values) against the host.
 #include <gtest/gtest.h>
@@ -36,14 +36,14 @@ TEST_P(Scan, CudaMatchesReference) {
 }
 INSTANTIATE_TEST_SUITE_P(Ops, Scan, testing::ValuesIn(sampled_scans()), param_name);
 
-/// Rows long enough to be cut into chunks (reduce-then-scan), one and several rows, both layouts.
-TEST(CudaScan, ChunkedRowsMatchReference) {
+/// Rows cut across blocks (the single-pass scan): one and several rows, awkward lengths, both layouts, every op.
+TEST(CudaScan, LongRowsMatchReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  for (const char* op : {"cumsum", "cummax", "logcumsumexp", "cumsum_backward", "logcumsumexp_backward", "cummax_backward"}) {
+  for (const std::string& op : sampled_scans()) {
     // f64 and bf16 outputs: an f32 running sum over 10^6 elements drifts past the f32 tolerance (as torch's does).
     for (DType dtype : {DType::f64, DType::bf16, DType::i32}) {
-      if (dtype == DType::i32 && (std::string(op) == "logcumsumexp" || std::string(op).ends_with("_backward"))) continue;
-      for (const Shape& shape : {Shape{1 << 20}, Shape{3, 300001}}) {
+      if (dtype == DType::i32 && (op == "logcumsumexp" || op.ends_with("_backward"))) continue;
+      for (const Shape& shape : {Shape{1 << 20}, Shape{1000003}, Shape{3, 300001}, Shape{700, 4097}}) {
         for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::strided}) {
           CaseSpec spec{find_op(op), dtype, shape, Attrs{}, layout};
           RunOptions opt;
@@ -54,13 +54,23 @@ TEST(CudaScan, ChunkedRowsMatchReference) {
       }
     }
   }
+  // 2^26 + 3 elements in one row (16K tiles, the look-back's window many times over).
+  for (const char* op : {"cumsum", "cummax", "logcumsumexp_backward"}) {
+    for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::strided}) {
+      CaseSpec spec{find_op(op), DType::bf16, Shape{(int64_t(1) << 26) + 3}, Attrs{}, layout};
+      RunOptions opt;
+      opt.backend = Backend::bespoke_cuda;
+      CaseOutcome r = run_case(spec, opt);
+      EXPECT_TRUE(r.passed && !r.skipped) << spec.to_string() << ": " << r.message;
+    }
+  }
 }
 
 #ifdef BARACUDA_HAS_CUDA
 TEST(CudaScan, BitwiseDeterministicRunToRun) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  for (const char* op : {"cumsum", "logcumsumexp"}) {
-    for (const Shape& shape : {Shape{1 << 22}, Shape{64, 65536}}) {
+  for (const std::string op : {"cumsum", "cumprod", "logcumsumexp"}) {
+    for (const Shape& shape : {Shape{1 << 22}, Shape{64, 65536}, Shape{(int64_t(1) << 26) + 3}, Shape{1000003}}) {
       auto desc = infer(op, {{DType::f32, shape}});
       ASSERT_TRUE(desc);
       auto plan = select(Stream::cuda(), *desc);
@@ -85,6 +95,15 @@ TEST(CudaScan, BitwiseDeterministicRunToRun) {
         ASSERT_TRUE((*plan)->run(Stream::cuda(), w, OpArgs{in, out}));
         cudaMemcpy(again.data(), y, n * 4, cudaMemcpyDeviceToHost);
         EXPECT_EQ(std::memcmp(first.data(), again.data(), n * 4), 0) << op << " " << shape_str(shape);
+      }
+      if (op == "cumsum") {  // a new input through the same workspace (reset in the stream): exactly the negated sums
+        for (auto& v : host) v = -v;
+        cudaMemcpy(x, host.data(), n * 4, cudaMemcpyHostToDevice);
+        ASSERT_TRUE((*plan)->run(Stream::cuda(), w, OpArgs{in, out}));
+        cudaMemcpy(again.data(), y, n * 4, cudaMemcpyDeviceToHost);
+        int64_t bad = 0;
+        for (int64_t e = 0; e < n; ++e) bad += std::memcmp(&again[e], &(first[e] = -first[e]), 4) != 0;
+        EXPECT_EQ(bad, 0) << "cumsum of the negated input " << shape_str(shape);
       }
       cudaFree(x);
       cudaFree(y);

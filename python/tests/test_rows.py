@@ -280,6 +280,45 @@ def test_scans_match_torch(dtype, shape, dim):
     assert torch.equal(F.cumsum(ints, dim), torch.cumsum(ints, dim)), "cumsum int32 -> int64"
 
 
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,view", [((1 << 26) + 3, "contiguous"), (1000003, "step2"), (1000003, "column"),
+                                    (1 << 26, "contiguous")])
+def test_long_scans_single_pass(dtype, n, view):
+    """Rows cut across blocks (the single-pass scan): awkward lengths and non-contiguous views, every forward op
+    and a gradient against torch, and the same scan twice bitwise equal."""
+    dtype = getattr(torch, dtype)
+    if view == "contiguous":
+        x = torch.empty(n, device="cuda", dtype=dtype).uniform_(-1, 1)
+        dim = 0
+    elif view == "step2":
+        x = torch.empty(2 * n, device="cuda", dtype=dtype).uniform_(-1, 1)[::2]
+        dim = 0
+    else:  # rows of a transposed matrix: stride 3 along the scanned dim
+        x = torch.empty(n, 3, device="cuda", dtype=dtype).uniform_(-1, 1).t()
+        dim = 1
+    xd = x.double()
+    scale = 4 * max(1.0, x.shape[dim] ** 0.5 / 16)
+    _close_to_largest(F.cumsum(x, dim), torch.cumsum(xd, dim).to(dtype), dtype, scale, "cumsum")
+    _close(F.logcumsumexp(x, dim), torch.logcumsumexp(xd, dim).to(dtype), dtype, 8, "logcumsumexp")
+    for name in ("cummax", "cummin"):
+        values, indices = getattr(F, name)(x, dim)
+        want_v, want_i = getattr(torch, name)(x, dim)
+        assert torch.equal(values, want_v) and torch.equal(indices, want_i), name
+    g = torch.randn_like(x)
+    _close_to_largest(F.cumsum_backward(g, x, dim), g.double().flip(dim).cumsum(dim).flip(dim).to(dtype), dtype,
+                      scale, "cumsum_backward")
+    p = torch.empty_like(x).uniform_(0.9999, 1.0001)  # products stay in range over 2^26 elements
+    _close_to_largest(F.cumprod(p, dim), torch.cumprod(p.double(), dim).to(dtype), dtype, scale, "cumprod")
+    for fn in (lambda: F.cumsum(x, dim), lambda: F.logcumsumexp(x, dim), lambda: F.cumprod(p, dim),
+               lambda: F.cummax(x, dim)[0], lambda: F.cumsum_backward(g, x, dim)):
+        bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+        first, again = (t.contiguous().view(bits[t.element_size()]) for t in (fn(), fn()))
+        assert torch.equal(first, again), "run to run"
+    ints = torch.randint(-5, 5, (n,), device="cuda", dtype=torch.int32)
+    assert torch.equal(F.cumsum(ints, 0), torch.cumsum(ints, 0)), "cumsum int32 -> int64"
+
+
 def _close_to_largest(got, want, dtype, scale, msg):
     """got ~ want within the dtype's tolerance times `scale` of the largest |want| (long running sums cancel)."""
     tol = _TOL[str(dtype).replace("torch.", "")] * scale

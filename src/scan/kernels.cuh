@@ -3,9 +3,8 @@
 //  - tiles: a block scans TILE = kBlock x kItems elements at a time (loaded
 //    coalesced through shared memory, a thread scans kItems in registers,
 //    warps combine by shuffles), carrying the total from tile to tile;
-//  - long rows on few rows are cut into chunks: chunk totals first (a
-//    reduce pass), their exclusive prefix per row, then every chunk is
-//    scanned from its prefix (reduce-then-scan: one extra read of the input);
+//  - long rows on few rows are cut into tiles across blocks, scanned in a
+//    single pass (Note [Deterministic single-pass scan]);
 //  - a thread per row when rows are short or strided and many.
 #pragma once
 
@@ -157,76 +156,29 @@ struct CumExtremeGradIo : GradIo<T, int64_t> {
   }
 };
 
-/// The operands of this block's (row, chunk) and the chunk's element range.
-template <class Io>
-struct Chunk {
-  Io io;
-  int64_t begin, end;
-};
-template <class Io>
-__device__ __forceinline__ Chunk<Io> chunk_of(const ScanLaunch& l, const OffsetCalc<Io::kOperands, int64_t>& outer) {
-  const int64_t row = blockIdx.x / l.chunks, chunk = blockIdx.x % l.chunks;
-  int64_t off[Io::kOperands];
-  outer.get(row, off);
-  const int64_t begin = chunk * l.chunk_len;
-  return {Io(l, off, l.rows.cols), begin, min(l.rows.cols, begin + l.chunk_len)};
-}
-
-/// Phase 1 (chunks > 1): the total of each (row, chunk) into the workspace,
-/// combined in element order (the gradients' affine maps and segmented sums
-/// do not commute): tile by tile through shared memory as in phase 3, each
-/// thread combining its kItems consecutive elements, the threads in order.
-template <class Io>
-__global__ void __launch_bounds__(kBlock) chunk_totals_kernel(ScanLaunch l, OffsetCalc<Io::kOperands, int64_t> outer) {
-  using Op = typename Io::Op;
-  using S = typename Op::S;
-  __shared__ S tile[kTile + kTile / 32];
-  __shared__ S warp_totals[kBlock / 32];
-  const Chunk<Io> c = chunk_of<Io>(l, outer);
-  const auto& io = c.io;
-  const int64_t begin = c.begin, end = c.end;
-  S carry = Op::identity();
-  for (int64_t base = begin; base < end; base += kTile) {
+/// Shuffle down by d (lanes past the end get their own value).
+template <class S>
+__device__ __forceinline__ S shfl_down(S v, int d) {
+  int words[sizeof(S) / 4];
+  memcpy(words, &v, sizeof(S));
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) {  // coalesced loads
-      const int64_t e = base + k * kBlock + threadIdx.x;
-      tile[padded(k * kBlock + threadIdx.x)] = e < end ? io.load(e) : Op::identity();
-    }
-    __syncthreads();
-    S acc = tile[padded(threadIdx.x * kItems)];
-#pragma unroll
-    for (int k = 1; k < kItems; ++k) acc = Op::combine(acc, tile[padded(threadIdx.x * kItems + k)]);
-    block_exclusive<Op>(acc, carry, warp_totals);  // its barriers also guard the tile's reuse
-  }
-  if (threadIdx.x == 0) static_cast<S*>(l.workspace)[blockIdx.x] = carry;
+  for (int k = 0; k < int(sizeof(S) / 4); ++k) words[k] = __shfl_down_sync(0xffffffffu, words[k], d);
+  memcpy(&v, words, sizeof(S));
+  return v;
 }
 
-/// Phase 2: per row, the chunk totals become exclusive prefixes, in order.
-template <class Op>
-__global__ void chunk_prefix_kernel(ScanLaunch l) {
-  using S = typename Op::S;
-  const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (row >= l.rows.rows) return;
-  S* t = static_cast<S*>(l.workspace) + row * l.chunks;
-  S run = Op::identity();
-  for (int64_t c = 0; c < l.chunks; ++c) {
-    const S next = Op::combine(run, t[c]);
-    t[c] = run;
-    run = next;
-  }
-}
-
-/// Phase 3: a block scans one (row, chunk), tile by tile, from the chunk's prefix.
+/// A block scans one row, tile by tile, carrying the total.
 template <class Io>
 __global__ void __launch_bounds__(kBlock) tile_scan_kernel(ScanLaunch l, OffsetCalc<Io::kOperands, int64_t> outer) {
   using Op = typename Io::Op;
   using S = typename Op::S;
   __shared__ S tile[kTile + kTile / 32];
   __shared__ S warp_totals[kBlock / 32];
-  const Chunk<Io> c = chunk_of<Io>(l, outer);
-  const auto& io = c.io;
-  const int64_t begin = c.begin, end = c.end;
-  S carry = l.chunks > 1 ? static_cast<const S*>(l.workspace)[blockIdx.x] : Op::identity();
+  int64_t off[Io::kOperands];
+  outer.get(blockIdx.x, off);
+  const Io io(l, off, l.rows.cols);
+  const int64_t end = l.rows.cols;
+  S carry = Op::identity();
   S next[kItems];  // the next tile, loaded (coalesced) while this one is scanned
   auto load_tile = [&](int64_t base) {
 #pragma unroll
@@ -235,8 +187,8 @@ __global__ void __launch_bounds__(kBlock) tile_scan_kernel(ScanLaunch l, OffsetC
       next[k] = e < end ? io.load(e) : Op::identity();
     }
   };
-  load_tile(begin);
-  for (int64_t base = begin; base < end; base += kTile) {
+  load_tile(0);
+  for (int64_t base = 0; base < end; base += kTile) {
 #pragma unroll
     for (int k = 0; k < kItems; ++k) tile[padded(k * kBlock + threadIdx.x)] = next[k];
     __syncthreads();
@@ -256,6 +208,210 @@ __global__ void __launch_bounds__(kBlock) tile_scan_kernel(ScanLaunch l, OffsetC
       if (e < end) io.store(e, tile[padded(k * kBlock + threadIdx.x)]);
     }
     __syncthreads();
+  }
+}
+
+// ---------------------------------------------------------------- single pass
+// Note [Deterministic single-pass scan]
+// Rows cut across blocks are scanned in one pass over memory (read once,
+// written once). Tiles take their index from a ticket counter, so a tile
+// only ever waits for tiles that already run (forward progress without
+// co-residency assumptions). Each tile:
+//  1. loads its elements and scans them in the block, giving its aggregate
+//     A(j), published at once;
+//  2. warp 0 computes its exclusive prefix by one FIXED formula,
+//       E(j) = P(j - W) + A(j - W + 1) + ... + A(j - 1)      (W = kWindow)
+//     (P, A of tiles before the row start are the identity), lane l
+//     combining window slots [l K, l K + K) in order, then a fixed
+//     shuffle tree over the lanes, left operand always the earlier slots;
+//  3. publishes its inclusive prefix P(j) = E(j) + A(j), and writes its
+//     elements from E(j).
+// No value depends on which predecessor happened to be ready first (CUB's
+// decoupled look-back sums aggregates until it meets an inclusive prefix:
+// timing-dependent), so outputs are bitwise equal from run to run. The
+// chain of dependent inter-block hops is tiles / W long; W = 256 (K = 8 per
+// lane) keeps it short of the memory time for 4K-element tiles.
+// Memory ordering: states of 4 bytes travel in one 64-bit word with their
+// ready bit (a relaxed 64-bit access is single-copy atomic, nothing else to
+// order). Larger states go to a separate array: the writer stores the state,
+// __threadfence(), then sets the flag; the reader polls flags (relaxed),
+// __threadfence() once all are set (the acquire pattern), then reads the
+// states bypassing L1 (ld.cg). The workspace (ticket counter, flags) is
+// cleared in the stream before every launch.
+
+/// Tile slots looked back over (one warp, kWindowPerLane slots a lane).
+inline constexpr int kWindowPerLane = 8, kWindow = 32 * kWindowPerLane;
+
+__device__ __forceinline__ unsigned long long ld_relaxed(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_relaxed(unsigned* p, unsigned v) {
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+/// The words of a state, for L2-only (ld.cg / st.cg) copies.
+template <class S>
+using state_word_t = std::conditional_t<sizeof(S) % 16 == 0, uint4, std::conditional_t<sizeof(S) % 8 == 0, uint2, unsigned>>;
+
+/// Published tile states: slot t (aggregates) and slots + t (inclusive prefixes).
+template <class S, bool kPacked = sizeof(S) == 4>
+struct TileStates;
+
+template <class S>
+struct TileStates<S, true> {  // one 64-bit word per slot: state bits high, ready bit low
+  unsigned long long* word;
+  static constexpr size_t bytes(int64_t slots) { return size_t(slots) * 8; }
+  static constexpr size_t reset_bytes(int64_t slots) { return bytes(slots); }
+  __host__ __device__ TileStates(void* ws, int64_t) : word(static_cast<unsigned long long*>(ws)) {}
+  __device__ void publish(int64_t slot, const S& s) const {
+    unsigned bits;
+    memcpy(&bits, &s, 4);
+    st_relaxed(word + slot, (static_cast<unsigned long long>(bits) << 32) | 1u);
+  }
+  __device__ bool poll(int64_t slot, S& s) const {
+    const unsigned long long w = ld_relaxed(word + slot);
+    const unsigned bits = unsigned(w >> 32);
+    memcpy(&s, &bits, 4);
+    return w & 1u;
+  }
+  __device__ void acquire() const {}
+  __device__ void read(int64_t, S&) const {}
+};
+
+template <class S>
+struct TileStates<S, false> {  // a flag array, then the states (16-byte aligned)
+  using W = state_word_t<S>;
+  static constexpr int kWords = sizeof(S) / sizeof(W);
+  unsigned* flag;
+  W* state;
+  static constexpr size_t flag_bytes(int64_t slots) { return (size_t(slots) * 4 + 15) / 16 * 16; }
+  static constexpr size_t bytes(int64_t slots) { return flag_bytes(slots) + size_t(slots) * sizeof(S); }
+  static constexpr size_t reset_bytes(int64_t slots) { return flag_bytes(slots); }
+  __host__ __device__ TileStates(void* ws, int64_t slots)
+      : flag(static_cast<unsigned*>(ws)), state(reinterpret_cast<W*>(static_cast<char*>(ws) + flag_bytes(slots))) {}
+  __device__ void publish(int64_t slot, const S& s) const {
+    W w[kWords];
+    memcpy(w, &s, sizeof(S));
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) __stcg(state + slot * kWords + k, w[k]);
+    __threadfence();
+    st_relaxed(flag + slot, 1u);
+  }
+  __device__ bool poll(int64_t slot, S&) const { return ld_relaxed(flag + slot) != 0; }
+  __device__ void acquire() const { __threadfence(); }
+  __device__ void read(int64_t slot, S& s) const {
+    W w[kWords];
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) w[k] = __ldcg(state + slot * kWords + k);
+    memcpy(&s, w, sizeof(S));
+  }
+};
+
+/// Elements per thread of the single-pass kernel: 4K-element tiles, 2K for
+/// 16-byte states (the tile is staged in static shared memory); 4-byte
+/// states (the f32/f16/bf16 forward scans) ask for 4 blocks an SM.
+template <class S>
+inline constexpr int kPassItems = sizeof(S) > 8 ? 8 : 16;
+
+/// Exclusive prefix E(j) of tile j of a row whose tile 0 has slot `first`
+/// (Note [Deterministic single-pass scan]); warp 0 calls it, lane 0 gets it.
+template <class Op, class States, class S = typename Op::S>
+__device__ __forceinline__ S look_back(const States& st, int64_t slots, int64_t first, int64_t j) {
+  const int lane = threadIdx.x % 32;
+  S v[kWindowPerLane];
+  bool ready[kWindowPerLane], before_row[kWindowPerLane];
+  int64_t slot[kWindowPerLane];
+#pragma unroll
+  for (int k = 0; k < kWindowPerLane; ++k) {
+    const int w = lane * kWindowPerLane + k;  // window slot: tile j - kWindow + w
+    const int64_t tile = j - kWindow + w;
+    v[k] = Op::identity();
+    ready[k] = before_row[k] = tile < 0;
+    slot[k] = first + tile + (w == 0 ? slots : 0);  // w = 0: the inclusive prefix P(j - W)
+  }
+  for (;;) {
+    bool all = true;
+#pragma unroll
+    for (int k = 0; k < kWindowPerLane; ++k) {
+      if (!ready[k]) ready[k] = st.poll(slot[k], v[k]);
+      all = all && ready[k];
+    }
+    if (__all_sync(0xffffffffu, all)) break;
+  }
+  st.acquire();
+#pragma unroll
+  for (int k = 0; k < kWindowPerLane; ++k)
+    if (!before_row[k]) st.read(slot[k], v[k]);
+  S acc = v[0];
+#pragma unroll
+  for (int k = 1; k < kWindowPerLane; ++k) acc = Op::combine(acc, v[k]);
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const S later = shfl_down(acc, d);
+    if ((lane & (2 * d - 1)) == 0) acc = Op::combine(acc, later);
+  }
+  return acc;
+}
+
+/// One tile (taken by ticket) of a row cut into `tiles` tiles.
+template <class Io>
+__global__ void __launch_bounds__(kBlock, sizeof(typename Io::S) == 4 ? 4 : 1) single_pass_kernel(ScanLaunch l, OffsetCalc<Io::kOperands, int64_t> outer,
+                                                             int64_t tiles) {
+  using Op = typename Io::Op;
+  using S = typename Op::S;
+  constexpr int kIt = kPassItems<S>, kT = kBlock * kIt;
+  __shared__ S tile[kT + kT / 32];
+  __shared__ S warp_totals[kBlock / 32];
+  __shared__ S exclusive;
+  __shared__ unsigned long long ticket;
+  if (threadIdx.x == 0) ticket = atomicAdd(static_cast<unsigned long long*>(l.workspace), 1ull);
+  __syncthreads();
+  const int64_t t = int64_t(ticket), row = t / tiles, j = t % tiles, slots = l.rows.rows * tiles;
+  const TileStates<S> states(static_cast<char*>(l.workspace) + kTicketBytes, 2 * slots);
+  int64_t off[Io::kOperands];
+  outer.get(row, off);
+  const Io io(l, off, l.rows.cols);
+  const int64_t base = j * kT, end = l.rows.cols;
+#pragma unroll
+  for (int k = 0; k < kIt; ++k) {  // coalesced loads
+    const int64_t e = base + k * kBlock + threadIdx.x;
+    tile[padded(k * kBlock + threadIdx.x)] = e < end ? io.load(e) : Op::identity();
+  }
+  __syncthreads();
+  S v[kIt];
+#pragma unroll
+  for (int k = 0; k < kIt; ++k) v[k] = tile[padded(threadIdx.x * kIt + k)];
+#pragma unroll
+  for (int k = 1; k < kIt; ++k) v[k] = Op::combine(v[k - 1], v[k]);
+  S aggregate = Op::identity();
+  S prefix = block_exclusive<Op>(v[kIt - 1], aggregate, warp_totals);  // its barriers guard the tile's reuse
+  if (threadIdx.x == 0) states.publish(t, aggregate);
+  if (threadIdx.x < 32) {
+    const S e = look_back<Op>(states, slots, t - j, j);
+    if (threadIdx.x == 0) {
+      states.publish(slots + t, Op::combine(e, aggregate));
+      exclusive = e;
+    }
+  }
+  __syncthreads();
+  prefix = Op::combine(exclusive, prefix);
+#pragma unroll
+  for (int k = 0; k < kIt; ++k) tile[padded(threadIdx.x * kIt + k)] = Op::combine(prefix, v[k]);
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < kIt; ++k) {  // coalesced stores
+    const int64_t e = base + k * kBlock + threadIdx.x;
+    if (e < end) io.store(e, tile[padded(k * kBlock + threadIdx.x)]);
   }
 }
 
@@ -292,14 +448,18 @@ Status scan_on_cuda(const ScanLaunch& l, CUstream_st* stream) {
   const OffsetCalc<Io::kOperands, int64_t> outer(l.rows.outer);
   if (thread_per_row(l, Io::probe(l))) {
     row_per_thread_kernel<Io><<<unsigned((l.rows.rows + 255) / 256), 256, 0, stream>>>(l, outer);
+  } else if (l.split) {
+    using S = typename Io::S;
+    const int64_t tiles = (l.rows.cols + kBlock * kPassItems<S> - 1) / (kBlock * kPassItems<S>);
+    const int64_t blocks = l.rows.rows * tiles;
+    if (blocks > int64_t(0x7fffffff)) return unsupported("scan: ", blocks, " tiles exceed the grid limit");
+    if (kTicketBytes + TileStates<S>::bytes(2 * blocks) > l.workspace_bytes)
+      return internal_error("scan: workspace of ", l.workspace_bytes, " bytes < ", kTicketBytes + TileStates<S>::bytes(2 * blocks));
+    BARACUDA_CUDA_TRY(cudaMemsetAsync(l.workspace, 0, kTicketBytes + TileStates<S>::reset_bytes(2 * blocks), stream));
+    single_pass_kernel<Io><<<unsigned(blocks), kBlock, 0, stream>>>(l, outer, tiles);
   } else {
-    const int64_t blocks = l.rows.rows * l.chunks;
-    if (blocks > int64_t(0x7fffffff)) return unsupported("scan: ", blocks, " blocks exceed the grid limit");
-    if (l.chunks > 1) {
-      chunk_totals_kernel<Io><<<unsigned(blocks), kBlock, 0, stream>>>(l, outer);
-      chunk_prefix_kernel<typename Io::Op><<<unsigned((l.rows.rows + 127) / 128), 128, 0, stream>>>(l);
-    }
-    tile_scan_kernel<Io><<<unsigned(blocks), kBlock, 0, stream>>>(l, outer);
+    if (l.rows.rows > int64_t(0x7fffffff)) return unsupported("scan: ", l.rows.rows, " rows exceed the grid limit");
+    tile_scan_kernel<Io><<<unsigned(l.rows.rows), kBlock, 0, stream>>>(l, outer);
   }
   BARACUDA_CUDA_TRY(cudaGetLastError());
   return Status::ok();

@@ -225,12 +225,11 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   return d;
 }
 
-/// Chunks per row for the CUDA kernels: enough blocks for two waves when
-/// the rows alone do not give them (a function of the shape only).
-[[maybe_unused]] int64_t choose_chunks(int64_t rows, int64_t cols, int sm_count, int64_t tile) {
-  const int64_t tiles = (cols + tile - 1) / tile, target = int64_t(sm_count) * 16;
-  if (rows <= 0 || tiles <= 1 || rows >= target) return 1;
-  return std::min(tiles, (target + rows - 1) / rows);
+/// True when the CUDA kernels cut rows across blocks (single pass): rows
+/// longer than a tile, too few of them for 16 blocks an SM (a function of
+/// the shape only).
+[[maybe_unused]] bool split_rows(int64_t rows, int64_t cols, int sm_count) {
+  return rows > 0 && cols > kTile && rows < int64_t(sm_count) * 16;
 }
 
 /// The view reversed along `dim` (negative stride from the last element).
@@ -246,7 +245,7 @@ class ScanPlan final : public FamilyPlan {
   ScanPlan(const Def& def, const OpInfo& info, OpDesc desc, Backend backend, ScanFn fn)
       : FamilyPlan(info, std::move(desc)), def_(def), fn_(fn) {
     const DType t = desc_.inputs[def.backward ? 1 : 0].dtype;
-    sku_ = bespoke_sku(OpCategory::scan, def.name.c_str(), t, backend);  // chunk totals merged in order
+    sku_ = bespoke_sku(OpCategory::scan, def.name.c_str(), t, backend);  // tile totals merged in order
     if (!is_floating(t)) sku_.precision.math = MathPrecision::exact, sku_.precision.accumulator = DType::i64;
 #ifdef BARACUDA_HAS_CUDA
     if (backend != Backend::host_reference) {
@@ -256,14 +255,8 @@ class ScanPlan final : public FamilyPlan {
       int64_t rows = 1, cols = rank == 0 ? 1 : shape[dim];
       for (int a = 0; a < rank; ++a)
         if (a != dim) rows *= shape[a];
-      chunks_ = choose_chunks(rows, cols, current_sm_count(), kTile);
-      if (chunks_ > 1) {
-        chunk_len_ = ((cols + chunks_ - 1) / chunks_ + kTile - 1) / kTile * kTile;
-        chunks_ = (cols + chunk_len_ - 1) / chunk_len_;
-        const bool extreme = def.kind == Kind::cummax || def.kind == Kind::cummin;
-        const size_t state = extreme || def.backward ? kMaxStateBytes : 8;
-        workspace_ = size_t(rows) * size_t(chunks_) * state;
-      }
+      split_ = split_rows(rows, cols, current_sm_count());
+      if (split_) workspace_ = single_pass_workspace(rows, cols);
     }
 #endif
   }
@@ -308,9 +301,9 @@ class ScanPlan final : public FamilyPlan {
     ScanLaunch launch;
     launch.rows = l;
     launch.indices = !def_.backward && def_.outputs.size() == 2;
-    launch.chunks = chunks_;
-    launch.chunk_len = chunks_ > 1 ? chunk_len_ : l.cols;
+    launch.split = split_;
     launch.workspace = workspace.data;
+    launch.workspace_bytes = workspace.bytes;
     return fn_(launch, stream.cuda_stream()).with_context(def_.name);
 #else
     (void)stream;
@@ -321,7 +314,7 @@ class ScanPlan final : public FamilyPlan {
  private:
   const Def& def_;
   ScanFn fn_;  ///< null: the host reference
-  int64_t chunks_ = 1, chunk_len_ = 0;
+  bool split_ = false;
 };
 
 void add_ops(std::vector<OpInfo>& ops, const char* name, Kind kind, const char* doc) {

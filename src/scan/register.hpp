@@ -17,14 +17,25 @@ namespace baracuda::scan {
 struct ScanLaunch {
   rows::RowLaunch rows;
   bool indices = false;
-  int64_t chunks = 1, chunk_len = 0;
-  void* workspace = nullptr;  ///< rows x chunks states (chunks > 1)
+  bool split = false;  ///< rows cut across blocks (single pass, scan/kernels.cuh)
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
-/// Threads per block, elements per thread and per tile of the CUDA kernels.
+/// Threads per block, elements per thread and per tile of the CUDA kernels
+/// (the single-pass kernel's tiles hold kTile elements or more).
 inline constexpr int kBlock = 256, kItems = 8, kTile = kBlock * kItems;
-/// Bytes of the largest scan state (the chunk workspace holds one per chunk).
+/// Bytes of the largest scan state.
 inline constexpr size_t kMaxStateBytes = 16;
+/// Head of the single-pass workspace: the ticket counter.
+inline constexpr size_t kTicketBytes = 256;
+
+/// Workspace of the single-pass scan over `rows` rows of `cols` (a bound
+/// for every state: two published slots a tile, a flag word and a state each).
+constexpr size_t single_pass_workspace(int64_t rows, int64_t cols) {
+  const size_t slots = 2 * size_t(rows) * size_t((cols + kTile - 1) / kTile);
+  return kTicketBytes + slots * (8 + kMaxStateBytes) + 16;
+}
 
 // The operand adapters of the kernels (scan/kernels.cuh).
 template <class Op, class T, class Out>
