@@ -43,7 +43,7 @@ TEST(CudaScan, LongRowsMatchReference) {
     // f64 and bf16 outputs: an f32 running sum over 10^6 elements drifts past the f32 tolerance (as torch's does).
     for (DType dtype : {DType::f64, DType::bf16, DType::i32}) {
       if (dtype == DType::i32 && (op == "logcumsumexp" || op.ends_with("_backward"))) continue;
-      for (const Shape& shape : {Shape{1 << 20}, Shape{1000003}, Shape{3, 300001}, Shape{700, 4097}}) {
+      for (const Shape& shape : {Shape{1000003}, Shape{3, 300001}, Shape{70, 4097}}) {
         for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::strided}) {
           CaseSpec spec{find_op(op), dtype, shape, Attrs{}, layout};
           RunOptions opt;

@@ -7,6 +7,7 @@
 
 #include <mutex>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "core/rows.hpp"
@@ -143,16 +144,21 @@ __device__ __forceinline__ void store_row(T* row, int64_t stride, int64_t cols, 
 inline constexpr size_t kRowCacheBytes = 200 * 1024;
 
 /// Raises `kernel`'s dynamic shared-memory limit to `cap` bytes on the current
-/// device once; later calls find it done instead of calling the driver.
-inline cudaError_t allow_dynamic_smem(const void* kernel, int cap) {
+/// device once (and, with `max_carveout`, gives it all of L1 as shared memory,
+/// so that several blocks' rows fit on an SM); later calls find it done
+/// instead of calling the driver.
+inline cudaError_t allow_dynamic_smem(const void* kernel, int cap, bool max_carveout = false) {
   static std::mutex mutex;
-  static std::set<std::pair<const void*, int>> raised;
+  static std::set<std::tuple<const void*, int, int, bool>> raised;
   int device = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   const std::lock_guard lock(mutex);
-  if (raised.count({kernel, device})) return cudaSuccess;
-  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cap);
-  if (e == cudaSuccess) raised.insert({kernel, device});
+  if (raised.count({kernel, device, cap, max_carveout})) return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cap);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             max_carveout ? int(cudaSharedmemCarveoutMaxShared) : int(cudaSharedmemCarveoutDefault));
+  if (e == cudaSuccess) raised.insert({kernel, device, cap, max_carveout});
   return e;
 }
 

@@ -45,6 +45,13 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
     else return convert<M>(in[k][c * si[k]]);
   };
   if constexpr (!kBackward) {
+    // Half storage rounds far more coarsely than the fast exponential errs
+    // (a few f32 ulp), and its rows are bound by arithmetic, not memory.
+    constexpr bool kFastExp = sizeof(T) == 2;
+    auto expo = [](M v) -> M {
+      if constexpr (kFastExp) return __expf(v);
+      else return exp(v);
+    };
     const M sign = Op::template sign<M>();
     M max = -INFINITY;
     if (valid)
@@ -57,14 +64,30 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
           kCache ? cache[0] : nullptr);
     max = rows::row_all_reduce<TPR, RPB>(max, rows::MaxOp{}, scratch);
     M sum = 0;
-    if (valid)
-      for (int64_t c = lane; c < cols; c += TPR) sum += exp(sign * value(0, c) - max);
+    if (valid) {
+      if (kCache && vec) {  // the cached row in whole vectors, as this thread stored it
+        constexpr int V = rows::kVecOf<T>;
+        const auto* packs = reinterpret_cast<const rows::Vec<T, V>*>(cache[0]);
+        for (int64_t i = lane; i < cols / V; i += TPR) {
+          const auto pack = packs[i];
+#pragma unroll
+          for (int e = 0; e < V; ++e) sum += expo(sign * convert<M>(pack.v[e]) - max);
+        }
+      } else {
+        for (int64_t c = lane; c < cols; c += TPR) sum += expo(sign * value(0, c) - max);
+      }
+    }
     sum = rows::row_all_reduce<TPR, RPB>(sum, rows::SumOp{}, scratch);
+    const M inverse_sum = M(1) / sum;
+    auto out_of = [&](M z) -> M {
+      if constexpr (kFastExp && !Op::kLog) return expo(z - max) * inverse_sum;
+      else return Op::out(z, max, sum);
+    };
     if (valid) {
       const T* src[1] = {kCache ? cache[0] : in[0]};
       const int64_t ss[1] = {kCache ? 1 : si[0]};
       rows::map_row<TPR>(src, ss, out, so, cols, vec, lane,
-                         [&](int64_t, const T (&x)[1]) { return convert<T>(Op::out(sign * convert<M>(x[0]), max, sum)); });
+                         [&](int64_t, const T (&x)[1]) { return convert<T>(out_of(sign * convert<M>(x[0]))); });
     }
   } else {
     M t = 0;
@@ -108,6 +131,13 @@ __global__ void __launch_bounds__(256) columns_kernel(RowLaunch l, rows::OffsetC
   const T* b = kBackward ? reinterpret_cast<const T*>(l.data[2]) + off[2] : nullptr;
   const int64_t so = l.inner.stride[0][0], sa = l.inner.stride[1][0], sb = kBackward ? l.inner.stride[2][0] : 0;
   if constexpr (!kBackward) {
+    // Half storage rounds far more coarsely than the fast exponential errs
+    // (a few f32 ulp), and its rows are bound by arithmetic, not memory.
+    constexpr bool kFastExp = sizeof(T) == 2;
+    auto expo = [](M v) -> M {
+      if constexpr (kFastExp) return __expf(v);
+      else return exp(v);
+    };
     const M sign = Op::template sign<M>();
     M max = -INFINITY, sum = 0;
     for (int64_t c = 0; c < l.cols; ++c) {
@@ -133,7 +163,8 @@ Status launch_rows(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer
   if (cache <= kRowCacheBytes) {
     auto kernel = rows_kernel<Op, T, kBackward, TPR, RPB, true>;
     if (cache > 48 * 1024)
-      BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(kRowCacheBytes)));
+      BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(kRowCacheBytes),
+                                                 /*max_carveout=*/2 * cache <= kRowCacheBytes));
     kernel<<<blocks, TPR * RPB, cache, stream>>>(l, outer, scale);
   } else {
     rows_kernel<Op, T, kBackward, TPR, RPB, false><<<blocks, TPR * RPB, 0, stream>>>(l, outer, scale);
@@ -155,6 +186,8 @@ Status softmax_on_cuda(const RowLaunch& l, const RowParams& p, CUstream_st* stre
   } else if (l.cols <= 4096) {
     BARACUDA_TRY((launch_rows<Op, T, kBackward, 128, 1>(l, outer, scale, stream)));
   } else if (l.cols <= 16384) {
+    BARACUDA_TRY((launch_rows<Op, T, kBackward, 512, 1>(l, outer, scale, stream)));
+  } else if (sizeof(T) == 2 && !kBackward) {  // two rows per SM: one's arithmetic hides the other's loads
     BARACUDA_TRY((launch_rows<Op, T, kBackward, 512, 1>(l, outer, scale, stream)));
   } else {
     BARACUDA_TRY((launch_rows<Op, T, kBackward, 1024, 1>(l, outer, scale, stream)));
