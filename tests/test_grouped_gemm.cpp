@@ -108,7 +108,7 @@ TEST(GroupedGemmExact, StridedOperands) {
   for (Backend backend : host_and_cuda_backends())
     for (DType t : {DType::f32, DType::bf16}) {
       auto r = exec(backend, "grouped_mm",
-                    {{a, sa, t, {1, 20}}, {b, sb, t, {6, 1, 24}}, {as_doubles(offs), {3}, DType::i32, {2}}});
+                    {{a, sa, t, {1, 20}}, {b, sb, t, {8, 1, 24}}, {as_doubles(offs), {3}, DType::i32, {2}}});
       ASSERT_TRUE(r) << r.status().to_string();
       EXPECT_EQ((*r)[0], want) << backend_name(backend) << " " << dtype_name(t);
     }

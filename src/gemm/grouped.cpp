@@ -3,6 +3,8 @@
 // Each binds to one or two GroupedProblems; the candidates are the bespoke
 // CUDA kernels (offsets read on the device only: graph-capturable) and the
 // host reference.
+#include <algorithm>
+
 #include "core/errors.hpp"
 #include "core/family.hpp"
 #include "core/registry_internal.hpp"
@@ -183,13 +185,15 @@ class GroupedPlan final : public FamilyPlan {
 
 /// The sweep's cases from the output's shape: [M, N] 2D x 3D with 2 to 4
 /// groups; [G, M, N] 3D x 3D for even M, 2D x 2D split over K for odd M.
-/// Offsets come from the domain (sorted, 0..7), so M and K stay >= 7.
+/// Offsets come from the domain (sorted, 0..7), so M (raised to 7 where
+/// smaller) and the split K stay >= 7.
 std::optional<SampleShapes> grouped_samples(bool backward, const Shape& shape) {
   SampleShapes s;
-  if (shape.size() == 2) {
-    const int64_t m = shape[0], n = shape[1], g = 2 + (m + n) % 3, k = 1 + (m * 31 + n) % 37;
-    if (m < 7) return std::nullopt;
+  Shape out = shape;
+  if (shape.size() == 2 && shape[0] > 0) {
+    const int64_t m = std::max<int64_t>(shape[0], 7), n = shape[1], g = 2 + (m + n) % 3, k = 1 + (m * 31 + n) % 37;
     s.inputs = {{m, k}, {g, k, n}, {g}};
+    out = {m, n};
   } else if (shape.size() == 3) {
     const int64_t g = shape[0], m = shape[1], n = shape[2], k = 1 + (m * 31 + n) % 37;
     if (m % 2 == 0) s.inputs = {{g, m, k}, {g, k, n}, {0}};
@@ -197,7 +201,7 @@ std::optional<SampleShapes> grouped_samples(bool backward, const Shape& shape) {
   } else {
     return std::nullopt;
   }
-  if (backward) s.inputs.insert(s.inputs.begin(), shape);
+  if (backward) s.inputs.insert(s.inputs.begin(), out);
   return s;
 }
 
