@@ -1118,7 +1118,7 @@ def _grouped_autograd():
             @staticmethod
             def backward(ctx, grad_output):
                 a, b, offs = ctx.saved_tensors
-                grad_a, grad_b = grouped_mm_backward(grad_output.contiguous(), a, b, offs)
+                grad_a, grad_b = grouped_mm_backward(grad_output, a, b, offs)  # any strides
                 return grad_a, grad_b, None
 
         _GroupedMMFunction = GroupedMM

@@ -227,8 +227,10 @@ template <class T, bool kAK, bool kBK>
 __global__ void __launch_bounds__(kTcThreads) grouped_tc(const GroupedProblem p, bool a_vector, bool b_vector) {
   constexpr int kTileA = tile_elems<kTcM, kAK>(), kTileB = tile_elems<kTcN, kBK>();
   __shared__ __align__(16) T smem[2 * (kTileA + kTileB)];
-  T* sA[2] = {smem, smem + kTileA};                                // [M][K + pad] or [K][M + pad]
-  T* sB[2] = {smem + 2 * kTileA, smem + 2 * kTileA + kTileB};      // [N][K + pad] or [K][N + pad]
+  // Stage s: sA(s) [M][K + pad] or [K][M + pad], sB(s) [N][K + pad] or [K][N + pad] (computed, not an
+  // array of pointers indexed at run time: that would live in local memory).
+  auto sA = [&](int stage) { return smem + stage * kTileA; };
+  auto sB = [&](int stage) { return smem + 2 * kTileA + stage * kTileB; };
   const int64_t m0 = int64_t(blockIdx.y) * kTcM, n0 = int64_t(blockIdx.x) * kTcN;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = (warp / 4) * 64, wn = (warp % 4) * 32;  // this warp's 64 x 32 of the tile
@@ -239,27 +241,27 @@ __global__ void __launch_bounds__(kTcThreads) grouped_tc(const GroupedProblem p,
     const int64_t k_begin = s.k_lo / kTcK * kTcK;
     const int64_t tiles = s.k_hi > s.k_lo ? (s.k_hi - k_begin + kTcK - 1) / kTcK : 0;
     if (tiles > 0) {
-      issue_tile<kTcM, kAK>(sA[0], a, m0, k_begin);
-      issue_tile<kTcN, kBK>(sB[0], b, n0, k_begin);
+      issue_tile<kTcM, kAK>(sA(0), a, m0, k_begin);
+      issue_tile<kTcN, kBK>(sB(0), b, n0, k_begin);
     }
     cp_async_commit();
     for (int64_t t = 0; t < tiles; ++t) {
       const int stage = int(t & 1);
       const int64_t k0 = k_begin + t * kTcK;
       if (t + 1 < tiles) {  // the next tile streams in while this one is used
-        issue_tile<kTcM, kAK>(sA[stage ^ 1], a, m0, k0 + kTcK);
-        issue_tile<kTcN, kBK>(sB[stage ^ 1], b, n0, k0 + kTcK);
+        issue_tile<kTcM, kAK>(sA(stage ^ 1), a, m0, k0 + kTcK);
+        issue_tile<kTcN, kBK>(sB(stage ^ 1), b, n0, k0 + kTcK);
       }
       cp_async_commit();
       cp_async_wait<1>();
       __syncthreads();
       if (k0 < s.k_lo || k0 + kTcK > s.k_hi) {  // a group edge inside the tile
-        mask_k<kTcM, kAK>(sA[stage], k0, s.k_lo, s.k_hi);
-        mask_k<kTcN, kBK>(sB[stage], k0, s.k_lo, s.k_hi);
+        mask_k<kTcM, kAK>(sA(stage), k0, s.k_lo, s.k_hi);
+        mask_k<kTcN, kBK>(sB(stage), k0, s.k_lo, s.k_hi);
         __syncthreads();
       }
-      const T* tA = sA[stage];
-      const T* tB = sB[stage];
+      const T* tA = sA(stage);
+      const T* tB = sB(stage);
 #pragma unroll
       for (int kk = 0; kk < kTcK; kk += 16) {
         uint32_t af[4][4];
