@@ -128,6 +128,27 @@ def main():
         a = torch.randn(64, 512, 128, device="cuda", dtype=bf16)
         b = torch.randn(64, 128, 512, device="cuda", dtype=bf16)
         row("bmm 64x512x512x128", bf16, lambda: F.bmm(a, b), lambda: torch.bmm(a, b), 2 * 64 * 512 * 512 * 128)
+    if want("grouped"):  # MoE experts: G=8, 2048 rows each, K=4096, N=2048, weights stored [G, N, K]
+        g_count, rows, kk, nn = 8, 2048, 4096, 2048
+        a = torch.randn(g_count * rows, kk, device="cuda", dtype=bf16)
+        wt = (torch.randn(g_count, nn, kk, device="cuda", dtype=bf16) * 0.02).transpose(-1, -2)  # [G, K, N]
+        offs = torch.arange(1, g_count + 1, device="cuda", dtype=torch.int32) * rows
+        o1 = torch.empty(g_count * rows, nn, device="cuda", dtype=bf16)
+        flops = 2 * g_count * rows * nn * kk
+        loop = lambda: torch.cat([torch.mm(a[i * rows:(i + 1) * rows], wt[i]) for i in range(g_count)])  # noqa: E731
+        name = f"grouped_mm G{g_count} {g_count * rows}x{nn}x{kk}"
+        if hasattr(torch, "_grouped_mm"):
+            row(name + " vs _grouped_mm", bf16, lambda: F.grouped_mm(a, wt, offs, out=o1),
+                lambda: torch._grouped_mm(a, wt, offs), flops,
+                check=lambda: close(F.grouped_mm(a, wt, offs), loop(), 5e-2))
+        row(name + " vs mm loop", bf16, lambda: F.grouped_mm(a, wt, offs, out=o1), loop, flops)
+        g = torch.randn(g_count * rows, nn, device="cuda", dtype=bf16)
+        row(f"grouped_mm_backward G{g_count} (grad_a, grad_b) vs mm loop", bf16,
+            lambda: F.grouped_mm_backward(g, a, wt, offs),
+            lambda: [(torch.mm(g[i * rows:(i + 1) * rows], wt[i].t()), torch.mm(a[i * rows:(i + 1) * rows].t(),
+                                                                                   g[i * rows:(i + 1) * rows]))
+                     for i in range(g_count)], 2 * flops)
+        del a, wt, o1, g
 
 
 if __name__ == "__main__":

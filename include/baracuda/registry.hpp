@@ -24,6 +24,7 @@ struct Domain {
   bool symmetric = false;
   bool specials = false;
   bool index = false;  ///< integer dtypes also draw from [lo, hi] (class indices)
+  bool sorted = false; ///< values non-decreasing in logical order (group offsets)
 };
 
 /// Input (and, where the op needs them given, output) shapes of a test case.

@@ -1081,6 +1081,68 @@ def linear_backward(grad_output, input, weight, *, bias=True):
     return gi, gw, (gb if bias else None)
 
 
+def _group_offsets(offs, like):
+    """offs as an i32 array where `like` lives; None becomes [0] (absent: 3D x 3D)."""
+    if offs is None:
+        adapter, a, _ = _operand(like)
+        return adapter.empty("i32", (0,), a)
+    if _spec(offs)[0] != "i32":
+        raise ValueError(f"grouped_mm: offs must be int32 (torch._grouped_mm's dtype), got {_spec(offs)[0]}")
+    return offs
+
+
+def _grouped_mm(a, b, offs, out=None):
+    return _call("grouped_mm", (a, b, _group_offsets(offs, a)), {}, out)
+
+
+def grouped_mm_backward(grad_output, a, b, offs=None):
+    """(grad_a, grad_b) of grouped_mm."""
+    return _call("grouped_mm_backward", (grad_output, a, b, _group_offsets(offs, a)), {})
+
+
+_GroupedMMFunction = None
+
+
+def _grouped_autograd():
+    """A torch.autograd.Function over grouped_mm / grouped_mm_backward (defined on first use)."""
+    global _GroupedMMFunction
+    if _GroupedMMFunction is None:
+        import torch
+
+        class GroupedMM(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, a, b, offs):
+                ctx.save_for_backward(a, b, offs)
+                return _grouped_mm(a, b, offs)
+
+            @staticmethod
+            def backward(ctx, grad_output):
+                a, b, offs = ctx.saved_tensors
+                grad_a, grad_b = grouped_mm_backward(grad_output, a, b, offs)  # any strides
+                return grad_a, grad_b, None
+
+        _GroupedMMFunction = GroupedMM
+    return _GroupedMMFunction
+
+
+def grouped_mm(a, b, offs=None, *, out=None):
+    """torch._grouped_mm (the MoE expert product), same dtype in and out:
+
+    - a [M, K], b [G, K, N], offs [G] int32: rows [offs[g-1], offs[g]) of a use b[g] -> [M, N]
+      (rows at or past offs[G-1] are zeros; torch leaves them undefined);
+    - a [G, M, K], b [G, K, N], offs None -> [G, M, N];
+    - a [M, K], b [K, N], offs [G] over K -> [G, M, N] (the weight-gradient form).
+
+    offs are read on the device (no sync: graph-capturable); must be non-decreasing and at most the split
+    extent (the host backend raises otherwise; CUDA clamps them). torch tensors that require grad go
+    through autograd (grouped_mm_backward)."""
+    if out is None and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)):
+        import torch
+        if torch.is_grad_enabled():
+            return _grouped_autograd().apply(a, b, _group_offsets(offs, a))
+    return _grouped_mm(a, b, offs, out)
+
+
 def set_allow_tf32(allow):
     """Lets f32 matrix products multiply in TF32 (as torch.backends.cuda.matmul.allow_tf32); off by default."""
     _C.set_allow_tf32(bool(allow))

@@ -1,0 +1,159 @@
+"""grouped_mm (torch._grouped_mm) through baracuda.functional: on numpy arrays
+(host backend) against a per-group numpy loop in float64, and on CUDA tensors
+against torch._grouped_mm where torch has it (bf16, sm90) and a per-group loop
+of matmuls otherwise (skipped without torch + CUDA), forward, backward and autograd."""
+import numpy as np
+import pytest
+
+import baracuda.functional as F
+from torch_parity import DTYPES, close, gpu, torch
+
+RNG = np.random.default_rng(0)
+
+
+def _x(*shape):
+    return RNG.uniform(-2, 2, size=shape)
+
+
+def _loop(a, b, offs, mm):
+    """The product of every form as a loop over groups, with `mm` for one group."""
+    if a.ndim == 3:
+        return [mm(a[g], b[g]) for g in range(a.shape[0])]
+    starts = [0] + [int(o) for o in offs[:-1]]
+    if b.ndim == 3:  # rows split: the rest of a's rows are zero
+        return [(s, int(e), mm(a[s:int(e)], b[g])) for g, (s, e) in enumerate(zip(starts, offs))]
+    return [mm(a[:, s:int(e)], b[s:int(e)]) for s, e in zip(starts, offs)]
+
+
+def _numpy_reference(a, b, offs):
+    if a.ndim == 2 and b.ndim == 3:
+        out = np.zeros((a.shape[0], b.shape[2]))
+        for s, e, part in _loop(a, b, offs, np.matmul):
+            out[s:e] = part
+        return out
+    return np.stack(_loop(a, b, offs, np.matmul))
+
+
+CASES = [((37, 24), (4, 24, 45), [0, 10, 10, 30]), ((3, 5, 7), (3, 7, 9), None), ((6, 29), (29, 10), [5, 5, 20, 27])]
+
+
+@pytest.mark.parametrize("a_shape,b_shape,offs", CASES)
+def test_grouped_mm_matches_numpy(a_shape, b_shape, offs):
+    a, b = _x(*a_shape), _x(*b_shape)
+    o = None if offs is None else np.array(offs, dtype=np.int32)
+    want = _numpy_reference(a, b, o)
+    np.testing.assert_allclose(F.grouped_mm(a, b, o), want, rtol=1e-12, atol=1e-12)
+    # b stored transposed (K-contiguous, the usual expert weight layout).
+    bt = np.ascontiguousarray(np.swapaxes(b, -1, -2))
+    np.testing.assert_allclose(F.grouped_mm(a, np.swapaxes(bt, -1, -2), o), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("a_shape,b_shape,offs", CASES)
+def test_grouped_mm_backward_matches_numpy(a_shape, b_shape, offs):
+    a, b = _x(*a_shape), _x(*b_shape)
+    o = None if offs is None else np.array(offs, dtype=np.int32)
+    g = _x(*_numpy_reference(a, b, o).shape)
+    ga, gb = F.grouped_mm_backward(g, a, b, o)
+    # Linear in each operand: the gradient is the product's adjoint, checked through <g, f(e_i)>.
+    eps_a, eps_b = np.zeros_like(a), np.zeros_like(b)
+    for idx in [(0,) * a.ndim, tuple(s - 1 for s in a.shape)]:
+        eps_a[...] = 0
+        eps_a[idx] = 1
+        assert ga[idx] == pytest.approx(np.sum(g * _numpy_reference(eps_a, b, o)), rel=1e-12, abs=1e-12)
+    for idx in [(0,) * b.ndim, tuple(s - 1 for s in b.shape)]:
+        eps_b[...] = 0
+        eps_b[idx] = 1
+        assert gb[idx] == pytest.approx(np.sum(g * _numpy_reference(a, eps_b, o)), rel=1e-12, abs=1e-12)
+
+
+def test_grouped_mm_rejects_bad_offsets():
+    a, b = _x(6, 4), _x(2, 4, 3)
+    with pytest.raises(Exception, match="non-decreasing"):
+        F.grouped_mm(a, b, np.array([4, 2], dtype=np.int32))
+    with pytest.raises(Exception, match="past the rows of 'a'"):
+        F.grouped_mm(a, b, np.array([4, 7], dtype=np.int32))
+    with pytest.raises(ValueError, match="int32"):
+        F.grouped_mm(a, b, np.array([4, 6], dtype=np.int64))
+
+
+# ---------------------------------------------------------------- CUDA vs torch
+
+def _t(shape, dtype):
+    return (torch.rand(shape, device="cuda", dtype=torch.float64) * 4 - 2).to(getattr(torch, dtype))
+
+
+def _torch_reference(a, b, offs):
+    """float64 per-group loop of matmuls (rows past the last group: zero)."""
+    a, b = a.double(), b.double()
+    if a.dim() == 2 and b.dim() == 3:
+        out = torch.zeros(a.shape[0], b.shape[2], device=a.device, dtype=torch.float64)
+        for s, e, part in _loop(a, b, offs.tolist(), torch.mm):
+            out[s:e] = part
+        return out
+    return torch.stack(_loop(a, b, None if offs is None else offs.tolist(), torch.mm))
+
+
+def _offsets(sizes):
+    return torch.tensor(np.cumsum(sizes), device="cuda", dtype=torch.int32)
+
+
+GPU_CASES = [
+    ((8 * 256, 512), (8, 512, 384), [256] * 8),          # MoE-like, tile multiples
+    ((1000, 136), (5, 136, 200), [0, 301, 7, 0, 500]),   # empty groups, edges inside tiles, tail rows
+    ((3, 130, 72), (3, 72, 66), None),                   # 3D x 3D
+    ((96, 700), (700, 80), [128, 0, 333, 200]),          # K split, the weight-gradient form
+]
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b_k_contiguous", [False, True])
+@pytest.mark.parametrize("a_shape,b_shape,sizes", GPU_CASES)
+def test_grouped_mm_matches_torch(dtype, b_k_contiguous, a_shape, b_shape, sizes):
+    a = _t(a_shape, dtype)
+    b = _t(b_shape[:-2] + b_shape[-2:][::-1], dtype).transpose(-1, -2) if b_k_contiguous else _t(b_shape, dtype)
+    offs = None if sizes is None else _offsets(sizes)
+    want = _torch_reference(a, b, offs)
+    got = F.grouped_mm(a, b, offs)
+    close(got, want, dtype, scale=8, msg=f"{a_shape} @ {b_shape}")
+    g = _t(want.shape, dtype)
+    ad, bd = a.double().requires_grad_(), b.double().requires_grad_()
+    _torch_reference(ad, bd, offs).backward(g.double())
+    ga, gb = F.grouped_mm_backward(g, a, b, offs)
+    close(ga, ad.grad, dtype, scale=8, msg="grad_a")
+    close(gb, bd.grad, dtype, scale=16, msg="grad_b")
+
+
+@gpu
+def test_grouped_mm_matches_torch_grouped_mm():
+    if not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("torch._grouped_mm needs torch >= 2.8 on sm90")
+    a, b = _t((4 * 512, 1024), "bfloat16"), _t((4, 2048, 1024), "bfloat16").transpose(-1, -2)
+    offs = _offsets([512, 256, 768, 512])
+    close(F.grouped_mm(a, b, offs), torch._grouped_mm(a, b, offs), "bfloat16", scale=8)
+
+
+@gpu
+def test_grouped_mm_autograd():
+    a = _t((300, 64), "bfloat16").requires_grad_()
+    b = _t((3, 64, 48), "bfloat16").requires_grad_()
+    offs = _offsets([100, 0, 150])
+    F.grouped_mm(a, b, offs).float().square().sum().backward()
+    ad, bd = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    _torch_reference(ad, bd, offs).square().sum().backward()
+    close(a.grad, ad.grad, "bfloat16", scale=16)
+    close(b.grad, bd.grad, "bfloat16", scale=16)
+
+
+@gpu
+def test_grouped_mm_is_graph_capturable():
+    a, b = _t((512, 128), "bfloat16"), _t((4, 128, 256), "bfloat16")
+    offs = _offsets([100, 200, 100, 112])
+    out = F.grouped_mm(a, b, offs)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        F.grouped_mm(a, b, offs, out=out)
+    offs.copy_(_offsets([12, 300, 0, 100]))  # new routing, same graph
+    graph.replay()
+    torch.cuda.synchronize()
+    close(out, _torch_reference(a, b, offs), "bfloat16", scale=8)

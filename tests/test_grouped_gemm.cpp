@@ -1,0 +1,224 @@
+// grouped_mm beyond the generic sweep (test_gemm.cpp sweeps every gemm-category
+// op): exact small-integer products of the three forms written out here,
+// empty groups, rows past the last group, sizes that are not tile multiples,
+// K- and N-contiguous b; gradients against finite differences; bad input.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "baracuda/registry.hpp"
+#include "core/errors.hpp"
+#include "exec.hpp"
+#include "harness.hpp"
+
+using namespace baracuda;
+using namespace baracuda::harness;
+using namespace baracuda::testing_support;
+
+namespace {
+
+std::vector<double> as_doubles(const std::vector<int>& v) { return std::vector<double>(v.begin(), v.end()); }
+
+/// The product of one form written out: rows (a [M, K], b [G, K, N]), batch
+/// (a [G, M, K]) or red (a [M, K], b [K, N], K split) from logical row-major values.
+std::vector<double> reference(const std::vector<Shape>& shapes, const std::vector<double>& a,
+                              const std::vector<double>& b, const std::vector<int>& offs) {
+  const Shape &sa = shapes[0], &sb = shapes[1];
+  std::vector<double> out;
+  if (sa.size() == 2 && sb.size() == 3) {  // rows
+    const int64_t M = sa[0], K = sa[1], G = sb[0], N = sb[2];
+    out.assign(M * N, 0);
+    for (int64_t g = 0, start = 0; g < G; start = offs[g], ++g)
+      for (int64_t m = start; m < offs[g]; ++m)
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t k = 0; k < K; ++k) out[m * N + n] += a[m * K + k] * b[(g * K + k) * N + n];
+  } else if (sa.size() == 3) {  // batch
+    const int64_t G = sa[0], M = sa[1], K = sa[2], N = sb[2];
+    out.assign(G * M * N, 0);
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t k = 0; k < K; ++k) out[(g * M + m) * N + n] += a[(g * M + m) * K + k] * b[(g * K + k) * N + n];
+  } else {  // red
+    const int64_t M = sa[0], K = sa[1], N = sb[1], G = int64_t(offs.size());
+    out.assign(G * M * N, 0);
+    for (int64_t g = 0, start = 0; g < G; start = offs[g], ++g)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t k = start; k < offs[g]; ++k) out[(g * M + m) * N + n] += a[m * K + k] * b[k * N + n];
+  }
+  return out;
+}
+
+/// Strides of b stored transposed: [G, K, N] over memory [G, N, K] (K-contiguous, the usual weight).
+Shape k_contiguous(const Shape& sb) {
+  if (sb.size() == 3) return {sb[1] * sb[2], 1, sb[1]};
+  return {1, sb[0]};
+}
+
+struct Case {
+  std::string name;
+  std::vector<Shape> shapes;  // a, b
+  std::vector<int> offs;
+};
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {
+      // Empty first and middle groups, rows 30..36 past the last group; K an odd multiple of 8.
+      {"rows small", {{37, 24}, {4, 24, 45}}, {0, 10, 10, 30}},
+      // Bigger than a 128 x 128 tile, group edges inside tiles, N not a multiple of 8.
+      {"rows tiles", {{300, 40}, {3, 40, 137}}, {100, 100, 257}},
+      {"rows one group all rows", {{130, 16}, {1, 16, 130}}, {130}},
+      {"batch", {{3, 5, 7}, {3, 7, 9}}, {}},
+      {"batch tiles", {{2, 131, 40}, {2, 40, 129}}, {}},
+      // K split with an empty group and the last K columns in none.
+      {"red", {{6, 29}, {29, 10}}, {5, 5, 20, 27}},
+      {"red tiles", {{130, 40}, {40, 140}}, {3, 33, 40}},
+  };
+  return all;
+}
+
+TEST(GroupedGemmExact, SmallIntegerProducts) {
+  std::mt19937 rng(5);
+  for (const Case& c : cases()) {
+    // |sums| <= 4 * 40 = 160: exact in bf16.
+    const std::vector<double> a = small_ints(numel(c.shapes[0]), rng), b = small_ints(numel(c.shapes[1]), rng);
+    const std::vector<double> want = reference(c.shapes, a, b, c.offs);
+    const Shape offs_shape{int64_t(c.offs.size())};
+    for (Backend backend : host_and_cuda_backends())
+      for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f64})
+        for (bool b_k_contiguous : {false, true}) {
+          const Operand ob{b, c.shapes[1], t, b_k_contiguous ? k_contiguous(c.shapes[1]) : Shape{}};
+          auto r = exec(backend, "grouped_mm", {{a, c.shapes[0], t}, ob, {as_doubles(c.offs), offs_shape, DType::i32}});
+          const std::string what = cat(c.name, " ", backend_name(backend), " ", dtype_name(t),
+                                       b_k_contiguous ? " b K-contiguous" : " b N-contiguous");
+          ASSERT_TRUE(r) << what << ": " << r.status().to_string();
+          EXPECT_EQ((*r)[0], want) << what;
+        }
+  }
+}
+
+/// A column-major a and strided (every other element) offs.
+TEST(GroupedGemmExact, StridedOperands) {
+  std::mt19937 rng(9);
+  const Shape sa{20, 8}, sb{3, 8, 6};
+  const std::vector<double> a = small_ints(numel(sa), rng), b = small_ints(numel(sb), rng);
+  const std::vector<int> offs{4, 4, 17};
+  const std::vector<double> want = reference({sa, sb}, a, b, offs);
+  for (Backend backend : host_and_cuda_backends())
+    for (DType t : {DType::f32, DType::bf16}) {
+      auto r = exec(backend, "grouped_mm",
+                    {{a, sa, t, {1, 20}}, {b, sb, t, {8, 1, 24}}, {as_doubles(offs), {3}, DType::i32, {2}}});
+      ASSERT_TRUE(r) << r.status().to_string();
+      EXPECT_EQ((*r)[0], want) << backend_name(backend) << " " << dtype_name(t);
+    }
+}
+
+/// L = sum(g * grouped_mm(a, b)) is linear in each operand: central
+/// differences with step 1 are exact in f64 and must equal the gradients.
+TEST(GroupedGemmGradients, MatchFiniteDifferences) {
+  std::mt19937 rng(13);
+  const std::vector<Case> small = {
+      {"rows", {{7, 3}, {3, 3, 4}}, {2, 2, 6}},
+      {"batch", {{2, 3, 4}, {2, 4, 5}}, {}},
+      {"red", {{3, 7}, {7, 4}}, {0, 3, 6}},
+  };
+  for (const Case& c : small) {
+    const Shape offs_shape{int64_t(c.offs.size())};
+    const Operand offs{as_doubles(c.offs), offs_shape, DType::i32};
+    std::vector<Operand> fwd{{small_ints(numel(c.shapes[0]), rng, -3, 3), c.shapes[0]},
+                             {small_ints(numel(c.shapes[1]), rng, -3, 3), c.shapes[1]}};
+    auto run = [&](const std::vector<Operand>& ab) {
+      return exec(Backend::host_reference, "grouped_mm", {ab[0], ab[1], offs});
+    };
+    auto y = run(fwd);
+    ASSERT_TRUE(y) << y.status().to_string();
+    const std::vector<double> g = small_ints(int64_t((*y)[0].size()), rng, -3, 3);
+    auto loss = [&](const std::vector<Operand>& ab) {
+      auto out = run(ab);
+      double l = 0;
+      for (size_t i = 0; i < g.size(); ++i) l += g[i] * (*out)[0][i];
+      return l;
+    };
+    const Shape y_shape = check(infer("grouped_mm", {{DType::f64, c.shapes[0]}, {DType::f64, c.shapes[1]},
+                                                     {DType::i32, offs_shape}}))
+                              .outputs[0]
+                              .shape;
+    for (Backend backend : host_and_cuda_backends()) {
+      auto grads = exec(backend, "grouped_mm_backward", {{g, y_shape}, fwd[0], fwd[1], offs});
+      ASSERT_TRUE(grads) << grads.status().to_string();
+      for (int operand = 0; operand < 2; ++operand)
+        for (size_t i = 0; i < fwd[operand].values.size(); ++i) {
+          std::vector<Operand> plus = fwd, minus = fwd;
+          plus[operand].values[i] += 1;
+          minus[operand].values[i] -= 1;
+          EXPECT_DOUBLE_EQ((*grads)[operand][i], (loss(plus) - loss(minus)) / 2)
+              << c.name << " " << backend_name(backend) << " operand " << operand << " element " << i;
+        }
+    }
+  }
+}
+
+TEST(GroupedGemmErrors, BadInputIsNamed) {
+  auto message = [](const std::string& op, std::vector<TensorSpec> in) {
+    auto r = infer(op, std::move(in), {});
+    return r ? std::string("(no error)") : r.status().message();
+  };
+  auto has = [](const std::string& m, const std::string& part) { return m.find(part) != std::string::npos; };
+  const DType f = DType::bf16, i = DType::i32;
+  std::string m = message("grouped_mm", {{f, {8, 4}}, {f, {2, 5, 6}}, {i, {2}}});
+  EXPECT_TRUE(has(m, "'a' [8, 4] and 'b' [2, 5, 6] cannot be multiplied (4 != 5)")) << m;
+  m = message("grouped_mm", {{f, {8, 4}}, {f, {2, 4, 6}}, {i, {3}}});
+  EXPECT_TRUE(has(m, "'offs' must be [2]")) << m;
+  m = message("grouped_mm", {{f, {8, 4}}, {f, {2, 4, 6}}, {DType::i64, {2}}});
+  EXPECT_TRUE(has(m, "'offs' dtype i64, expected i32")) << m;
+  m = message("grouped_mm", {{f, {2, 8, 4}}, {f, {3, 4, 6}}, {i, {0}}});
+  EXPECT_TRUE(has(m, "group counts differ")) << m;
+  m = message("grouped_mm", {{f, {2, 8, 4}}, {f, {2, 4, 6}}, {i, {2}}});
+  EXPECT_TRUE(has(m, "'offs' must be [0] (absent) for 3D x 3D")) << m;
+  m = message("grouped_mm", {{f, {2, 8, 4}}, {f, {4, 6}}, {i, {2}}});
+  EXPECT_TRUE(has(m, "must be 2D x 3D")) << m;
+  m = message("grouped_mm", {{f, {8, 4}}, {DType::f16, {2, 4, 6}}, {i, {2}}});
+  EXPECT_TRUE(has(m, "'b' dtype f16, expected bf16")) << m;
+  m = message("grouped_mm", {{DType::i32, {8, 4}}, {DType::i32, {2, 4, 6}}, {i, {2}}});
+  EXPECT_TRUE(has(m, "dtype i32 is not supported")) << m;
+  m = message("grouped_mm_backward", {{f, {8, 5}}, {f, {8, 4}}, {f, {2, 4, 6}}, {i, {2}}});
+  EXPECT_TRUE(has(m, "'grad_output' shape [8, 5], expected grouped_mm's output [8, 6]")) << m;
+
+  // Offsets are read on the host reference: decreasing or past the split extent are named.
+  auto run = [](std::vector<double> offs, bool red) {
+    const int64_t g = int64_t(offs.size());
+    std::vector<Operand> in = red ? std::vector<Operand>{{std::vector<double>(4 * 6, 1), {4, 6}},
+                                                         {std::vector<double>(6 * 3, 1), {6, 3}}}
+                                  : std::vector<Operand>{{std::vector<double>(6 * 4, 1), {6, 4}},
+                                                         {std::vector<double>(g * 4 * 3, 1), {g, 4, 3}}};
+    in.push_back({offs, {g}, DType::i32});
+    auto r = exec(Backend::host_reference, "grouped_mm", in);
+    return r ? std::string("(no error)") : r.status().message();
+  };
+  m = run({3, 2}, false);
+  EXPECT_TRUE(has(m, "grouped_mm: 'offs' must be non-decreasing from 0: offs[1] = 2 < offs[0] = 3")) << m;
+  m = run({-1, 2}, false);
+  EXPECT_TRUE(has(m, "offs[0] = -1 < 0")) << m;
+  m = run({3, 7}, false);
+  EXPECT_TRUE(has(m, "'offs' past the rows of 'a': offs[1] = 7 > 6")) << m;
+  m = run({2, 9}, true);
+  EXPECT_TRUE(has(m, "'offs' past the K of 'a' and 'b': offs[1] = 9 > 6")) << m;
+}
+
+/// The CUDA kernels cannot report bad offsets without a sync: they clamp
+/// them into [0, extent] (Note [Offsets on the device]) and stay in bounds.
+TEST(GroupedGemmErrors, DeviceClampsOffsets) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(17);
+  const Shape sa{9, 8}, sb{2, 8, 5};
+  const std::vector<double> a = small_ints(numel(sa), rng), b = small_ints(numel(sb), rng);
+  const std::vector<double> want = reference({sa, sb}, a, b, {4, 9});
+  for (DType t : {DType::f32, DType::bf16}) {
+    auto r = exec(Backend::bespoke_cuda, "grouped_mm", {{a, sa, t}, {b, sb, t}, {{4, 1000}, {2}, DType::i32}});
+    ASSERT_TRUE(r) << r.status().to_string();
+    EXPECT_EQ((*r)[0], want) << dtype_name(t);
+  }
+}
+
+}  // namespace
