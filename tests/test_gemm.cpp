@@ -305,7 +305,9 @@ TEST(ScaledMm, ExactSmallIntegerProducts) {
       }
     }
   }
-  if (cuda_available() && current_sm() >= 89) EXPECT_GT(lt_runs, 0) << "cuBLASLt ran no fp8 product";
+  if (cuda_available() && current_sm() >= 89) {
+    EXPECT_GT(lt_runs, 0) << "cuBLASLt ran no fp8 product";
+  }
 }
 
 /// cuBLASLt's fp8 layout rules come back as errors naming the operand.
@@ -414,9 +416,11 @@ TEST(GemmBiasGrad, FusedAndReducedAgree) {
       auto plan = select(backend == Backend::host_reference ? Stream::host() : Stream::cuda(), d, pref);
       ASSERT_TRUE(plan) << plan.status().to_string();
       const Epilogue epilogue = (*plan)->sku().epilogue;
-      if (backend != Backend::cublaslt) EXPECT_EQ(epilogue, Epilogue::none) << backend_name(backend);
-      if (backend == Backend::cublaslt && t != DType::f32)
+      if (backend != Backend::cublaslt) {
+        EXPECT_EQ(epilogue, Epilogue::none) << backend_name(backend);
+      } else if (t != DType::f32) {
         EXPECT_EQ(epilogue, Epilogue::bias_grad) << dtype_name(t) << ": cuBLASLt offered no bias-gradient epilogue";
+      }
       for (const auto* in : {&contiguous, &looped}) {
         auto r = exec(backend, "linear_backward", *in);
         ASSERT_TRUE(r) << backend_name(backend) << " " << dtype_name(t) << ": " << r.status().to_string();

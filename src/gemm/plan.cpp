@@ -266,9 +266,9 @@ void fuse_bias_grad(Bound& bound, const TensorView& grad_bias) {
 // cuBLASLt's BGRADB/BGRADA epilogue writes that sum as it goes. A cuBLASLt
 // plan fuses it when the heuristics offer an algorithm for the descriptor's
 // contiguous layout (sku().epilogue = bias_grad); views that split the GEMM
-// in several calls (batch or reduction loops) or a strided grad_bias take
-// the reduction instead, as every plan of the other backends does
-// (sku().epilogue = none).
+// in several calls (batch or reduction loops), a strided grad_bias, or
+// alignments without a fused algorithm take the reduction instead, as every
+// plan of the other backends does (sku().epilogue = none).
 
 class GemmPlan final : public FamilyPlan {
  public:
@@ -316,7 +316,12 @@ class GemmPlan final : public FamilyPlan {
           return invalid(def_.name, ": output '", def_.outputs[j], "' overlaps input '", def_.inputs[i],
                          "'; a product cannot be written over its operands");
     BARACUDA_TRY(bind_op(def_, desc_, args, bound).with_context(def_.name));
-    if (fused_bias_grad_) fuse_bias_grad(bound, args.outputs[2]);
+    if (fused_bias_grad_) {
+      fuse_bias_grad(bound, args.outputs[2]);
+      // Alignments the heuristics offer no fused algorithm for take the reduction.
+      Problem& p = bound.problems[1];
+      if (p.bias_grad && !engine_->supports(p)) p.bias_grad = nullptr;
+    }
     return Status::ok();
   }
 
