@@ -36,6 +36,21 @@ def main():
             row(f"mm {m}x{n}x{k}", bf16, lambda: F.mm(a, b, out=o1), lambda: torch.mm(a, b, out=o2), 2 * m * n * k,
                 check=lambda: close(F.mm(a, b), torch.mm(a, b), 2e-2 * k ** 0.5))
             del a, b, o1, o2
+    if want("fp8"):  # torch._scaled_mm's layout: a row-major, b column-major; per-tensor scales
+        m = n = k = 8192
+        e4m3 = torch.float8_e4m3fn
+        a, b = torch.randn(m, k, device="cuda").to(e4m3), torch.randn(n, k, device="cuda").to(e4m3).t()
+        sa, sb = torch.tensor(0.5, device="cuda"), torch.tensor(2.0, device="cuda")
+        a16, b16 = a.to(bf16), b.to(bf16)
+        o1, o2 = torch.empty(m, n, device="cuda", dtype=bf16), torch.empty(m, n, device="cuda", dtype=bf16)
+        for fast in (False, True):
+            ours = lambda: F.scaled_mm(a, b, sa, sb, out_dtype=bf16, use_fast_accum=fast, out=o1)  # noqa: E731
+            theirs = lambda: torch._scaled_mm(a, b, sa, sb, out_dtype=bf16, use_fast_accum=fast)  # noqa: E731
+            name = f"scaled_mm e4m3 {m}^3 -> bf16{' fast_accum' if fast else ''}"
+            row(name, e4m3, ours, theirs, 2 * m * n * k, check=lambda: close(ours(), theirs(), 2e-2 * k ** 0.5))
+        row(f"scaled_mm e4m3 {m}^3 vs torch bf16 mm", e4m3, lambda: F.scaled_mm(a, b, sa, sb, out_dtype=bf16, out=o1),
+            lambda: torch.mm(a16, b16, out=o2), 2 * m * n * k)
+        del a, b, a16, b16, o1, o2
     m, n, k = 4096, 14336, 4096
     x = torch.randn(m, k, device="cuda", dtype=bf16)
     w = torch.randn(n, k, device="cuda", dtype=bf16) * 0.02

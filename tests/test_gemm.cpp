@@ -35,6 +35,8 @@ TEST_P(Gemm, CublasLtMatchesReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   // cuBLASLt serves int8 only in some shapes and layouts (GemmExact covers
   // it; select falls through to the bespoke kernel otherwise), i32/i64 never.
+  // It takes fp8 only with b column-major, which no sweep layout gives: ScaledMm covers it.
+  if (GetParam() == "scaled_mm") GTEST_SKIP() << "ScaledMm.* covers cuBLASLt's fp8 layouts";
   OpInfo floats = *find_op(GetParam());
   if (std::find(floats.backends.begin(), floats.backends.end(), Backend::cublaslt) == floats.backends.end())
     GTEST_SKIP() << "no cuBLASLt candidate (grouped_mm)";
@@ -42,6 +44,19 @@ TEST_P(Gemm, CublasLtMatchesReference) {
   sweep(floats, Backend::cublaslt);
 }
 INSTANTIATE_TEST_SUITE_P(Ops, Gemm, testing::ValuesIn(ops_of(OpCategory::gemm)), param_name);
+
+/// The current device's SM version (89 = sm_89), 0 without one.
+int current_sm() {
+#ifdef BARACUDA_HAS_CUDA
+  int device = 0, major = 0, minor = 0;
+  if (!cuda_available() || cudaGetDevice(&device) != cudaSuccess) return 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major * 10 + minor;
+#else
+  return 0;
+#endif
+}
 
 std::vector<Backend> backends() {
   std::vector<Backend> b{Backend::host_reference};
@@ -239,6 +254,202 @@ TEST(GemmErrors, BadInputIsNamed) {
   Status s = (*plan)->can_implement(OpArgs{ins, std::span(&a, 1)});
   EXPECT_FALSE(s);
   EXPECT_TRUE(has(s.message(), "output 'out' overlaps input 'a'")) << s.message();
+}
+
+// ---------------------------------------------------------------- scaled_mm
+
+/// Exact fp8 products: small integers (exact in e4m3 and e5m2), power-of-two
+/// scales != 1 and an integer bias keep every sum exact in bf16, f16 and f32.
+/// Every fp8 pair and output dtype, b column-major (cuBLASLt's layout) and
+/// row-major; awkward sizes on the backends that take any size.
+TEST(ScaledMm, ExactSmallIntegerProducts) {
+  std::mt19937 rng(5);
+  int lt_runs = 0;
+  for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{32, 48, 32}, {37, 45, 19}}) {
+    const std::vector<double> a = small_ints(M * K, rng), b = small_ints(K * N, rng), bias = small_ints(N, rng);
+    const double scale_a = 0.5, scale_b = 0.25;
+    for (Backend backend : backends()) {
+      for (auto [ta, tb] : {std::pair{DType::fp8_e4m3, DType::fp8_e4m3}, {DType::fp8_e4m3, DType::fp8_e5m2},
+                            {DType::fp8_e5m2, DType::fp8_e4m3}, {DType::fp8_e5m2, DType::fp8_e5m2}}) {
+        for (DType out : {DType::bf16, DType::f16, DType::f32}) {
+          for (bool with_bias : {false, true}) {
+            for (bool b_col_major : {true, false}) {
+              const DType bias_t = out == DType::f16 ? DType::f16 : DType::bf16;
+              const std::vector<Operand> in = {{a, {M, K}, ta},
+                                               {b, {K, N}, tb, b_col_major ? Shape{1, K} : Shape{}},
+                                               {{scale_a}, {}, DType::f32},
+                                               {{scale_b}, {1}, DType::f32},
+                                               {with_bias ? bias : std::vector<double>{}, {with_bias ? N : 0}, bias_t}};
+              auto r = exec(backend, "scaled_mm", in, {{"out_dtype", double(int(out))}});
+              const std::string what = cat(backend_name(backend), " ", dtype_name(ta), " x ", dtype_name(tb), " -> ",
+                                           dtype_name(out), with_bias ? " bias" : "", b_col_major ? " b col-major" : "");
+              if (backend == Backend::cublaslt && (M % 16 || K % 16 || !b_col_major ||
+                                                   (ta == DType::fp8_e5m2 && tb == DType::fp8_e5m2))) {
+                ASSERT_FALSE(r) << what << ": cuBLASLt cannot take this";
+                EXPECT_EQ(r.status().kind(), ErrorKind::unsupported) << what << ": " << r.status().to_string();
+                continue;
+              }
+              if (!r && backend == Backend::cublaslt && r.status().kind() == ErrorKind::unsupported &&
+                  current_sm() < 89) {
+                continue;  // fp8 GEMMs need sm_89 or newer
+              }
+              ASSERT_TRUE(r) << what << ": " << r.status().to_string();
+              for (int64_t m = 0; m < M; ++m)
+                for (int64_t n = 0; n < N; ++n) {
+                  double want = 0;
+                  for (int64_t k = 0; k < K; ++k) want += a[m * K + k] * b[k * N + n];
+                  want = want * scale_a * scale_b + (with_bias ? bias[n] : 0);
+                  ASSERT_EQ((*r)[0][m * N + n], want) << what << " at " << m << ", " << n;
+                }
+              if (backend == Backend::cublaslt) ++lt_runs;
+            }
+          }
+        }
+      }
+    }
+  }
+  if (cuda_available() && current_sm() >= 89) {
+    EXPECT_GT(lt_runs, 0) << "cuBLASLt ran no fp8 product";
+  }
+}
+
+/// cuBLASLt's fp8 layout rules come back as errors naming the operand.
+TEST(ScaledMm, CublasLtNamesTheOperandItCannotTake) {
+  if (!cuda_available() || current_sm() < 89) GTEST_SKIP() << "no CUDA device with fp8 GEMMs";
+  std::mt19937 rng(9);
+  const int64_t M = 32, N = 32, K = 32;
+  const std::vector<double> a = small_ints(M * K, rng), b = small_ints(K * N, rng);
+  const Operand sa{{1}, {}, DType::f32}, sb{{1}, {}, DType::f32}, no_bias{{}, {0}, DType::bf16};
+  auto message = [&](const Operand& oa, const Operand& ob) {
+    auto r = exec(Backend::cublaslt, "scaled_mm", {oa, ob, sa, sb, no_bias});
+    return r ? std::string("(no error)") : r.status().message();
+  };
+  const DType e4 = DType::fp8_e4m3, e5 = DType::fp8_e5m2;
+  std::string m = message({a, {M, K}, e4}, {b, {K, N}, e4});  // b row-major
+  EXPECT_NE(m.find("'b' with K contiguous"), std::string::npos) << m;
+  m = message({a, {M, K}, e4, {1, M}}, {b, {K, N}, e4, {1, K}});  // a column-major
+  EXPECT_NE(m.find("'a' with K contiguous"), std::string::npos) << m;
+  m = message({a, {M, K}, e5}, {b, {K, N}, e5, {1, K}});
+  EXPECT_NE(m.find("fp8_e5m2 x fp8_e5m2"), std::string::npos) << m;
+  m = message({a, {M, K}, e4, {K + 8, 1}}, {b, {K, N}, e4, {1, K}});  // leading dim 40
+  EXPECT_NE(m.find("leading dim of 'a'"), std::string::npos) << m;
+}
+
+TEST(ScaledMm, BadInputIsNamed) {
+  auto message = [](std::vector<TensorSpec> in, const Attrs& attrs = {}) {
+    auto r = infer("scaled_mm", std::move(in), attrs);
+    return r ? std::string("(no error)") : r.status().message();
+  };
+  auto has = [](const std::string& m, const std::string& part) { return m.find(part) != std::string::npos; };
+  const DType e4 = DType::fp8_e4m3, f = DType::f32, bf = DType::bf16;
+  const TensorSpec scale{f, {}}, no_bias{bf, {0}};
+  std::string m = message({{f, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias});
+  EXPECT_TRUE(has(m, "'a' dtype f32 is not supported")) << m;
+  m = message({{e4, {4, 8}}, {DType::f16, {8, 4}}, scale, scale, no_bias});
+  EXPECT_TRUE(has(m, "'b' dtype f16, expected fp8_e4m3 or fp8_e5m2")) << m;
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, {f, {2}}, scale, no_bias});
+  EXPECT_TRUE(has(m, "'scale_a' must be a f32 scalar ([] or [1]: per-tensor scaling), got f32[2]")) << m;
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, {bf, {}}, no_bias});
+  EXPECT_TRUE(has(m, "'scale_b' must be a f32 scalar")) << m;
+  m = message({{e4, {4, 8}}, {e4, {7, 4}}, scale, scale, no_bias});
+  EXPECT_TRUE(has(m, "'a' [4, 8] and 'b' [7, 4] cannot be multiplied (8 != 7)")) << m;
+  m = message({{e4, {2, 4, 8}}, {e4, {8, 4}}, scale, scale, no_bias});
+  EXPECT_TRUE(has(m, "'a' must be a matrix [M, K]")) << m;
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, {bf, {3}}});
+  EXPECT_TRUE(has(m, "'bias' must be [4] or [0]")) << m;
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, {f, {4}}});
+  EXPECT_TRUE(has(m, "'bias' dtype f32, expected bf16 or f16")) << m;
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias}, {{"out_dtype", double(int(DType::i32))}});
+  EXPECT_TRUE(has(m, "out dtype i32 is not supported (bf16, f16, f32)")) << m;
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias}, {{"use_fast_accum", 2}});
+  EXPECT_TRUE(has(m, "'use_fast_accum' must be 0 or 1")) << m;
+  // The output's dtype stands for out_dtype when given.
+  auto given = baracuda::infer("scaled_mm", {{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias});
+  ASSERT_TRUE(given) << given.status().to_string();
+  EXPECT_EQ(given->outputs[0].dtype, DType::bf16);
+  OpDesc d{"scaled_mm", {{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias}, {{DType::f16, {4, 4}}}, {}};
+  auto f16_out = find_op("scaled_mm")->infer(d);
+  ASSERT_TRUE(f16_out) << f16_out.status().to_string();
+  EXPECT_EQ(f16_out->outputs[0].dtype, DType::f16);
+}
+
+// ---------------------------------------------------------------- cuBLASLt plans
+
+/// workspace_size() is what the chosen algorithms need: never more than the
+/// preference allows, and a plan allowed none still runs.
+TEST(GemmWorkspace, IsWhatTheAlgorithmNeeds) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  OpDesc d{"mm", {{DType::bf16, {1024, 1024}}, {DType::bf16, {1024, 1024}}}, {}, {}};
+  PlanPreference pref;
+  pref.backend = Backend::cublaslt;
+  auto plan = select(Stream::cuda(), d, pref);
+  ASSERT_TRUE(plan) << plan.status().to_string();
+  EXPECT_LE((*plan)->workspace_size(), size_t(32) << 20);
+  pref.max_workspace_bytes = 0;
+  auto none = select(Stream::cuda(), d, pref);
+  ASSERT_TRUE(none) << none.status().to_string();
+  EXPECT_EQ((*none)->workspace_size(), 0u);
+  std::mt19937 rng(13);
+  const std::vector<double> a = small_ints(96 * 64, rng), b = small_ints(64 * 80, rng);
+  auto host = exec(Backend::host_reference, "mm", {{a, {96, 64}, DType::bf16}, {b, {64, 80}, DType::bf16}});
+  auto lt = exec(Backend::cublaslt, "mm", {{a, {96, 64}, DType::bf16}, {b, {64, 80}, DType::bf16}}, {}, pref);
+  ASSERT_TRUE(host && lt) << (lt ? host.status() : lt.status()).to_string();
+  EXPECT_EQ((*host)[0], (*lt)[0]);
+}
+
+/// linear_backward's grad_bias: fused into the grad_weight GEMM by cuBLASLt
+/// (sku().epilogue = bias_grad) where its heuristics offer it, the reduction
+/// elsewhere (the bespoke and host plans, views split into several GEMMs);
+/// exact small-integer values either way.
+TEST(GemmBiasGrad, FusedAndReducedAgree) {
+  std::mt19937 rng(17);
+  const int64_t B = 3, S = 16, N = 32, K = 48;
+  const std::vector<double> g = small_ints(B * S * N, rng), x = small_ints(B * S * K, rng), w = small_ints(N * K, rng);
+  for (DType t : {DType::bf16, DType::f16, DType::f32}) {
+    const std::vector<Operand> contiguous = {{g, {B, S, N}, t}, {x, {B, S, K}, t}, {w, {N, K}, t}};
+    // x with its batch dim outermost in memory but S and K swapped: the
+    // grad_weight GEMM is one call per batch (a reduction loop).
+    const std::vector<Operand> looped = {{g, {B, S, N}, t}, {x, {B, S, K}, t, {S * K, 1, S}}, {w, {N, K}, t}};
+    auto want = exec(Backend::host_reference, "linear_backward", contiguous);
+    ASSERT_TRUE(want) << want.status().to_string();
+    for (Backend backend : backends()) {
+      OpDesc d{"linear_backward", {{t, {B, S, N}}, {t, {B, S, K}}, {t, {N, K}}}, {}, {}};
+      PlanPreference pref;
+      pref.backend = backend;
+      auto plan = select(backend == Backend::host_reference ? Stream::host() : Stream::cuda(), d, pref);
+      ASSERT_TRUE(plan) << plan.status().to_string();
+      const Epilogue epilogue = (*plan)->sku().epilogue;
+      if (backend != Backend::cublaslt) {
+        EXPECT_EQ(epilogue, Epilogue::none) << backend_name(backend);
+      } else if (t != DType::f32) {
+        EXPECT_EQ(epilogue, Epilogue::bias_grad) << dtype_name(t) << ": cuBLASLt offered no bias-gradient epilogue";
+      }
+      for (const auto* in : {&contiguous, &looped}) {
+        auto r = exec(backend, "linear_backward", *in);
+        ASSERT_TRUE(r) << backend_name(backend) << " " << dtype_name(t) << ": " << r.status().to_string();
+        for (int j = 0; j < 3; ++j)
+          EXPECT_EQ((*r)[j], (*want)[j]) << backend_name(backend) << " " << dtype_name(t) << " output " << j
+                                         << (in == &looped ? " (looped)" : "");
+      }
+    }
+  }
+}
+
+/// The fused bias gradient is bitwise reproducible: two runs of a product
+/// large enough for many tiles along K give the same bits.
+TEST(GemmBiasGrad, FusedIsDeterministic) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(19);
+  std::uniform_real_distribution<double> unit(-1, 1);
+  const int64_t M = 4096, N = 512, K = 256;
+  std::vector<double> g(M * N), x(M * K), w(N * K);
+  for (auto* v : {&g, &x, &w})
+    for (double& e : *v) e = unit(rng);
+  const std::vector<Operand> in = {{g, {M, N}, DType::bf16}, {x, {M, K}, DType::bf16}, {w, {N, K}, DType::bf16}};
+  auto first = exec(Backend::cublaslt, "linear_backward", in);
+  auto second = exec(Backend::cublaslt, "linear_backward", in);
+  ASSERT_TRUE(first && second) << (first ? second.status() : first.status()).to_string();
+  for (int j = 0; j < 3; ++j) EXPECT_EQ((*first)[j], (*second)[j]) << "output " << j;
 }
 
 }  // namespace

@@ -1143,6 +1143,28 @@ def grouped_mm(a, b, offs=None, *, out=None):
     return _grouped_mm(a, b, offs, out)
 
 
+def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False, *,
+              out=None):
+    """torch._scaled_mm with per-tensor scales: scale_a * scale_b * (a @ b) + bias.
+
+    a [M, K] and b [K, N] are fp8 (e4m3/e5m2; on cuBLASLt not both e5m2, a
+    row-major, b column-major as b = w.t() of a row-major w, K and the
+    leading dims multiples of 16; other views run on the bespoke kernel);
+    scale_a, scale_b are f32 scalars ([] or [1]); bias [N] is bf16 (f16 for
+    an f16 output). out_dtype: bf16, f16 or f32, or None to take out's;
+    fp8 outputs (torch's default, and scale_result) are not supported."""
+    if scale_result is not None:
+        raise ValueError("scaled_mm: scale_result (fp8 outputs) is not supported")
+    if out_dtype is None and out is None:
+        raise ValueError("scaled_mm: out_dtype must be bf16, f16 or f32 (fp8 outputs are not supported)")
+    result = _dtype_name(out_dtype) if out_dtype is not None else _spec(out)[0]
+    attrs = {"use_fast_accum": 1 if use_fast_accum else 0, "out_dtype": _C.dtype_code(result)}
+    if bias is None:
+        adapter, x, _ = _operand(a)
+        bias = adapter.empty("f16" if result == "f16" else "bf16", (0,), x)
+    return _call("scaled_mm", (a, b, scale_a, scale_b, bias), attrs, out)
+
+
 def set_allow_tf32(allow):
     """Lets f32 matrix products multiply in TF32 (as torch.backends.cuda.matmul.allow_tf32); off by default."""
     _C.set_allow_tf32(bool(allow))

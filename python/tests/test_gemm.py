@@ -136,3 +136,66 @@ def test_tf32_switch():
         F.set_allow_tf32(False)
     err = (fast.double() - torch.mm(a.double(), b.double())).abs().max().item()
     assert err < 0.2  # TF32 rounds inputs to 10-bit mantissas
+
+
+# ---------------------------------------------------------------- scaled_mm (fp8)
+
+def test_scaled_mm_host_is_exact_on_small_integers():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = RNG.integers(-2, 3, (37, 19)).astype(ml_dtypes.float8_e4m3fn)
+    b = RNG.integers(-2, 3, (19, 45)).astype(ml_dtypes.float8_e5m2)
+    bias = RNG.integers(-2, 3, 45).astype(ml_dtypes.bfloat16)
+    sa, sb = np.array(0.5, np.float32), np.array([0.25], np.float32)
+    want = a.astype(np.float64) @ b.astype(np.float64) * 0.125
+    got = F.scaled_mm(a, b, sa, sb, out_dtype="f32")
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(F.scaled_mm(a, b, sa, sb, bias, out_dtype="f32"), want + bias.astype(np.float64))
+    with pytest.raises(ValueError, match="out_dtype"):
+        F.scaled_mm(a, b, sa, sb)  # torch would give an fp8 output
+
+
+def _fp8(shape, dtype):
+    return _t(shape, "float32").to(getattr(torch, dtype))
+
+
+@gpu
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("types", [("float8_e4m3fn", "float8_e4m3fn"), ("float8_e4m3fn", "float8_e5m2"),
+                                   ("float8_e5m2", "float8_e4m3fn")])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("fast", [False, True])
+def test_scaled_mm_matches_torch(out_dtype, types, with_bias, fast):
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 GEMMs need sm_89 or newer")
+    m, k, n = 64, 96, 80
+    a, b = _fp8((m, k), types[0]), _fp8((n, k), types[1]).t()  # b column-major, as torch._scaled_mm wants
+    sa, sb = torch.tensor(0.5, device="cuda"), torch.tensor([1.5], device="cuda")
+    od = getattr(torch, out_dtype)
+    bias = _t((n,), "float32").to(torch.float16 if od == torch.float16 else torch.bfloat16) if with_bias else None
+    got = F.scaled_mm(a, b, sa, sb, bias=bias, out_dtype=od, use_fast_accum=fast)
+    assert got.dtype == od and got.shape == (m, n)
+    want = (a.double() @ b.double()) * 0.75 + (bias.double() if with_bias else 0)
+    close(got, want, out_dtype, scale=8, msg="vs f64")
+    try:
+        theirs = torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=od, use_fast_accum=fast)
+    except RuntimeError as e:  # a pair or bias this torch build does not take
+        pytest.skip(f"torch._scaled_mm: {e}")
+    close(got, theirs, out_dtype, scale=8, msg="vs torch._scaled_mm")
+
+
+@gpu
+@pytest.mark.parametrize("backend", ["cublaslt", "cuda"])
+def test_scaled_mm_every_candidate(backend):
+    """cuBLASLt on its layout; the bespoke kernel also on awkward sizes, b row-major and e5m2 x e5m2."""
+    cases = [((64, 96, 80), "float8_e4m3fn", "float8_e4m3fn", True)]
+    if backend == "cuda":
+        cases += [((37, 19, 45), "float8_e4m3fn", "float8_e5m2", False), ((33, 64, 17), "float8_e5m2", "float8_e5m2", True)]
+    for (m, k, n), ta, tb, col_major in cases:
+        a = _fp8((m, k), ta)
+        b = _fp8((n, k), tb).t() if col_major else _fp8((k, n), tb)
+        sa, sb = torch.tensor(2.0, device="cuda"), torch.tensor(0.25, device="cuda")
+        bias = _t((n,), "bfloat16")
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        _run("scaled_mm", [a, b, sa, sb, bias], [out], {"out_dtype": baracuda._baracuda.dtype_code("bf16")}, backend)
+        close(out, (a.double() @ b.double()) * 0.5 + bias.double(), "bfloat16", scale=8, msg=f"{backend} {m}x{k}x{n}")

@@ -84,6 +84,7 @@ const std::vector<OpInfo>& registry() {
     register_ctc_ops(all);
     register_gemm_ops(all);
     register_grouped_gemm_ops(all);
+    register_scaled_mm_ops(all);
     register_attention_ops(all);
     register_rope_ops(all);
     register_decode_ops(all);

@@ -17,6 +17,7 @@ void register_loss_ops(std::vector<OpInfo>& ops);
 void register_ctc_ops(std::vector<OpInfo>& ops);
 void register_gemm_ops(std::vector<OpInfo>& ops);
 void register_grouped_gemm_ops(std::vector<OpInfo>& ops);  // grouped_mm
+void register_scaled_mm_ops(std::vector<OpInfo>& ops);
 void register_attention_ops(std::vector<OpInfo>& ops);
 void register_rope_ops(std::vector<OpInfo>& ops);
 void register_decode_ops(std::vector<OpInfo>& ops);

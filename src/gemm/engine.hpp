@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 
 #include "gemm/problem.hpp"
 
@@ -13,8 +14,6 @@ class Engine {
   virtual ~Engine() = default;
   /// Whether this engine can run the problem's layouts; the reason if not.
   virtual Status supports(const Problem&) const { return Status::ok(); }
-  /// Readies the engine for a problem (cuBLASLt: picks and caches the algorithm).
-  virtual Status prepare(const Problem&) const { return Status::ok(); }
   virtual Status run(const Problem& p, const Workspace& workspace, CUstream_st* stream) const = 0;
   /// Exact scratch bytes `run` may use.
   virtual size_t workspace() const { return 0; }
@@ -32,14 +31,28 @@ class TableEngine final : public Engine {
 /// What a cuBLASLt engine is asked for.
 struct LtRequest {
   DType in = DType::f32, out = DType::f32;
+  DType in_b = DType::f32;            ///< B's dtype; differs from `in` only when scaled
+  bool scaled = false;                ///< scaled_mm: fp8 A and B with per-tensor scales
+  bool fast_accum = false;            ///< fp8: cuBLASLt's fast accumulation (torch's use_fast_accum)
   bool tf32 = false;                  ///< f32 inputs multiplied in TF32
   Activation act = Activation::none;  ///< relu and gelu_tanh fuse; gelu and silu run after, in place
   bool bias = false;
-  size_t max_workspace = 0;
+  DType bias_dtype = DType::f32;
+  bool bias_grad = false;  ///< problems may carry bias_grad (the BGRADA/BGRADB epilogue)
+  size_t max_workspace = 0;  ///< the cap of the heuristics' request
 };
 
-/// A cuBLASLt engine, or why cuBLASLt cannot serve the request (dtype).
-/// Defined only in CUDA builds.
-Result<std::unique_ptr<Engine>> make_lt_engine(const LtRequest& request);
+/// A cuBLASLt engine readied for `probes` (the descriptor's problems over
+/// contiguous views), or why cuBLASLt cannot serve them. Its workspace() is
+/// the most the algorithms picked for the probes need (at most
+/// max_workspace); algorithms for other layouts met later are picked within
+/// that amount. Defined only in CUDA builds.
+Result<std::unique_ptr<Engine>> make_lt_engine(const LtRequest& request, std::span<const Problem> probes);
+
+/// Whether cuBLASLt can fold a bias gradient (over M, summed over K) into
+/// the problem's GEMM: one non-empty call, no batch or reduction loop, no addend.
+inline bool lt_can_fuse_bias_grad(const Problem& p) {
+  return p.batch_count() == 1 && p.red_count() == 1 && !p.reads_c() && p.m > 0 && p.n > 0 && p.k > 0;
+}
 
 }  // namespace baracuda::gemm

@@ -1,6 +1,6 @@
 // The GEMM epilogue shared by the bespoke CUDA kernel and the host
-// reference: alpha * acc + beta * C + bias, then the activation (the
-// elementwise family's functors).
+// reference: alpha * scales * acc + beta * C + bias, then the activation
+// (the elementwise family's functors).
 #pragma once
 
 #include "core/dtype_traits.hpp"
@@ -31,13 +31,39 @@ BCD_HD Acc activate(Activation act, Acc x) {
   return x;
 }
 
-/// The output value of one element from its accumulated product; `c` and
-/// `bias` point at the element's addend and bias, or are null.
+/// The type of scaled_mm's per-tensor scales for operands of type T: f32,
+/// f64 for f64 operands (the host reference's oracle runs every operand in f64).
+template <class T>
+using scale_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+/// alpha times the per-tensor scales the problem carries.
+template <class Acc, class Scale>
+BCD_HD Acc scaled_alpha(const Problem& p) {
+  Acc alpha = convert<Acc>(p.alpha);
+  if (p.scale_a) alpha *= convert<Acc>(*static_cast<const Scale*>(p.scale_a));
+  if (p.scale_b) alpha *= convert<Acc>(*static_cast<const Scale*>(p.scale_b));
+  return alpha;
+}
+
+/// The bias of column n: of the output's dtype, or bf16/f16 over a float
+/// output (scaled_mm).
+template <class Acc, class Out>
+BCD_HD Acc bias_at(const Problem& p, int64_t n) {
+  const int64_t i = n * p.bias.col_stride;
+  if constexpr (std::is_same_v<Out, float> || is_small_float_v<Out>) {
+    if (p.bias_dtype == DType::bf16) return convert<Acc>(reinterpret_cast<const __nv_bfloat16*>(p.bias.data)[i]);
+    if (p.bias_dtype == DType::f16) return convert<Acc>(reinterpret_cast<const __half*>(p.bias.data)[i]);
+  }
+  return convert<Acc>(reinterpret_cast<const Out*>(p.bias.data)[i]);
+}
+
+/// The output value of element (., n) from its accumulated product; `c`
+/// points at the element's addend or is null; `alpha` is scaled_alpha.
 template <class Out, class Acc>
-BCD_HD Out finish(const Problem& p, Acc acc, const Out* c, const Out* bias) {
-  Acc v = convert<Acc>(p.alpha) * acc;
+BCD_HD Out finish(const Problem& p, Acc alpha, Acc acc, const Out* c, int64_t n) {
+  Acc v = alpha * acc;
   if (c) v += convert<Acc>(p.beta) * convert<Acc>(*c);
-  if (bias) v += convert<Acc>(*bias);
+  if (p.bias.data) v += bias_at<Acc, Out>(p, n);
   return convert<Out>(activate(p.act, v));
 }
 

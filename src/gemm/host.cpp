@@ -7,31 +7,30 @@ namespace baracuda::gemm {
 
 namespace {
 
-template <class T, class Out>
+template <class TA, class TB, class Out>
 struct HostGemm {
   static Status run(const Problem& p, CUstream_st*) {
-    using Acc = acc_t<T, true>;
+    using Acc = acc_t<TA, true>;
+    const Acc alpha = scaled_alpha<Acc, scale_t<TA>>(p);
     const int64_t batches = p.batch_count(), reds = p.red_count();
     for (int64_t bi = 0; bi < batches; ++bi) {
-      const T* a = reinterpret_cast<const T*>(p.a.data) + offset_of(bi, p.batch_rank, p.batch_shape, p.a.batch_stride);
-      const T* b = reinterpret_cast<const T*>(p.b.data) + offset_of(bi, p.batch_rank, p.batch_shape, p.b.batch_stride);
+      const TA* a = reinterpret_cast<const TA*>(p.a.data) + offset_of(bi, p.batch_rank, p.batch_shape, p.a.batch_stride);
+      const TB* b = reinterpret_cast<const TB*>(p.b.data) + offset_of(bi, p.batch_rank, p.batch_shape, p.b.batch_stride);
       const Out* c = p.reads_c() ? reinterpret_cast<const Out*>(p.c.data) +
                                        offset_of(bi, p.batch_rank, p.batch_shape, p.c.batch_stride)
                                  : nullptr;
       Out* d = reinterpret_cast<Out*>(p.d.data) + offset_of(bi, p.batch_rank, p.batch_shape, p.d.batch_stride);
-      const Out* bias = reinterpret_cast<const Out*>(p.bias.data);
       for (int64_t m = 0; m < p.m; ++m) {
         for (int64_t n = 0; n < p.n; ++n) {
           Acc acc = 0;
           for (int64_t r = 0; r < reds; ++r) {
-            const T* ar = a + offset_of(r, p.red_rank, p.red_shape, p.a.red_stride) + m * p.a.row_stride;
-            const T* br = b + offset_of(r, p.red_rank, p.red_shape, p.b.red_stride) + n * p.b.col_stride;
+            const TA* ar = a + offset_of(r, p.red_rank, p.red_shape, p.a.red_stride) + m * p.a.row_stride;
+            const TB* br = b + offset_of(r, p.red_rank, p.red_shape, p.b.red_stride) + n * p.b.col_stride;
             for (int64_t k = 0; k < p.k; ++k)
               acc += convert<Acc>(ar[k * p.a.col_stride]) * convert<Acc>(br[k * p.b.row_stride]);
           }
-          d[m * p.d.row_stride + n * p.d.col_stride] = finish<Out, Acc>(
-              p, acc, c ? c + m * p.c.row_stride + n * p.c.col_stride : nullptr,
-              bias ? bias + n * p.bias.col_stride : nullptr);
+          d[m * p.d.row_stride + n * p.d.col_stride] =
+              finish<Out, Acc>(p, alpha, acc, c ? c + m * p.c.row_stride + n * p.c.col_stride : nullptr, n);
         }
       }
     }
@@ -39,7 +38,7 @@ struct HostGemm {
   }
 };
 
-[[maybe_unused]] const bool registered = register_gemms<HostGemm>(host_gemms());
+[[maybe_unused]] const bool registered = register_gemms<HostGemm>(host_gemms()) && register_scaled_gemms<HostGemm>(host_gemms());
 
 }  // namespace
 }  // namespace baracuda::gemm

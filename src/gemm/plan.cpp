@@ -242,20 +242,40 @@ Status bind_op(const Def& def, const OpDesc& desc, const OpArgs& args, Bound& bo
     case Kind::linear_backward: {
       const TensorView g = as_matrix(in[0], true), x = as_matrix(in[1], true);
       BARACUDA_TRY(add(bind_product(as_matrix(out[0], true), g, in[2])));
-      return add(bind_product(out[1], transposed(g), x));
+      return add(bind_product(out[1], transposed(g), x));  // grad_bias: the sum of this A over K
     }
   }
   return internal_error(def.name, ": unknown kind");
 }
 
-/// cuBLASLt's scratch: its heuristics pick from algorithms needing at most this.
+/// cuBLASLt's scratch: its heuristics pick from algorithms needing at most
+/// this (the plan's workspace is what the picked ones need).
 constexpr size_t kLtWorkspace = size_t(32) << 20;
+
+/// Gives linear_backward's grad_weight problem the grad_bias to fill when
+/// cuBLASLt can sum it in the GEMM's epilogue (Note [Fused bias gradient]).
+void fuse_bias_grad(Bound& bound, const TensorView& grad_bias) {
+  Problem& p = bound.problems[1];
+  if (grad_bias.numel() > 0 && (grad_bias.stride[0] == 1 || grad_bias.numel() == 1) && lt_can_fuse_bias_grad(p))
+    p.bias_grad = static_cast<char*>(grad_bias.data);
+}
+
+// Note [Fused bias gradient]
+// linear_backward's grad_bias is the sum of grad_output over its rows: the
+// grad_weight GEMM (grad_output^T @ input) sums the same A over K, and
+// cuBLASLt's BGRADB/BGRADA epilogue writes that sum as it goes. A cuBLASLt
+// plan fuses it when the heuristics offer an algorithm for the descriptor's
+// contiguous layout (sku().epilogue = bias_grad); views that split the GEMM
+// in several calls (batch or reduction loops), a strided grad_bias, or
+// alignments without a fused algorithm take the reduction instead, as every
+// plan of the other backends does (sku().epilogue = none).
 
 class GemmPlan final : public FamilyPlan {
  public:
   GemmPlan(const Def& def, const OpInfo& info, OpDesc desc, std::unique_ptr<const Engine> engine,
-           red::SumStep bias_sum, KernelSku sku)
-      : FamilyPlan(info, std::move(desc)), def_(def), engine_(std::move(engine)), bias_sum_(bias_sum) {
+           red::SumStep bias_sum, bool fused_bias_grad, KernelSku sku)
+      : FamilyPlan(info, std::move(desc)), def_(def), engine_(std::move(engine)), bias_sum_(bias_sum),
+        fused_bias_grad_(fused_bias_grad) {
     sku_ = sku;
     workspace_ = std::max(engine_->workspace(), bias_sum_.workspace);
   }
@@ -276,7 +296,7 @@ class GemmPlan final : public FamilyPlan {
     BARACUDA_TRY(check_workspace(def_.name, workspace, workspace_));
     for (int i = 0; i < bound.count; ++i)
       BARACUDA_TRY(engine_->run(bound.problems[i], workspace, stream.cuda_stream()).with_context(def_.name));
-    if (def_.kind == Kind::linear_backward && args.outputs[2].numel() > 0) {
+    if (def_.kind == Kind::linear_backward && args.outputs[2].numel() > 0 && !bound.problems[1].bias_grad) {
       const TensorView& g = args.inputs[0];
       const uint32_t mask = (1u << (g.rank - 1)) - 1;  // every dim but the last
       BARACUDA_TRY(red::run_sum_step(bias_sum_, g, args.outputs[2], mask, workspace.data, stream.cuda_stream())
@@ -295,16 +315,24 @@ class GemmPlan final : public FamilyPlan {
         if (args.outputs[j].numel() > 0 && args.inputs[i].numel() > 0 && memory_overlaps(args.outputs[j], args.inputs[i]))
           return invalid(def_.name, ": output '", def_.outputs[j], "' overlaps input '", def_.inputs[i],
                          "'; a product cannot be written over its operands");
-    return bind_op(def_, desc_, args, bound).with_context(def_.name);
+    BARACUDA_TRY(bind_op(def_, desc_, args, bound).with_context(def_.name));
+    if (fused_bias_grad_) {
+      fuse_bias_grad(bound, args.outputs[2]);
+      // Alignments the heuristics offer no fused algorithm for take the reduction.
+      Problem& p = bound.problems[1];
+      if (p.bias_grad && !engine_->supports(p)) p.bias_grad = nullptr;
+    }
+    return Status::ok();
   }
 
   const Def& def_;
   std::unique_ptr<const Engine> engine_;
   red::SumStep bias_sum_;
+  bool fused_bias_grad_;
 };
 
-Epilogue sku_epilogue(const Def& def, const OpDesc& d) {
-  if (def.kind == Kind::linear_backward) return d.outputs[2].numel() > 0 ? Epilogue::bias_grad : Epilogue::none;
+Epilogue sku_epilogue(const Def& def, const OpDesc& d, bool fused_bias_grad) {
+  if (def.kind == Kind::linear_backward) return fused_bias_grad ? Epilogue::bias_grad : Epilogue::none;
   if (def.kind != Kind::linear || d.inputs[2].numel() == 0) return Epilogue::none;
   switch (activation_of(d)) {
     case Activation::relu: return Epilogue::bias_relu;
@@ -322,12 +350,12 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
   const DType in = full->inputs[primary_input(def.kind)].dtype, out = product_dtype(in);
   KernelSku sku = bespoke_sku(OpCategory::gemm, info.name.c_str(), in, backend);
   if (out != in) sku.aux_element = out;
-  sku.epilogue = sku_epilogue(def, *full);
   if (!is_floating(in)) {
     sku.precision.math = MathPrecision::exact;
     sku.precision.accumulator = backend == Backend::cublaslt ? DType::i32 : DType::i64;
   }
   std::unique_ptr<const Engine> engine;
+  bool fused_bias_grad = false;
   if (backend == Backend::cublaslt) {
 #ifdef BARACUDA_HAS_CUDA
     LtRequest request;
@@ -336,14 +364,27 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
     request.act = def.kind == Kind::linear ? activation_of(*full) : Activation::none;
     request.bias = def.kind == Kind::linear && full->inputs[2].numel() > 0;
     request.max_workspace = std::min(pref.max_workspace_bytes, kLtWorkspace);
-    auto lt = make_lt_engine(request);
-    if (!lt) return lt.status();
     // The heuristics must serve the contiguous layout of this descriptor.
     ProbeViews probe(*full);
     Bound bound;
     BARACUDA_TRY(bind_op(def, *full, OpArgs{probe.inputs, probe.outputs}, bound));
-    for (int i = 0; i < bound.count; ++i) BARACUDA_TRY((*lt)->prepare(bound.problems[i]));
-    engine = std::move(*lt);
+    if (def.kind == Kind::linear_backward) {
+      Bound fused = bound;
+      fuse_bias_grad(fused, probe.outputs[2]);
+      if (fused.problems[1].bias_grad) {
+        LtRequest with_grad = request;
+        with_grad.bias_grad = true;
+        if (auto lt = make_lt_engine(with_grad, std::span(fused.problems, fused.count))) {
+          engine = std::move(*lt);
+          fused_bias_grad = true;
+        }
+      }
+    }
+    if (!engine) {
+      auto lt = make_lt_engine(request, std::span(bound.problems, bound.count));
+      if (!lt) return lt.status();
+      engine = std::move(*lt);
+    }
     if (request.tf32) sku.precision.math = MathPrecision::tf32;
     sku.layout = Layout::row_major;
 #else
@@ -355,15 +396,17 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
     if (!fn) return unsupported("no ", backend_name(backend), " GEMM kernel for ", dtype_name(in), " -> ", dtype_name(out));
     engine = std::make_unique<TableEngine>(fn);
   }
+  sku.epilogue = sku_epilogue(def, *full, fused_bias_grad);
   red::SumStep bias_sum;
-  if (def.kind == Kind::linear_backward && full->outputs[2].numel() > 0) {
+  if (def.kind == Kind::linear_backward && full->outputs[2].numel() > 0) {  // also when fused: views that cannot fuse
     const Shape& g = full->inputs[0].shape;
     const Backend sum_backend = backend == Backend::host_reference ? backend : Backend::bespoke_cuda;
     auto step = red::make_sum_step(sum_backend, in, in, g, (1u << (g.size() - 1)) - 1);
     if (!step) return step.status();
     bias_sum = *step;
   }
-  return PlanPtr(std::make_unique<GemmPlan>(def, info, std::move(*full), std::move(engine), bias_sum, sku));
+  return PlanPtr(
+      std::make_unique<GemmPlan>(def, info, std::move(*full), std::move(engine), bias_sum, fused_bias_grad, sku));
 }
 
 // ---------------------------------------------------------------- test samples

@@ -192,6 +192,7 @@ Result<Problem> bind_product(const TensorView& d, const TensorView& a, const Ten
 void bind_bias(Problem& p, const TensorView& bias) {
   p.bias.data = static_cast<char*>(bias.data);
   p.bias.col_stride = bias.stride[0];
+  p.bias_dtype = bias.dtype;
 }
 
 }  // namespace baracuda::gemm

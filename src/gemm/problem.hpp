@@ -26,18 +26,27 @@ struct Operand {
   int64_t red_stride[kMaxRank] = {};
 };
 
-/// D[b, m, n] = act(alpha * sum_{r, k} A[b, r, m, k] * B[b, r, k, n] + beta * C[b, m, n] + bias[n])
+/// D[b, m, n] = act(alpha * scale_a * scale_b * sum_{r, k} A[b, r, m, k] * B[b, r, k, n] + beta * C[b, m, n] + bias[n])
 ///
 /// `b` runs over the batch dims (D has them), `r` over the reduction dims (a
 /// broadcast batch dim summed by a gradient: D lacks it). Dims are stored
 /// outermost first. C is read only when beta != 0, as torch's addmm.
+/// scaled_mm's per-tensor scales are scalars in the run's memory (f32; f64
+/// for f64 operands), read by the kernel; its bias may be bf16 or f16 over
+/// any output dtype (torch._scaled_mm's rule).
 struct Problem {
-  DType in_dtype = DType::f32, out_dtype = DType::f32;
+  DType in_dtype = DType::f32, out_dtype = DType::f32;  ///< in_dtype: A's (B's is the same except in scaled_mm)
   int64_t m = 0, n = 0, k = 0;
   int batch_rank = 0, red_rank = 0;
   int64_t batch_shape[kMaxRank] = {}, red_shape[kMaxRank] = {};
   Operand a, b, c, d;
   Operand bias;  ///< over n only (row and batch strides 0); data null: none
+  DType bias_dtype = DType::f32;
+  const void* scale_a = nullptr;  ///< null: 1
+  const void* scale_b = nullptr;
+  /// linear_backward's grad_bias, summed over K by cuBLASLt's bias-gradient
+  /// epilogue when the engine fuses it (contiguous, length M); null: none.
+  char* bias_grad = nullptr;
   bool has_c = false;
   double alpha = 1, beta = 0;
   Activation act = Activation::none;
@@ -84,10 +93,12 @@ Result<Problem> bind_product(const TensorView& d, const TensorView& a, const Ten
 void bind_bias(Problem& p, const TensorView& bias);
 
 /// Runs a problem: the host reference (f64 for floats, i64 for integers) or
-/// the bespoke CUDA kernel. Keys "gemm:in:out".
+/// the bespoke CUDA kernel. Keys "gemm:in:out", and scaled_key for scaled_mm.
 using GemmFn = Status (*)(const Problem&, CUstream_st*);
 using GemmTable = LaunchTable<GemmFn>;
 GemmTable& host_gemms();
 GemmTable& cuda_gemms();
+/// "scaled_mm:a:b:out": the launcher of a product of two fp8 dtypes (or the f64 oracle).
+inline std::string scaled_key(DType a, DType b, DType out) { return launch_key(launch_key("scaled_mm", a), b, out); }
 
 }  // namespace baracuda::gemm

@@ -4,7 +4,10 @@
 // innermost batch dim becomes cuBLASLt's strided batch; other batch dims and
 // the reduction dims of gradients loop on the host (reductions accumulate
 // with beta = 1, the epilogue on the last step). Algorithms come from the
-// heuristics and are cached per layout and alignment.
+// heuristics and are cached per layout and alignment; the plan's workspace
+// is what the algorithms of its descriptor's contiguous layout need.
+// scaled_mm's fp8 product (Hopper) takes per-tensor scales as device
+// pointers and only the "TN" layout: A and B with K contiguous.
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -24,21 +27,61 @@ namespace {
 using namespace vendor;
 
 struct LtTypes {
-  cudaDataType_t ab, cd;
+  cudaDataType_t a, b, cd;  // our A's, our B's, C's and D's
   cublasComputeType_t compute;
   cudaDataType_t scale;
 };
 
-std::optional<LtTypes> lt_types(DType in, DType out, bool tf32) {
-  if (in != out && !(in == DType::i8 && out == DType::i32)) return std::nullopt;
-  switch (in) {
-    case DType::f32: return LtTypes{CUDA_R_32F, CUDA_R_32F, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F};
-    case DType::f16: return LtTypes{CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
-    case DType::bf16: return LtTypes{CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F};
-    case DType::f64: return LtTypes{CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F};
-    case DType::i8: return LtTypes{CUDA_R_8I, CUDA_R_32I, CUBLAS_COMPUTE_32I, CUDA_R_32I};
+std::optional<cudaDataType_t> lt_data_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::f16: return CUDA_R_16F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f64: return CUDA_R_64F;
+    case DType::fp8_e4m3: return CUDA_R_8F_E4M3;
+    case DType::fp8_e5m2: return CUDA_R_8F_E5M2;
+    case DType::i8: return CUDA_R_8I;
+    case DType::i32: return CUDA_R_32I;
     default: return std::nullopt;
   }
+}
+
+bool is_fp8(DType t) { return t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
+
+std::optional<LtTypes> lt_types(const LtRequest& r) {
+  if (r.scaled) {
+    if (!is_fp8(r.in) || !is_fp8(r.in_b) || (r.out != DType::bf16 && r.out != DType::f16 && r.out != DType::f32))
+      return std::nullopt;
+    return LtTypes{*lt_data_type(r.in), *lt_data_type(r.in_b), *lt_data_type(r.out), CUBLAS_COMPUTE_32F, CUDA_R_32F};
+  }
+  if (r.in != r.out && !(r.in == DType::i8 && r.out == DType::i32)) return std::nullopt;
+  switch (r.in) {
+    case DType::f32:
+      return LtTypes{CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, r.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::f16: return LtTypes{CUDA_R_16F, CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::bf16: return LtTypes{CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::f64: return LtTypes{CUDA_R_64F, CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F};
+    case DType::i8: return LtTypes{CUDA_R_8I, CUDA_R_8I, CUDA_R_32I, CUBLAS_COMPUTE_32I, CUDA_R_32I};
+    default: return std::nullopt;
+  }
+}
+
+/// scaled_mm's fp8 product: cuBLASLt takes only A and B with K contiguous
+/// ("TN"), leading dims and addresses on 16 bytes.
+Status check_fp8_layout(const Problem& p) {
+  auto operand = [&](const char* name, const Operand& o, int64_t k_stride, int64_t ld, int64_t others, const char* want) {
+    if (p.k > 1 && k_stride != 1)
+      return unsupported("cuBLASLt's fp8 GEMM needs '", name, "' with K contiguous (", want, "), got strides [",
+                         o.row_stride, ", ", o.col_stride, "]");
+    if (others > 1 && ld % 16 != 0)
+      return unsupported("cuBLASLt's fp8 GEMM needs the leading dim of '", name, "' (", ld,
+                         " elements) to be a multiple of 16");
+    if (reinterpret_cast<uintptr_t>(o.data) % 16 != 0)
+      return unsupported("cuBLASLt's fp8 GEMM needs '", name, "' 16-byte aligned");
+    return Status::ok();
+  };
+  BARACUDA_TRY(operand("a", p.a, p.a.col_stride, p.a.row_stride, p.m, "a row-major [M, K]"));
+  return operand("b", p.b, p.b.row_stride, p.b.col_stride, p.n, "a column-major [K, N]: the transpose of a row-major [N, K]");
 }
 
 /// A logical r x c operand (element (i, j) at i * rs + j * cs) as cuBLASLt
@@ -145,6 +188,9 @@ class LtEngine final : public Engine {
   /// or alignment cuBLASLt has no algorithm for is refused here, not in run.
   Status supports(const Problem& p) const override {
     if (p.m == 0 || p.n == 0 || p.k == 0 || p.batch_count() == 0 || p.red_count() == 0) return Status::ok();
+    if (request_.scaled) BARACUDA_TRY(check_fp8_layout(p));
+    if (p.bias_grad && !lt_can_fuse_bias_grad(p))
+      return internal_error("cuBLASLt: a bias gradient over batch or reduction loops cannot be fused");
     auto f = formulate(p);
     if (!f) return f.status();
     std::lock_guard lock(mutex_);
@@ -155,9 +201,15 @@ class LtEngine final : public Engine {
     }
     return Status::ok();
   }
-  Status prepare(const Problem& p) const override { return supports(p); }
+  /// Picks the probes' algorithms; from then on workspace() is fixed and
+  /// the algorithms of other layouts are picked within it.
+  Status prepare(std::span<const Problem> probes) {
+    for (const Problem& p : probes) BARACUDA_TRY(supports(p));
+    sealed_ = true;
+    return Status::ok();
+  }
 
-  size_t workspace() const override { return request_.max_workspace; }
+  size_t workspace() const override { return workspace_; }
 
   Status run(const Problem& p, const Workspace& workspace, CUstream_st* stream) const override;
 
@@ -175,7 +227,7 @@ class LtEngine final : public Engine {
   bool fused_act() const {
     return request_.act == Activation::relu || (request_.act == Activation::gelu_tanh && request_.out != DType::f64);
   }
-  bool epilogue(const Problem& p) const { return p.bias.data || fused_act(); }
+  bool epilogue(const Problem& p) const { return p.bias.data || p.bias_grad || fused_act(); }
   /// Several reduction steps with an epilogue: all but the last go without it.
   bool split_epilogue(const Problem& p) const { return p.red_count() > 1 && epilogue(p); }
 
@@ -191,6 +243,10 @@ class LtEngine final : public Engine {
   GemmFn fallback_;
   mutable std::mutex mutex_;
   mutable std::map<std::vector<int64_t>, std::unique_ptr<Call>> calls_;
+  // Written only while prepare runs (before the engine is shared): the most
+  // workspace the picked algorithms need, and whether that is final.
+  mutable size_t workspace_ = 0;
+  bool sealed_ = false;
 };
 
 Status LtEngine::describe(const Problem& p, const Formulation& f, bool last, Call& d) const {
@@ -206,17 +262,29 @@ Status LtEngine::describe(const Problem& p, const Formulation& f, bool last, Cal
     if (fused_act() && request_.act == Activation::relu) d.epilogue = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
     else if (fused_act()) d.epilogue = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
     else if (bias) d.epilogue = CUBLASLT_EPILOGUE_BIAS;
-    if (bias) {  // the heuristics read its alignment from the pointer
-      const void* ptr = p.bias.data;
+    // Our M is cuBLASLt's n when swapped: the sum of our A over K is then the
+    // sum of cuBLASLt's B over k (BGRADB), else of its A (BGRADA).
+    else if (p.bias_grad) d.epilogue = f.swapped ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BGRADA;
+    if (bias || p.bias_grad) {  // the heuristics read its alignment from the pointer
+      const void* ptr = bias ? static_cast<const void*>(p.bias.data) : p.bias_grad;
       BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ptr));
     }
+    if (bias && request_.scaled) {
+      const int32_t type = *lt_data_type(p.bias_dtype);
+      BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, type));
+    }
+  }
+  if (request_.fast_accum) {
+    const int8_t fast = 1;
+    BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast));
   }
   BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_EPILOGUE, d.epilogue));
   for (int r = 0; r < kRoles; ++r) {
     const LtMatrix& m = f.mat[r];
+    // cuBLASLt's A is our B when swapped.
+    const cudaDataType_t type = r == kC || r == kD ? types_.cd : (r == kA) != f.swapped ? types_.a : types_.b;
     cublasLtMatrixLayout_t layout = nullptr;
-    BARACUDA_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&layout, r == kC || r == kD ? types_.cd : types_.ab, uint64_t(m.rows),
-                                                   uint64_t(m.cols), m.ld));
+    BARACUDA_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&layout, type, uint64_t(m.rows), uint64_t(m.cols), m.ld));
     d.layout[r].reset(layout);
     if (f.lt_batch_dims) {
       const int32_t count = static_cast<int32_t>(f.batch_count);
@@ -245,8 +313,9 @@ Result<LtEngine::Call*> LtEngine::call_for(const Problem& p, const Formulation& 
                                   align_of(*f.op[kB], in_size, f.batch_stride[kB]),
                                   align_of(*f.op[kC], out_size, f.batch_stride[kC]),
                                   align_of(*f.op[kD], out_size, f.batch_stride[kD])};
-  const uint32_t bias_align = last && p.bias.data ? alignment(p.bias.data, 1, std::span<const int64_t>()) : 0;
-  std::vector<int64_t> key{f.swapped, f.lt_batch_dims, f.batch_count, bias_align, last};
+  const void* bias_ptr = p.bias.data ? static_cast<const void*>(p.bias.data) : p.bias_grad;
+  const uint32_t bias_align = last && bias_ptr ? alignment(bias_ptr, 1, std::span<const int64_t>()) : 0;
+  std::vector<int64_t> key{f.swapped, f.lt_batch_dims, f.batch_count, bias_align, last, last && p.bias_grad};
   for (int r = 0; r < kRoles; ++r)
     key.insert(key.end(), {f.mat[r].trans, f.mat[r].rows, f.mat[r].cols, f.mat[r].ld, f.batch_stride[r], align[r]});
   if (auto it = calls_.find(key); it != calls_.end()) return it->second.get();
@@ -256,7 +325,7 @@ Result<LtEngine::Call*> LtEngine::call_for(const Problem& p, const Formulation& 
   cublasLtMatmulPreference_t raw = nullptr;
   BARACUDA_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&raw));
   MatmulPreference pref(raw);
-  const uint64_t max_ws = request_.max_workspace;
+  const uint64_t max_ws = sealed_ ? workspace_ : request_.max_workspace;
   BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulPreferenceSetAttribute, raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, max_ws));
   const cublasLtMatmulPreferenceAttributes_t align_attr[kRoles] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -271,9 +340,11 @@ Result<LtEngine::Call*> LtEngine::call_for(const Problem& p, const Formulation& 
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && (found == 0 || result.state)))
     return unsupported("cuBLASLt has no algorithm for ", dtype_name(p.in_dtype), " ", f.m, "x", f.n, "x", f.k,
                        " with these layouts and alignments (A ", f.mat[kA].trans ? "T" : "N", " ld ", f.mat[kA].ld,
-                       ", B ", f.mat[kB].trans ? "T" : "N", " ld ", f.mat[kB].ld, ", D ld ", f.mat[kD].ld, ")");
+                       ", B ", f.mat[kB].trans ? "T" : "N", " ld ", f.mat[kB].ld, ", D ld ", f.mat[kD].ld,
+                       last && p.bias_grad ? ", bias-gradient epilogue" : "", ") within ", max_ws, " workspace bytes");
   BARACUDA_CUBLAS_TRY(status);
   call->algo = result.algo;
+  if (!sealed_) workspace_ = std::max<size_t>(workspace_, result.workspaceSize);
   return calls_.emplace(std::move(key), std::move(call)).first->second.get();
 }
 
@@ -331,9 +402,16 @@ Status LtEngine::run(const Problem& p, const Workspace& workspace, CUstream_st* 
       if (!c) return c.status();
       plain = *c;
     }
-    if (p.bias.data) {
-      const void* ptr = p.bias.data;
-      BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, (*last)->op.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, ptr));
+    cublasLtMatmulDesc_t op = (*last)->op.get();
+    if (p.bias.data || p.bias_grad) {
+      const void* ptr = p.bias.data ? static_cast<const void*>(p.bias.data) : p.bias_grad;
+      BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ptr));
+    }
+    if (request_.scaled) {  // cuBLASLt's A is our B when swapped
+      const void* scale_a = f.swapped ? p.scale_b : p.scale_a;
+      const void* scale_b = f.swapped ? p.scale_a : p.scale_b;
+      BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, scale_a));
+      BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, scale_b));
     }
     for (int64_t bi = 0; bi < loop_batches; ++bi) {
       auto at = [&](const Operand& o, size_t size) {
@@ -359,11 +437,19 @@ Status LtEngine::run(const Problem& p, const Workspace& workspace, CUstream_st* 
 
 }  // namespace
 
-Result<std::unique_ptr<Engine>> make_lt_engine(const LtRequest& request) {
-  auto types = lt_types(request.in, request.out, request.tf32);
+Result<std::unique_ptr<Engine>> make_lt_engine(const LtRequest& request, std::span<const Problem> probes) {
+  auto types = lt_types(request);
+  if (!types && request.scaled)
+    return unsupported("cuBLASLt's fp8 GEMM takes fp8_e4m3/fp8_e5m2 operands to bf16, f16 or f32, not ",
+                       dtype_name(request.in), " x ", dtype_name(request.in_b), " -> ", dtype_name(request.out));
   if (!types)
     return unsupported("cuBLASLt serves f32 f16 bf16 f64 and i8 -> i32, not ", dtype_name(request.in), " -> ",
                        dtype_name(request.out));
+  if (request.scaled && request.in == DType::fp8_e5m2 && request.in_b == DType::fp8_e5m2)
+    return unsupported("cuBLASLt has no fp8_e5m2 x fp8_e5m2 GEMM: 'a' or 'b' must be fp8_e4m3");
+  if (request.scaled && request.bias && request.bias_dtype != (request.out == DType::f16 ? DType::f16 : DType::bf16))
+    return unsupported("cuBLASLt's fp8 GEMM needs 'bias' ", request.out == DType::f16 ? "f16" : "bf16", " for ",
+                       dtype_name(request.out), " output, got ", dtype_name(request.bias_dtype));
   if (request.in == DType::i8 && (request.bias || request.act != Activation::none))
     return unsupported("cuBLASLt's int8 GEMM takes no epilogue");
   auto handle = lt_handle();
@@ -375,9 +461,12 @@ Result<std::unique_ptr<Engine>> make_lt_engine(const LtRequest& request) {
     act = kernels.find(launch_key(activation_name(request.act), request.out, request.out));
     if (!act) return unsupported("no CUDA ", activation_name(request.act), " kernel for ", dtype_name(request.out));
   }
-  GemmFn fallback = cuda_gemms().find(launch_key("gemm", request.in, request.out));
+  GemmFn fallback = cuda_gemms().find(request.scaled ? scaled_key(request.in, request.in_b, request.out)
+                                                      : launch_key("gemm", request.in, request.out));
   if (!copy || !fallback) return unsupported("no CUDA copy or bespoke GEMM kernel for ", dtype_name(request.out));
-  return std::unique_ptr<Engine>(std::make_unique<LtEngine>(request, *types, *handle, copy, act, fallback));
+  auto engine = std::make_unique<LtEngine>(request, *types, *handle, copy, act, fallback);
+  BARACUDA_TRY(engine->prepare(probes));
+  return std::unique_ptr<Engine>(std::move(engine));
 }
 
 }  // namespace baracuda::gemm

@@ -1,0 +1,216 @@
+// scaled_mm: torch._scaled_mm's fp8 matrix product with per-tensor scales,
+// out = scale_a * scale_b * (a @ b) + bias, accumulated in f32. It binds to
+// gemm::Problem like the rest of the family; the candidates are cuBLASLt
+// (Hopper fp8, "TN" layout only), the bespoke CUDA kernel (any strides) and
+// the host reference.
+#include <cmath>
+
+#include "core/errors.hpp"
+#include "core/family.hpp"
+#include "core/registry_internal.hpp"
+#include "core/tensor_util.hpp"
+#include "gemm/engine.hpp"
+
+namespace baracuda {
+namespace gemm {
+namespace {
+
+constexpr const char* kName = "scaled_mm";
+const std::vector<std::string>& input_names() {
+  static const std::vector<std::string> names = {"a", "b", "scale_a", "scale_b", "bias"};
+  return names;
+}
+const std::vector<std::string>& output_names() {
+  static const std::vector<std::string> names = {"out"};
+  return names;
+}
+
+bool is_fp8(DType t) { return t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
+bool is_out(DType t) { return t == DType::bf16 || t == DType::f16 || t == DType::f32; }
+
+// Note [scaled_mm's oracle]
+// The test driver's reference runs every floating operand in f64, so
+// scaled_mm also takes a, b, scales, bias and out all f64 (out_dtype is not
+// read then): the same product without the fp8 rounding of the inputs.
+
+Result<OpDesc> infer(const OpDesc& partial) {
+  OpDesc d = partial;
+  BARACUDA_TRY(check_inputs(kName, d, input_names(), 0));
+  const auto& in = d.inputs;
+  const DType ta = in[0].dtype, tb = in[1].dtype;
+  const bool oracle = ta == DType::f64;
+  if (!is_fp8(ta) && !oracle)
+    return unsupported(kName, ": 'a' dtype ", dtype_name(ta), " is not supported (fp8_e4m3, fp8_e5m2)");
+  if (oracle ? tb != DType::f64 : !is_fp8(tb))
+    return invalid(kName, ": 'b' dtype ", dtype_name(tb), ", expected ", oracle ? "f64 (as 'a')" : "fp8_e4m3 or fp8_e5m2");
+  const DType scale_t = oracle ? DType::f64 : DType::f32;
+  for (size_t i : {2, 3}) {
+    if (in[i].dtype != scale_t || in[i].shape.size() > 1 || in[i].numel() != 1)
+      return invalid(kName, ": '", input_names()[i], "' must be a ", dtype_name(scale_t),
+                     " scalar ([] or [1]: per-tensor scaling), got ", dtype_name(in[i].dtype), shape_str(in[i].shape));
+  }
+  DType out = DType::f64;
+  if (!oracle) {
+    const double code = d.attrs.get("out_dtype", -1);
+    if (code == -1) {
+      out = d.outputs.empty() ? DType::bf16 : d.outputs[0].dtype;
+    } else {
+      if (code != std::trunc(code) || code < 0 || code >= kNumDTypes)
+        return invalid(kName, ": 'out_dtype' must be a dtype code or -1, got ", code);
+      out = static_cast<DType>(int(code));
+    }
+    if (!is_out(out)) return unsupported(kName, ": out dtype ", dtype_name(out), " is not supported (bf16, f16, f32)");
+  }
+  if (in[0].shape.size() != 2) return invalid(kName, ": 'a' must be a matrix [M, K], got ", shape_str(in[0].shape));
+  if (in[1].shape.size() != 2) return invalid(kName, ": 'b' must be a matrix [K, N], got ", shape_str(in[1].shape));
+  const int64_t m = in[0].shape[0], k = in[0].shape[1], n = in[1].shape[1];
+  if (in[1].shape[0] != k)
+    return invalid(kName, ": 'a' ", shape_str(in[0].shape), " and 'b' ", shape_str(in[1].shape), " cannot be multiplied (",
+                   k, " != ", in[1].shape[0], ")");
+  const TensorSpec& bias = in[4];
+  if (bias.shape != Shape{n} && bias.shape != Shape{0})
+    return invalid(kName, ": 'bias' must be [", n, "] or [0] (no bias), got ", shape_str(bias.shape));
+  if (oracle ? bias.dtype != DType::f64 : bias.dtype != DType::bf16 && bias.dtype != DType::f16)
+    return invalid(kName, ": 'bias' dtype ", dtype_name(bias.dtype), ", expected ", oracle ? "f64" : "bf16 or f16");
+  const double fast = d.attrs.get("use_fast_accum", 0);
+  if (fast != 0 && fast != 1) return invalid(kName, ": 'use_fast_accum' must be 0 or 1, got ", fast);
+  BARACUDA_TRY(set_outputs(kName, d, {{out, {m, n}}}, output_names()));
+  return d;
+}
+
+/// The problem of one run: a @ b into out, the scales and the bias.
+Result<Problem> bind(const OpArgs& args) {
+  const auto& in = args.inputs;
+  auto p = bind_product(args.outputs[0], in[0], in[1]);
+  if (!p) return p.status();
+  p->scale_a = in[2].data;
+  p->scale_b = in[3].data;
+  if (in[4].numel() > 0) bind_bias(*p, in[4]);
+  return p;
+}
+
+class ScaledPlan final : public FamilyPlan {
+ public:
+  ScaledPlan(const OpInfo& info, OpDesc desc, std::unique_ptr<const Engine> engine, KernelSku sku)
+      : FamilyPlan(info, std::move(desc)), engine_(std::move(engine)) {
+    sku_ = sku;
+    workspace_ = engine_->workspace();
+  }
+
+  Status can_implement(const OpArgs& args) const override {
+    auto p = check_and_bind(args);
+    if (!p) return p.status();
+    return engine_->supports(*p).with_context(cat(kName, " on ", backend_name(sku_.backend)));
+  }
+
+  Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
+    auto p = check_and_bind(args);
+    if (!p) return p.status();
+    BARACUDA_TRY(check_workspace(kName, workspace, workspace_));
+    return engine_->run(*p, workspace, stream.cuda_stream()).with_context(kName);
+  }
+
+ private:
+  Result<Problem> check_and_bind(const OpArgs& args) const {
+    BARACUDA_TRY(FamilyPlan::can_implement(args));
+    const TensorView& out = args.outputs[0];
+    for (size_t i = 0; i < args.inputs.size(); ++i)
+      if (out.numel() > 0 && args.inputs[i].numel() > 0 && memory_overlaps(out, args.inputs[i]))
+        return invalid(kName, ": output 'out' overlaps input '", input_names()[i], "'");
+    return bind(args);
+  }
+
+  std::unique_ptr<const Engine> engine_;
+};
+
+Result<PlanPtr> make_plan(const OpInfo& info, Backend backend, const OpDesc& desc,
+                          [[maybe_unused]] const PlanPreference& pref) {
+  auto full = infer(desc);
+  if (!full) return full.status();
+  const DType a = full->inputs[0].dtype, b = full->inputs[1].dtype, out = full->outputs[0].dtype;
+  const bool bias = full->inputs[4].numel() > 0;
+  KernelSku sku = bespoke_sku(OpCategory::gemm, info.name.c_str(), a, backend);
+  sku.aux_element = out;
+  sku.epilogue = bias ? Epilogue::bias : Epilogue::none;
+  std::unique_ptr<const Engine> engine;
+  if (backend == Backend::cublaslt) {
+#ifdef BARACUDA_HAS_CUDA
+    LtRequest request;
+    request.in = a, request.in_b = b, request.out = out;
+    request.scaled = true;
+    request.fast_accum = full->attrs.get("use_fast_accum", 0) != 0;
+    request.bias = bias;
+    request.bias_dtype = full->inputs[4].dtype;
+    request.max_workspace = std::min(pref.max_workspace_bytes, size_t(32) << 20);
+    // The heuristics serve the layout cuBLASLt takes: a row-major, b column-major.
+    ProbeViews probe(*full);
+    const int64_t k = full->inputs[1].shape[0], n = full->inputs[1].shape[1];
+    const std::vector<int64_t> b_shape{k, n}, b_strides{1, std::max<int64_t>(k, 1)};
+    probe.inputs[1] = *TensorView::strided(probe.inputs[1].data, b, b_shape, b_strides);
+    auto p = bind(OpArgs{probe.inputs, probe.outputs});
+    if (!p) return p.status();
+    auto lt = make_lt_engine(request, std::span(&*p, 1));
+    if (!lt) return lt.status();
+    engine = std::move(*lt);
+    sku.layout = Layout::row_major;
+#else
+    return unsupported("built without CUDA");
+#endif
+  } else {
+    const GemmTable& table = backend == Backend::host_reference ? host_gemms() : cuda_gemms();
+    GemmFn fn = table.find(scaled_key(a, b, out));
+    if (!fn)
+      return unsupported("no ", backend_name(backend), " kernel for ", dtype_name(a), " x ", dtype_name(b), " -> ",
+                         dtype_name(out));
+    engine = std::make_unique<TableEngine>(fn);
+  }
+  return PlanPtr(std::make_unique<ScaledPlan>(info, std::move(*full), std::move(engine), sku));
+}
+
+std::optional<SampleShapes> sample_shapes(const Shape& shape) {
+  if (shape.size() != 2) return std::nullopt;
+  const int64_t m = shape[0], n = shape[1];
+  int64_t k = 1;  // 1 to 97, at most 5 for large outputs (the sweep's reference stays fast)
+  for (int64_t s : shape) k = k * 31 + s;
+  k = 1 + k % (m * n > 4096 ? 5 : 97);
+  return SampleShapes{{{m, k}, {k, n}, {}, {1}, n % 4 == 0 ? Shape{0} : Shape{n}}, {}};
+}
+
+}  // namespace
+}  // namespace gemm
+
+void register_scaled_mm_ops(std::vector<OpInfo>& ops) {
+  using namespace gemm;
+  OpInfo info;
+  info.name = kName;
+  info.category = OpCategory::gemm;
+  info.family = "gemm";
+  info.input_names = input_names();
+  info.output_names = output_names();
+  info.dtypes = {DType::fp8_e4m3, DType::fp8_e5m2};
+  info.attrs = {{"out_dtype", -1, "dtype code of out: bf16, f16 or f32; -1: the given out's dtype, else bf16"},
+                {"use_fast_accum", 0, "1: cuBLASLt's fp8 fast accumulation (fewer f32 promotions; other backends ignore it)"}};
+  info.backends = {Backend::cublaslt, Backend::bespoke_cuda, Backend::host_reference};
+  info.doc =
+      "torch._scaled_mm: scale_a * scale_b * (a @ b) + bias with fp8 a [M, K] and b [K, N] (e4m3/e5m2; cuBLASLt "
+      "takes no e5m2 x e5m2 and needs a row-major, b column-major, leading dims multiple of 16), f32 scalar scales "
+      "[] or [1], bias [N] bf16/f16 or [0] (none), f32 accumulation";
+  // b: e4m3 (cuBLASLt's e5m2 x e4m3 pair) for e5m2 a.
+  info.input_dtypes = [](DType a) {
+    return std::vector<DType>{a, DType::fp8_e4m3, DType::f32, DType::f32, DType::bf16};
+  };
+  info.domains = {Domain{}, Domain{}, Domain{0.25, 2, true}, Domain{0.25, 2, true}, Domain{}};
+  info.tolerance_scale = 8;
+  info.in_place = false;
+  info.sample_attrs = {Attrs{}, Attrs{{"out_dtype", double(int(DType::f16))}},
+                       Attrs{{"out_dtype", double(int(DType::f32))}, {"use_fast_accum", 1}}};
+  info.sample_shapes = [](DType, const Shape& shape, const Attrs&) { return sample_shapes(shape); };
+  info.infer = [](const OpDesc& partial) { return infer(partial); };
+  const size_t index = ops.size();
+  info.make_plan = [index](Backend backend, const Stream&, const OpDesc& desc, const PlanPreference& pref) {
+    return make_plan(registry()[index], backend, desc, pref);
+  };
+  ops.push_back(std::move(info));
+}
+
+}  // namespace baracuda
