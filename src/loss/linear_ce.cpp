@@ -20,7 +20,7 @@
 // (or the bespoke GEMM) without atomics: the result is deterministic.
 // grad_weight and grad_bias accumulate in their own dtype across chunks: each
 // chunk's GEMM adds in f32 and rounds once, so f16/bf16 take one rounding per
-// chunk (documented in docs/losses.md). The reduction-none backward needs each
+// chunk (README.md, Losses). The reduction-none backward needs each
 // row's logsumexp: it runs the forward row kernel on the chunk first.
 #include <algorithm>
 #include <array>
