@@ -430,6 +430,7 @@ std::optional<SampleShapes> lce_samples(Kind kind, const Shape& shape, const Att
   else if (shape.size() == 3) N = shape[0] * shape[1], H = 16, V = 80 * shape[2];
   else return std::nullopt;
   V = std::max<int64_t>(V, 3);  // targets are drawn from {-1, 0, 1}
+  if (attrs.get("chunk_rows", 0) != 0 && N > 4096) return std::nullopt;  // tens of thousands of chunks: launches only
   const bool biased = attrs.get("reduction", 1) != 2;
   SampleShapes s;
   if (kind == Kind::backward) s.inputs.push_back(attrs.get("reduction", 1) == 0 ? Shape{N} : Shape{});
