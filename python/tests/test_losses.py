@@ -201,6 +201,8 @@ def test_linear_cross_entropy_matches_numpy():
     np.testing.assert_allclose(gw2, 2 * dz.T @ x, rtol=1e-11, atol=1e-14)
     np.testing.assert_allclose(gb2, 2 * dz.sum(0), rtol=1e-11, atol=1e-14)
     assert F.linear_cross_entropy_fused(x, w, t)[3] is None  # no bias, no grad_bias
+    np.testing.assert_allclose(F.linear_cross_entropy(x, w, t.astype(np.int32), b, label_smoothing=e, reduction="sum"),
+                               per_row.sum(), rtol=1e-12)  # i32 targets
     with pytest.raises(ValueError, match="'weight' must be"):
         F.linear_cross_entropy(x, w[:, :4], t)
     with pytest.raises(ValueError, match="'target' must hold class indices"):
