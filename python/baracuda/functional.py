@@ -1165,6 +1165,84 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
     return _call("scaled_mm", (a, b, scale_a, scale_b, bias), attrs, out)
 
 
+def _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows):
+    return {"reduction": _reduction_code("linear_cross_entropy", reduction), "ignore_index": float(ignore_index),
+            "label_smoothing": float(label_smoothing), "chunk_rows": float(chunk_rows)}
+
+
+def _lce_operands(input, weight, target, bias):
+    return (input, weight, target, _no_bias(input) if bias is None else bias)
+
+
+_LCE_AUTOGRAD = None
+
+
+def _lce_autograd():
+    """torch.autograd.Function for linear_cross_entropy, made on first use (torch is optional).
+
+    mean and sum run linear_cross_entropy_fused in the forward (the gradients come out of the same
+    pass over the logits) and scale them by grad_output in the backward; none runs the forward op
+    and recomputes the logits in linear_cross_entropy_backward.
+    """
+    global _LCE_AUTOGRAD
+    if _LCE_AUTOGRAD is None:
+        import torch
+
+        class LinearCrossEntropy(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, input, weight, target, bias, attrs):
+                ops = _lce_operands(input, weight, target, bias)
+                ctx.has_bias, ctx.attrs = bias is not None, attrs
+                if attrs["reduction"] == 0:
+                    ctx.save_for_backward(input, weight, target, bias)
+                    return _call("linear_cross_entropy", ops, attrs)
+                loss, *grads = _call("linear_cross_entropy_fused", ops, attrs)
+                ctx.save_for_backward(*grads)
+                return loss
+
+            @staticmethod
+            def backward(ctx, grad_output):
+                if ctx.attrs["reduction"] == 0:
+                    input, weight, target, bias = ctx.saved_tensors
+                    gi, gw, gb = _call("linear_cross_entropy_backward",
+                                       (grad_output.contiguous(),) + _lce_operands(input, weight, target, bias), ctx.attrs)
+                else:
+                    gi, gw, gb = (g * grad_output for g in ctx.saved_tensors)
+                return gi, gw, None, (gb if ctx.has_bias else None), None
+
+        _LCE_AUTOGRAD = LinearCrossEntropy
+    return _LCE_AUTOGRAD
+
+
+def linear_cross_entropy(input, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0, reduction="mean",
+                         *, chunk_rows=0):
+    """cross_entropy(linear(input, weight, bias), target) without the [N, V] logits in memory: input [N, H],
+    weight [V, H], bias [V], class-index target [N] (i64/i32). The CUDA plan holds `chunk_rows` rows of
+    logits at a time (0: as many as fit 256 MiB). Torch tensors that require grad go through a
+    torch.autograd.Function whose backward is this op's gradient."""
+    attrs = _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows)
+    if _builtins.any(getattr(a, "requires_grad", False) for a in (input, weight, bias)):
+        return _lce_autograd().apply(input, weight, target, bias, attrs)
+    return _call("linear_cross_entropy", _lce_operands(input, weight, target, bias), attrs)
+
+
+def linear_cross_entropy_backward(grad_output, input, weight, target, bias=None, ignore_index=-100,
+                                  label_smoothing=0.0, reduction="mean", *, chunk_rows=0):
+    """(grad_input, grad_weight, grad_bias) of linear_cross_entropy; grad_bias is None without bias."""
+    gi, gw, gb = _call("linear_cross_entropy_backward", (grad_output,) + _lce_operands(input, weight, target, bias),
+                       _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows))
+    return gi, gw, (gb if bias is not None else None)
+
+
+def linear_cross_entropy_fused(input, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0,
+                               reduction="mean", *, chunk_rows=0):
+    """(loss, grad_input, grad_weight, grad_bias) in one pass over the chunks of logits, the gradients for
+    grad_output = 1 (reduction none: for grad_output all ones); grad_bias is None without bias."""
+    loss, gi, gw, gb = _call("linear_cross_entropy_fused", _lce_operands(input, weight, target, bias),
+                             _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows))
+    return loss, gi, gw, (gb if bias is not None else None)
+
+
 def set_allow_tf32(allow):
     """Lets f32 matrix products multiply in TF32 (as torch.backends.cuda.matmul.allow_tf32); off by default."""
     _C.set_allow_tf32(bool(allow))

@@ -176,6 +176,39 @@ def test_row_loss_bad_input():
         F.triplet_margin_loss(x, x, x[0])
 
 
+def test_linear_cross_entropy_matches_numpy():
+    x, w, b = _u((6, 5)), _u((9, 5), -1, 1), _u((9,))
+    t = np.array([0, 8, -100, 3, 3, 1])
+    z = x @ w.T + b
+    lp = _log_softmax(z, 1)
+    keep = t != -100
+    rows = np.arange(6)[keep]
+    e = 0.1
+    per_row = np.zeros(6)
+    per_row[keep] = -(1 - e) * lp[rows, t[keep]] - e / 9 * lp[rows].sum(1)
+    np.testing.assert_allclose(F.linear_cross_entropy(x, w, t, b, label_smoothing=e), per_row.sum() / keep.sum(), rtol=1e-12)
+    np.testing.assert_allclose(F.linear_cross_entropy(x, w, t, b, label_smoothing=e, reduction="none"), per_row,
+                               rtol=1e-12, atol=1e-15)
+    # Gradients: dlogits = (softmax - smoothed one-hot) / rows kept, 0 on ignored rows.
+    onehot = np.zeros_like(z)
+    onehot[rows, t[keep]] = 1
+    dz = (np.exp(lp) - (1 - e) * onehot - e / 9) * keep[:, None] / keep.sum()
+    loss, gi, gw, gb = F.linear_cross_entropy_fused(x, w, t, b, label_smoothing=e, chunk_rows=4)
+    np.testing.assert_allclose(gi, dz @ w, rtol=1e-11, atol=1e-14)
+    np.testing.assert_allclose(gw, dz.T @ x, rtol=1e-11, atol=1e-14)
+    np.testing.assert_allclose(gb, dz.sum(0), rtol=1e-11, atol=1e-14)
+    gi2, gw2, gb2 = F.linear_cross_entropy_backward(np.array(2.0), x, w, t, b, label_smoothing=e)
+    np.testing.assert_allclose(gw2, 2 * dz.T @ x, rtol=1e-11, atol=1e-14)
+    np.testing.assert_allclose(gb2, 2 * dz.sum(0), rtol=1e-11, atol=1e-14)
+    assert F.linear_cross_entropy_fused(x, w, t)[3] is None  # no bias, no grad_bias
+    np.testing.assert_allclose(F.linear_cross_entropy(x, w, t.astype(np.int32), b, label_smoothing=e, reduction="sum"),
+                               per_row.sum(), rtol=1e-12)  # i32 targets
+    with pytest.raises(ValueError, match="'weight' must be"):
+        F.linear_cross_entropy(x, w[:, :4], t)
+    with pytest.raises(ValueError, match="'target' must hold class indices"):
+        F.linear_cross_entropy(x, w, t.astype(np.float64))
+
+
 # ---------------------------------------------------------------- CUDA vs torch
 
 from torch_parity import CUDA, DTYPES, close as _close, gpu, torch  # noqa: E402,F401
@@ -410,3 +443,57 @@ def test_row_losses_strided_and_bad_targets_on_cuda():
     # An out-of-range class on CUDA: NaN for its row (no device-side assert), as cross_entropy here.
     bad = F.multi_margin_loss(x, torch.full((64,), 40, device="cuda"), reduction="none")
     assert torch.isnan(bad).all()
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("biased,smoothing,chunk_rows", [(True, 0.0, 0), (False, 0.1, 0), (True, 0.2, 7)])
+def test_linear_cross_entropy_matches_torch(dtype, reduction, biased, smoothing, chunk_rows):
+    dt = getattr(torch, dtype)
+    N, H, V = 37, 64, 1000
+    x = torch.randn(N, H, device="cuda", dtype=dt)
+    w = (torch.randn(V, H, device="cuda") / 8).to(dt)
+    b = torch.randn(V, device="cuda", dtype=dt) if biased else None
+    t = torch.randint(0, V, (N,), device="cuda")
+    t[3] = -100
+    ds = [a.double().requires_grad_() for a in (x, w)] + ([b.double().requires_grad_()] if biased else [])
+    want = TF.cross_entropy(TF.linear(ds[0], ds[1], ds[2] if biased else None), t, reduction=reduction,
+                            label_smoothing=smoothing)
+    kw = dict(reduction=reduction, label_smoothing=smoothing, chunk_rows=chunk_rows)
+    _close(F.linear_cross_entropy(x, w, t, b, **kw), want.detach().to(dt), dt, 16, "linear_cross_entropy")
+    gy = torch.randn_like(want)
+    grads = torch.autograd.grad(want, ds, gy, retain_graph=True)
+    got = F.linear_cross_entropy_backward(gy.to(dt), x, w, t, b, **kw)
+    for k, g in enumerate(grads):
+        _close(got[k], g.to(dt), dt, 32, f"linear_cross_entropy_backward {k}")
+    # Through torch.autograd (mean/sum: the fused op in the forward).
+    leaves = [a.clone().requires_grad_() for a in (x, w)] + ([b.clone().requires_grad_()] if biased else [])
+    loss = F.linear_cross_entropy(leaves[0], leaves[1], t, leaves[2] if biased else None, **kw)
+    loss.backward(gy.to(dt))
+    for k, g in enumerate(grads):
+        _close(leaves[k].grad, g.to(dt), dt, 32, f"autograd {k}")
+    if reduction != "none":
+        fl, gi, gw, gb = F.linear_cross_entropy_fused(x, w, t, b, **kw)
+        g1 = torch.autograd.grad(want, ds)
+        _close(fl, want.detach().to(dt), dt, 16, "fused loss")
+        for k, g in enumerate((gi, gw, gb)[:len(ds)]):
+            _close(g, g1[k].to(dt), dt, 32, f"fused grad {k}")
+
+
+@gpu
+def test_linear_cross_entropy_long_rows_strided_int32():
+    """A vocabulary row above the cached-row threshold, i32 targets, a transposed weight, several chunks."""
+    dt = torch.bfloat16
+    N, H, V = 300, 128, 50257
+    x = torch.randn(N, H, device="cuda", dtype=dt)
+    w = (torch.randn(H, V, device="cuda") / 11).to(dt).t()  # [V, H] with strides (1, V)
+    t = torch.randint(0, V, (N,), device="cuda", dtype=torch.int32)
+    t[::7] = -100
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    want = TF.cross_entropy(xd @ wd.t(), t.long())
+    fl, gi, gw, _ = F.linear_cross_entropy_fused(x, w, t, chunk_rows=128)
+    _close(fl, want.detach().to(dt), dt, 16, "loss")
+    g = torch.autograd.grad(want, (xd, wd))
+    _close(gi, g[0].to(dt), dt, 32, "grad_input")
+    _close(gw, g[1].to(dt), dt, 32, "grad_weight")

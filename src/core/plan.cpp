@@ -82,6 +82,7 @@ const std::vector<OpInfo>& registry() {
     register_scan_ops(all);
     register_loss_ops(all);
     register_ctc_ops(all);
+    register_linear_ce_ops(all);
     register_gemm_ops(all);
     register_grouped_gemm_ops(all);
     register_scaled_mm_ops(all);

@@ -15,6 +15,7 @@ void register_group_norm_ops(std::vector<OpInfo>& ops);  // group_norm, instance
 void register_scan_ops(std::vector<OpInfo>& ops);
 void register_loss_ops(std::vector<OpInfo>& ops);
 void register_ctc_ops(std::vector<OpInfo>& ops);
+void register_linear_ce_ops(std::vector<OpInfo>& ops);  // linear_cross_entropy (composes gemm plans)
 void register_gemm_ops(std::vector<OpInfo>& ops);
 void register_grouped_gemm_ops(std::vector<OpInfo>& ops);  // grouped_mm
 void register_scaled_mm_ops(std::vector<OpInfo>& ops);

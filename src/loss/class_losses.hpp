@@ -51,6 +51,9 @@ struct ClassLaunch {
   rows::RowLaunch rows;
   void* scalar_out = nullptr;
   void* scratch = nullptr;
+  /// Fused mode: the gradient's scale, one W-typed value in device memory
+  /// (linear_cross_entropy's 1 / rows kept); nullptr: 1.
+  const void* grad_scale = nullptr;
 };
 
 /// Scratch elements a launch needs for `rows` rows.

@@ -106,7 +106,7 @@ Status class_loss_on_host(const ClassLaunch& cl, const ClassParams& p, CUstream_
     }
     if (p.mode == Mode::forward) continue;
     RowScale<M> sc = p.reduction == Reduction::mean ? reduced : per_row;
-    const M go = p.mode == Mode::fused ? M(1) : convert<M>(reinterpret_cast<const T*>(l.data[kGradOutput])[off[kGradOutput]]);
+    const M go = p.mode == Mode::fused ? (cl.grad_scale ? M(*static_cast<const Saved*>(cl.grad_scale)) : M(1)) : convert<M>(reinterpret_cast<const T*>(l.data[kGradOutput])[off[kGradOutput]]);
     T* grad = reinterpret_cast<T*>(l.data[kGradInput]) + off[kGradInput];
     for (int64_t c = 0; c < C; ++c) {
       M g = 0;

@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
 
   // Pass 2: the gradient of the row.
   RowScale<M> sc = row_scale<M>(effective<kProbs>(p), C, l.rows, p.reduction == Reduction::mean ? M(ws[0]) : M(1));
-  const M go = p.mode == Mode::fused ? M(1) : convert<M>(reinterpret_cast<const T*>(l.data[kGradOutput])[off[kGradOutput]]);
+  const M go = p.mode == Mode::fused ? (cl.grad_scale ? M(*static_cast<const W*>(cl.grad_scale)) : M(1)) : convert<M>(reinterpret_cast<const T*>(l.data[kGradOutput])[off[kGradOutput]]);
   sc.nll *= go, sc.smooth *= go;
   T* grad = reinterpret_cast<T*>(l.data[kGradInput]) + off[kGradInput];
   const int64_t s_grad = l.inner.stride[kGradInput][0];

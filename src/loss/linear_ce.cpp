@@ -1,0 +1,499 @@
+// linear_cross_entropy, linear_cross_entropy_backward and linear_cross_entropy_fused:
+// registry entries, shape rules, the host reference (f64, row by row) and the
+// CUDA plan that composes the GEMM plans with the cross_entropy row kernel.
+// Attributes: reduction (0 none, 1 mean, 2 sum), ignore_index, label_smoothing, chunk_rows.
+//
+// Note [Linear CE chunks]
+// The CUDA plan never holds the [N, V] logits: it walks chunks of `chunk_rows`
+// rows (0: as many as fit kAutoChunkBytes of logits). Per chunk, on the stream:
+//   1. logits [c, V] = input_c @ weight^T + bias       (the `linear` plan, into the workspace)
+//   2. the cross_entropy row kernel: per-row loss, and in place
+//      dlogits = scale * (softmax - smoothed one-hot)   (0 on ignored rows)
+//   3. grad_input_c = dlogits @ weight                 (`mm`)
+//      grad_weight (+)= dlogits^T @ input_c           (`addmm`, beta 0 for the first chunk, then 1)
+//      grad_bias (+)= dlogits^T @ ones                 (`addmm` with a [c, 1] column of ones)
+// The mean's denominator (rows not ignored) is counted before the loop by a
+// one-block kernel, which writes `scale` (1 / rows kept, times grad_output in
+// the backward of mean or sum) where the row kernel reads it; the loss is the
+// fixed-order sum of the per-row losses (kept in the dtype, as reduction none
+// writes them). Chunks run in order on one stream and the GEMMs are cuBLASLt
+// (or the bespoke GEMM) without atomics: the result is deterministic.
+// grad_weight and grad_bias accumulate in their own dtype across chunks: each
+// chunk's GEMM adds in f32 and rounds once, so f16/bf16 take one rounding per
+// chunk (README.md, Losses). The reduction-none backward needs each
+// row's logsumexp: it runs the forward row kernel on the chunk first.
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "core/errors.hpp"
+#include "core/family.hpp"
+#include "core/launch_table.hpp"
+#include "core/registry_internal.hpp"
+#include "core/tensor_util.hpp"
+#include "loss/linear_ce.hpp"
+#include "loss/register.hpp"
+
+namespace baracuda {
+namespace loss::lce {
+
+LaunchTable<HelperFn>& cuda_helpers() {
+  static LaunchTable<HelperFn> table;
+  return table;
+}
+
+namespace {
+
+enum class Kind : uint8_t { forward, backward, fused };
+
+/// Logits of one chunk: at most this many bytes (chunk_rows = 0).
+constexpr size_t kAutoChunkBytes = size_t(256) << 20;
+
+using Names = std::vector<std::string>;
+const Names kOperands{"input", "weight", "target", "bias"};
+
+Names input_names(Kind k) {
+  Names n = kOperands;
+  if (k == Kind::backward) n.insert(n.begin(), "grad_output");
+  return n;
+}
+Names output_names(Kind k) {
+  if (k == Kind::forward) return {"out"};
+  if (k == Kind::backward) return {"grad_input", "grad_weight", "grad_bias"};
+  return {"out", "grad_input", "grad_weight", "grad_bias"};
+}
+const char* op_name(Kind k) {
+  return k == Kind::forward ? "linear_cross_entropy" : k == Kind::backward ? "linear_cross_entropy_backward"
+                                                                             : "linear_cross_entropy_fused";
+}
+
+size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+Result<OpDesc> infer_lce(Kind kind, const OpDesc& partial) {
+  OpDesc d = partial;
+  const std::string op = op_name(kind);
+  const Names names = input_names(kind);
+  const size_t k = kind == Kind::backward ? 1 : 0;
+  BARACUDA_TRY(check_inputs(op, d, names, k));
+  const TensorSpec &x = d.inputs[k], &w = d.inputs[k + 1], &t = d.inputs[k + 2], &b = d.inputs[k + 3];
+  if (!is_floating(x.dtype) || dtype_size(x.dtype) == 1)
+    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64)");
+  if (x.shape.size() != 2) return invalid(op, ": 'input' must be [N, H], got ", shape_str(x.shape));
+  const int64_t N = x.shape[0], H = x.shape[1];
+  if (w.dtype != x.dtype || w.shape.size() != 2 || w.shape[1] != H || w.shape[0] < 1)
+    return invalid(op, ": 'weight' must be ", dtype_name(x.dtype), "[V, ", H, "] (V >= 1 classes, H of 'input' ",
+                   shape_str(x.shape), "), got ", dtype_name(w.dtype), shape_str(w.shape));
+  const int64_t V = w.shape[0];
+  if (t.dtype != DType::i64 && t.dtype != DType::i32)
+    return invalid(op, ": 'target' must hold class indices (i64 or i32), got ", dtype_name(t.dtype));
+  if (t.shape != Shape{N}) return invalid(op, ": 'target' shape ", shape_str(t.shape), " != [", N, "] (one per row of 'input')");
+  if (b.dtype != x.dtype || b.shape.size() != 1 || (b.shape[0] != V && b.shape[0] != 0))
+    return invalid(op, ": 'bias' must be ", dtype_name(x.dtype), "[", V, "] (one per class) or ", dtype_name(x.dtype),
+                   "[0] (no bias), got ", dtype_name(b.dtype), shape_str(b.shape));
+  const double reduction = d.attrs.get("reduction", 1);
+  if (reduction != 0 && reduction != 1 && reduction != 2)
+    return invalid(op, ": attribute 'reduction' must be 0 (none), 1 (mean) or 2 (sum), got ", reduction);
+  const double smoothing = d.attrs.get("label_smoothing", 0);
+  if (!(smoothing >= 0 && smoothing <= 1)) return invalid(op, ": 'label_smoothing' must be in [0, 1], got ", smoothing);
+  const double ignore = d.attrs.get("ignore_index", -100);
+  if (ignore != std::floor(ignore)) return invalid(op, ": 'ignore_index' must be an integer, got ", ignore);
+  const double chunk = d.attrs.get("chunk_rows", 0);
+  if (!(chunk >= 0 && chunk == std::floor(chunk) && chunk < 9e15))
+    return invalid(op, ": 'chunk_rows' must be an integer >= 0 (0: automatic), got ", chunk);
+  const TensorSpec loss{x.dtype, reduction == 0 ? Shape{N} : Shape{}};
+  if (kind == Kind::backward && (d.inputs[0].dtype != loss.dtype || d.inputs[0].shape != loss.shape))
+    return invalid(op, ": 'grad_output' must be ", dtype_name(loss.dtype), shape_str(loss.shape), " (the loss's shape), got ",
+                   dtype_name(d.inputs[0].dtype), shape_str(d.inputs[0].shape));
+  std::vector<TensorSpec> outs;
+  if (kind != Kind::backward) outs.push_back(loss);
+  if (kind != Kind::forward) outs.insert(outs.end(), {x, w, b});
+  BARACUDA_TRY(set_outputs(op, d, outs, output_names(kind)));
+  return d;
+}
+
+/// Attributes read once at plan time.
+struct Params {
+  int reduction = 1;
+  int64_t ignore_index = -100;
+  double smoothing = 0;
+};
+
+template <class T>
+T* at(const TensorView& v, int64_t i, int64_t j = 0) {
+  return static_cast<T*>(v.data) + i * v.stride[0] + (v.rank > 1 ? j * v.stride[1] : 0);
+}
+
+/// The host reference: logits of a row in f64, then the loss and its gradients.
+template <class T, class Index>
+Status host_run(Kind kind, const Params& p, const OpArgs& args) {
+  using M = double;
+  const size_t k = kind == Kind::backward ? 1 : 0;
+  const TensorView &x = args.inputs[k], &w = args.inputs[k + 1], &tg = args.inputs[k + 2], &b = args.inputs[k + 3];
+  const int64_t N = x.shape[0], H = x.shape[1], V = w.shape[0];
+  const bool bias = b.shape[0] != 0, grads = kind != Kind::forward;
+  const M e = p.smoothing;
+  std::vector<int64_t> target(N);
+  int64_t kept = 0;
+  for (int64_t r = 0; r < N; ++r) {
+    target[r] = static_cast<int64_t>(*at<const Index>(tg, r));
+    if (target[r] == p.ignore_index) continue;
+    if (target[r] < 0 || target[r] >= V)
+      return invalid(op_name(kind), ": 'target' holds class index ", target[r], " (row ", r, "), outside [0, ", V,
+                     ") and not ignore_index ", p.ignore_index);
+    ++kept;
+  }
+  // Gradient scale of every row: grad_output, over the rows kept for mean (0 / 0 gives 0 gradients).
+  const M denom = p.reduction == 1 ? M(kept) : M(1);
+  auto row_scale = [&](int64_t r) -> M {
+    const M go = kind == Kind::backward ? convert<M>(*at<const T>(args.inputs[0], p.reduction == 0 ? r : 0)) : M(1);
+    return p.reduction == 1 ? (kept > 0 ? go / denom : M(0)) : go;
+  };
+  std::vector<M> gw(grads ? size_t(V * H) : 0, 0.0), gb(grads ? size_t(V) : 0, 0.0), z(V), gx(H);
+  M total = 0;
+  const size_t gi = kind == Kind::fused ? 1 : 0;  // the first gradient output
+  for (int64_t r = 0; r < N; ++r) {
+    const bool ignored = target[r] == p.ignore_index;
+    M mx = -INFINITY;
+    for (int64_t v = 0; v < V; ++v) {
+      M acc = bias ? convert<M>(*at<const T>(b, v)) : M(0);
+      for (int64_t h = 0; h < H; ++h) acc += convert<M>(*at<const T>(x, r, h)) * convert<M>(*at<const T>(w, v, h));
+      z[v] = acc;
+      mx = std::max(mx, acc);
+    }
+    M s = 0, zsum = 0;
+    for (int64_t v = 0; v < V; ++v) s += std::exp(z[v] - mx), zsum += z[v];
+    const M lse = mx + std::log(s);
+    const M loss = ignored ? M(0) : (1 - e) * (lse - z[target[r]]) + e / M(V) * (M(V) * lse - zsum);
+    total += loss;
+    if (kind != Kind::backward && p.reduction == 0) *at<T>(args.outputs[0], r) = convert<T>(loss);
+    if (!grads) continue;
+    const M g = ignored ? M(0) : row_scale(r);
+    std::fill(gx.begin(), gx.end(), M(0));
+    for (int64_t v = 0; v < V; ++v) {
+      const M pv = std::exp(z[v] - lse);
+      const M dz = g * ((1 - e) * (pv - (v == target[r] ? M(1) : M(0))) + e / M(V) * (M(V) * pv - 1));
+      for (int64_t h = 0; h < H; ++h) {
+        gx[h] += dz * convert<M>(*at<const T>(w, v, h));
+        gw[v * H + h] += dz * convert<M>(*at<const T>(x, r, h));
+      }
+      gb[v] += dz;
+    }
+    for (int64_t h = 0; h < H; ++h) *at<T>(args.outputs[gi], r, h) = convert<T>(gx[h]);
+  }
+  if (kind != Kind::backward && p.reduction != 0) *static_cast<T*>(args.outputs[0].data) = convert<T>(total / denom);
+  if (!grads) return Status::ok();
+  for (int64_t v = 0; v < V; ++v) {
+    for (int64_t h = 0; h < H; ++h) *at<T>(args.outputs[gi + 1], v, h) = convert<T>(gw[v * H + h]);
+    if (bias) *at<T>(args.outputs[gi + 2], v) = convert<T>(gb[v]);
+  }
+  return Status::ok();
+}
+
+template <class F>
+Status visit_index(DType d, F&& f) {
+  if (d == DType::i32) return f(TypeTag<int32_t>{});
+  return f(TypeTag<int64_t>{});
+}
+
+TensorView view(void* data, DType dtype, std::initializer_list<int64_t> shape, std::initializer_list<int64_t> stride) {
+  TensorView v;
+  v.data = data, v.dtype = dtype, v.rank = int(shape.size());
+  std::copy(shape.begin(), shape.end(), v.shape.begin());
+  std::copy(stride.begin(), stride.end(), v.stride.begin());
+  return v;
+}
+
+/// Rows [r0, r0 + n) of a [N, ...] view.
+TensorView rows_of(TensorView v, int64_t r0, int64_t n) {
+  if (v.data) v.data = static_cast<char*>(v.data) + r0 * v.stride[0] * int64_t(dtype_size(v.dtype));
+  v.shape[0] = n;
+  return v;
+}
+
+/// A GEMM step: the first choice (cuBLASLt where it accepts the descriptor),
+/// and the bespoke GEMM for layouts the first refuses at run time.
+struct Step {
+  PlanPtr first, fallback;
+
+  Status run(const Stream& stream, Workspace ws, std::initializer_list<TensorView> in, std::initializer_list<TensorView> out) const {
+    const OpArgs args{std::span(in.begin(), in.size()), std::span(out.begin(), out.size())};
+    const Plan* plan = first.get();
+    if (!first->can_implement(args) && fallback) plan = fallback.get();
+    return plan->run(stream, ws, args);
+  }
+  size_t workspace() const { return std::max(first->workspace_size(), fallback ? fallback->workspace_size() : 0); }
+};
+
+Result<Step> make_step(const Stream& stream, const PlanPreference& pref, OpDesc desc) {
+  PlanPreference sub = pref;
+  sub.backend.reset(), sub.skip_candidates = 0, sub.max_workspace_bytes = SIZE_MAX, sub.allow_host_fallback = false;
+  Step s;
+  auto first = select(stream, desc, sub);
+  if (!first) return first.status();
+  s.first = std::move(*first);
+  if (s.first->sku().backend != Backend::bespoke_cuda) {
+    sub.backend = Backend::bespoke_cuda;
+    if (auto fb = select(stream, desc, sub)) s.fallback = std::move(*fb);
+  }
+  return s;
+}
+
+/// The GEMM plans for chunks of `rows` rows.
+struct ChunkSteps {
+  int64_t rows = 0;
+  Step logits, grad_input, grad_weight[2], grad_bias[2];  ///< [0]: the first chunk (beta 0), [1]: the others
+};
+
+class LcePlan final : public FamilyPlan {
+ public:
+  LcePlan(Kind kind, const OpInfo& info, OpDesc desc, Backend backend)
+      : FamilyPlan(info, std::move(desc)), kind_(kind), backend_(backend) {
+    k_ = kind == Kind::backward ? 1 : 0;
+    const TensorSpec& x = desc_.inputs[k_];
+    sku_ = bespoke_sku(OpCategory::loss, info.name.c_str(), x.dtype, backend);
+    sku_.aux_element = desc_.inputs[k_ + 2].dtype;
+    p_.reduction = static_cast<int>(desc_.attrs.get("reduction", 1));
+    p_.ignore_index = static_cast<int64_t>(desc_.attrs.get("ignore_index", -100));
+    p_.smoothing = desc_.attrs.get("label_smoothing", 0);
+    N_ = x.shape[0], H_ = x.shape[1], V_ = desc_.inputs[k_ + 1].shape[0];
+    bias_ = desc_.inputs[k_ + 3].shape[0] != 0;
+  }
+
+  /// The CUDA plan's chunk size, sub-plans and workspace.
+  Status prepare(const Stream& stream, const PlanPreference& pref) {
+    const DType t = desc_.inputs[k_].dtype, idx = desc_.inputs[k_ + 2].dtype;
+    class_fn_ = cuda_class_losses().find(launch_key("cross_entropy", t, idx));
+    helper_fn_ = cuda_helpers().find(launch_key("linear_cross_entropy", t, idx));
+    if (!class_fn_ || !helper_fn_) return unsupported("no CUDA kernels for ", info_.name, " ", dtype_name(t), " with ", dtype_name(idx), " targets");
+    const size_t ts = dtype_size(t), ws_elem = dtype_size(stat_dtype(t));
+    int64_t chunk = static_cast<int64_t>(desc_.attrs.get("chunk_rows", 0));
+    if (chunk == 0) chunk = std::max<int64_t>(1, int64_t(kAutoChunkBytes / (size_t(V_) * ts)));
+    chunk_ = std::max<int64_t>(1, std::min(chunk, N_));
+    for (int64_t rows : {chunk_, N_ % chunk_}) {
+      if (rows == 0) continue;  // no tail
+      ChunkSteps cs;
+      cs.rows = rows;
+      const TensorSpec xs{t, {rows, H_}}, ws{t, {V_, H_}}, bs{t, {bias_ ? V_ : 0}}, ls{t, {rows, V_}};
+      BARACUDA_TRY(assign(cs.logits, make_step(stream, pref, OpDesc{"linear", {xs, ws, bs}, {}, {}})));
+      if (kind_ != Kind::forward) {
+        const TensorSpec lt{t, {V_, rows}};
+        BARACUDA_TRY(assign(cs.grad_input, make_step(stream, pref, OpDesc{"mm", {ls, ws}, {}, {}})));
+        for (int i = 0; i < 2; ++i) {
+          BARACUDA_TRY(assign(cs.grad_weight[i], make_step(stream, pref, OpDesc{"addmm", {ws, lt, xs}, {}, {{"beta", double(i)}}})));
+          if (bias_)
+            BARACUDA_TRY(assign(cs.grad_bias[i], make_step(stream, pref,
+                                                           OpDesc{"addmm", {TensorSpec{t, {V_, 1}}, lt, TensorSpec{t, {rows, 1}}}, {}, {{"beta", double(i)}}})));
+        }
+      }
+      steps_.push_back(std::move(cs));
+    }
+    size_t sub = 0;
+    for (const ChunkSteps& cs : steps_)
+      for (const Step* s : {&cs.logits, &cs.grad_input, &cs.grad_weight[0], &cs.grad_weight[1], &cs.grad_bias[0], &cs.grad_bias[1]})
+        if (s->first) sub = std::max(sub, s->workspace());
+    // Workspace: stats | row losses | lse | class scratch | ones | logits | GEMM scratch.
+    off_rows_ = aligned(2 * ws_elem);
+    off_lse_ = off_rows_ + aligned(size_t(N_) * ts);
+    off_scratch_ = off_lse_ + aligned(size_t(chunk_) * ws_elem);
+    off_ones_ = off_scratch_ + aligned(size_t(scratch_elements(chunk_)) * ws_elem);
+    off_logits_ = off_ones_ + aligned(bias_ && kind_ != Kind::forward ? size_t(chunk_) * ts : 0);
+    off_sub_ = off_logits_ + aligned(size_t(chunk_) * size_t(V_) * ts);
+    workspace_ = off_sub_ + sub;
+    return Status::ok();
+  }
+
+  Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
+    BARACUDA_TRY(check_run(workspace, args));
+    const DType t = desc_.inputs[k_].dtype;
+    if (backend_ == Backend::host_reference) {
+      return visit_dtype<FloatTypes>(t, info_.name, [&]<class T>(TypeTag<T>) {
+        return visit_index(args.inputs[k_ + 2].dtype, [&]<class I>(TypeTag<I>) { return host_run<T, I>(kind_, p_, args); });
+      });
+    }
+    return run_cuda(stream, workspace, args).with_context(info_.name);
+  }
+
+ private:
+  static Status assign(Step& dst, Result<Step> src) {
+    if (!src) return src.status();
+    dst = std::move(*src);
+    return Status::ok();
+  }
+
+  Status run_cuda(const Stream& stream, Workspace workspace, const OpArgs& args) const {
+    CUstream_st* s = stream.cuda_stream();
+    const DType t = desc_.inputs[k_].dtype, ws_t = stat_dtype(t);
+    const TensorView &x = args.inputs[k_], &w = args.inputs[k_ + 1], &tg = args.inputs[k_ + 2], &b = args.inputs[k_ + 3];
+    const TensorView* go = kind_ == Kind::backward ? &args.inputs[0] : nullptr;
+    const size_t gi = kind_ == Kind::fused ? 1 : 0;
+    const TensorView* gx = kind_ != Kind::forward ? &args.outputs[gi] : nullptr;
+    const TensorView* gw = kind_ != Kind::forward ? &args.outputs[gi + 1] : nullptr;
+    const TensorView* gb = kind_ != Kind::forward && bias_ ? &args.outputs[gi + 2] : nullptr;
+    const bool none = p_.reduction == 0;
+    char* ws = static_cast<char*>(workspace.data);
+    void* stats = ws;
+    char* row_loss = ws + off_rows_;
+    const Workspace sub{ws + off_sub_, workspace.bytes - off_sub_};
+
+    Helper h;
+    h.reduction = p_.reduction, h.ignore_index = p_.ignore_index, h.stats = stats;
+    h.target = tg.data, h.target_stride = tg.stride[0], h.rows = N_;
+    h.ones = ws + off_ones_, h.ones_count = gb ? chunk_ : 0;
+    h.grad_output = go && !none ? go->data : nullptr;
+    BARACUDA_TRY(helper_fn_(h, s));
+    if (N_ == 0 && gw) {  // no chunk writes the weight and bias gradients
+      Helper z = h;
+      z.stage = Helper::Stage::zero;
+      z.dst = gw->data, z.n0 = V_, z.n1 = H_, z.s0 = gw->stride[0], z.s1 = gw->stride[1];
+      BARACUDA_TRY(helper_fn_(z, s));
+      if (gb) {
+        z.dst = gb->data, z.n0 = V_, z.n1 = 1, z.s0 = gb->stride[0], z.s1 = 0;
+        BARACUDA_TRY(helper_fn_(z, s));
+      }
+    }
+    for (int64_t r0 = 0, i = 0; r0 < N_; r0 += chunk_, ++i) {
+      const int64_t c = std::min(chunk_, N_ - r0);
+      const ChunkSteps& st = steps_[c == chunk_ ? 0 : steps_.size() - 1];
+      const TensorView xc = rows_of(x, r0, c), tc = rows_of(tg, r0, c);
+      const TensorView logits = view(ws + off_logits_, t, {c, V_}, {V_, 1});
+      BARACUDA_TRY(st.logits.run(stream, sub, {xc, w, b}, {logits}));
+      // The per-row loss: the output itself for reduction none, else the workspace.
+      const TensorView out_c = none && kind_ != Kind::backward ? rows_of(args.outputs[0], r0, c)
+                                                              : view(row_loss + r0 * int64_t(dtype_size(t)), t, {c}, {1});
+      const TensorView lse = view(ws + off_lse_, ws_t, {c}, {1});
+      if (kind_ == Kind::forward || (kind_ == Kind::backward && none)) BARACUDA_TRY(class_step(Mode::forward, logits, tc, out_c, lse, nullptr, stats, s));
+      if (kind_ == Kind::forward) continue;
+      if (kind_ == Kind::backward && none) BARACUDA_TRY(class_step(Mode::backward, logits, tc, out_c, lse, &*go, stats, s, r0));
+      else BARACUDA_TRY(class_step(Mode::fused, logits, tc, out_c, lse, nullptr, stats, s));
+      // logits now hold dlogits.
+      const TensorView lt = view(logits.data, t, {V_, c}, {1, V_});
+      BARACUDA_TRY(st.grad_input.run(stream, sub, {logits, w}, {rows_of(*gx, r0, c)}));
+      const int first = i == 0 ? 0 : 1;
+      BARACUDA_TRY(st.grad_weight[first].run(stream, sub, {*gw, lt, xc}, {*gw}));
+      if (gb) {
+        const TensorView col = view(gb->data, t, {V_, 1}, {gb->stride[0], 1});
+        BARACUDA_TRY(st.grad_bias[first].run(stream, sub, {col, lt, view(ws + off_ones_, t, {c, 1}, {1, 1})}, {col}));
+      }
+    }
+    if (kind_ != Kind::backward && !none) {
+      Helper f = h;
+      f.stage = Helper::Stage::finish;
+      f.row_loss = row_loss, f.out = args.outputs[0].data;
+      BARACUDA_TRY(helper_fn_(f, s));
+    }
+    return Status::ok();
+  }
+
+  /// One launch of the cross_entropy row kernel over a chunk's logits (reduction none).
+  Status class_step(Mode mode, const TensorView& logits, const TensorView& target, const TensorView& out,
+                    const TensorView& lse, const TensorView* grad_output, void* stats, CUstream_st* s, int64_t r0 = 0) const {
+    std::array<TensorView, kSlots> views;
+    std::array<rows::Role, kSlots> roles;
+    views.fill(logits);
+    roles.fill(rows::Role::full);
+    views[kOut] = out, roles[kOut] = rows::Role::per_row;
+    views[kLse] = lse, roles[kLse] = rows::Role::per_row;
+    views[kTarget] = target, roles[kTarget] = rows::Role::per_row;
+    if (grad_output) views[kGradOutput] = rows_of(*grad_output, r0, logits.shape[0]), roles[kGradOutput] = rows::Role::per_row;
+    ClassParams cp;
+    cp.mode = mode;
+    cp.reduction = Reduction::none;
+    cp.ignore_index = p_.ignore_index;
+    cp.smoothing = p_.smoothing;
+    ClassLaunch cl;
+    const int64_t shape[2] = {logits.shape[0], logits.shape[1]};
+    cl.rows = rows::make_rows(shape, 1, std::span(views.data(), kSlots), std::span(roles.data(), kSlots));
+    cl.scratch = static_cast<char*>(stats) + off_scratch_;  // stats opens the workspace
+    cl.grad_scale = mode == Mode::fused ? stats : nullptr;
+    return class_fn_(cl, cp, s);
+  }
+
+  Kind kind_;
+  Backend backend_;
+  size_t k_ = 0;
+  Params p_;
+  int64_t N_ = 0, H_ = 0, V_ = 0, chunk_ = 1;
+  bool bias_ = false;
+  ClassFn class_fn_ = nullptr;
+  HelperFn helper_fn_ = nullptr;
+  std::vector<ChunkSteps> steps_;  ///< [0]: full chunks, [last]: the tail chunk when shorter
+  size_t off_rows_ = 0, off_lse_ = 0, off_scratch_ = 0, off_ones_ = 0, off_logits_ = 0, off_sub_ = 0;
+};
+
+/// The sweep's cases from its primary shape: [a, b] -> input [a, b] with
+/// 2 + (a + b) % 13 classes; [n] -> [n, 8] with 3 classes; [a, b, c] ->
+/// [a * b, 16] with 80 c classes (a long row: [3, 4, 128] has 10240).
+std::optional<SampleShapes> lce_samples(Kind kind, const Shape& shape, const Attrs& attrs) {
+  int64_t N, H, V;
+  if (shape.size() == 2) N = shape[0], H = shape[1], V = 2 + (shape[0] + shape[1]) % 13;
+  else if (shape.size() == 1 && shape[0] > 0) N = shape[0], H = 8, V = 3;
+  else if (shape.size() == 3) N = shape[0] * shape[1], H = 16, V = 80 * shape[2];
+  else return std::nullopt;
+  V = std::max<int64_t>(V, 3);  // targets are drawn from {-1, 0, 1}
+  if (attrs.get("chunk_rows", 0) != 0 && N > 4096) return std::nullopt;  // tens of thousands of chunks: launches only
+  const bool biased = attrs.get("reduction", 1) != 2;
+  SampleShapes s;
+  if (kind == Kind::backward) s.inputs.push_back(attrs.get("reduction", 1) == 0 ? Shape{N} : Shape{});
+  s.inputs.insert(s.inputs.end(), {Shape{N, H}, Shape{V, H}, Shape{N}, Shape{biased ? V : 0}});
+  return s;
+}
+
+void add_lce_op(std::vector<OpInfo>& ops, Kind kind) {
+  OpInfo info;
+  info.name = op_name(kind);
+  info.category = OpCategory::loss;
+  info.family = "linear_cross_entropy";
+  info.direction = kind == Kind::backward ? Direction::backward : Direction::forward;
+  info.gradient = kind == Kind::forward ? "linear_cross_entropy_backward" : kind == Kind::backward ? "linear_cross_entropy" : "";
+  info.input_names = input_names(kind);
+  info.output_names = output_names(kind);
+  info.dtypes = dtypes_of<FloatTypes>();
+  info.attrs = {{"reduction", 1, "0 none, 1 mean (over the rows not ignored), 2 sum"},
+                {"ignore_index", -100, "rows whose target is this index count for nothing"},
+                {"label_smoothing", 0, "mix the target with the uniform distribution"},
+                {"chunk_rows", 0, "rows of logits the CUDA plan holds at once (0: as many as fit 256 MiB)"}};
+  info.backends = {Backend::bespoke_cuda, Backend::host_reference};
+  info.doc = kind == Kind::forward
+                 ? "cross_entropy(input @ weight^T + bias, target) without materialising the [N, V] logits: input [N, H], "
+                   "weight [V, H], bias [V] or [0], class-index target [N]"
+             : kind == Kind::backward ? "gradients of linear_cross_entropy (input, weight, bias; grad_bias [0] without bias), "
+                                        "recomputing the logits chunk by chunk"
+                                      : "linear_cross_entropy and its gradients for grad_output = 1 in one pass over the "
+                                        "chunks of logits (scale the gradients by grad_output afterwards)";
+  info.input_dtypes = [kind](DType primary) {
+    std::vector<DType> d{primary, primary, DType::i64, primary};
+    if (kind == Kind::backward) d.insert(d.begin(), primary);
+    return d;
+  };
+  info.domains = {Domain{-1, 1}, Domain{-0.5, 0.5}, Domain{-1, 1, false, false, true}, Domain{-1, 1}};
+  if (kind == Kind::backward) info.domains.insert(info.domains.begin(), Domain{-1, 1});
+  info.tolerance_scale = 8;
+  info.in_place = false;
+  // Targets are drawn from {-1, 0, 1}: -1 is the ignored index. Small chunks walk several (and a tail).
+  for (double r : {0.0, 1.0, 2.0}) info.sample_attrs.push_back(Attrs{{"reduction", r}, {"ignore_index", -1}});
+  info.sample_attrs.push_back(Attrs{{"reduction", 1}, {"ignore_index", -1}, {"label_smoothing", 0.2}, {"chunk_rows", 4}});
+  info.sample_attrs.push_back(Attrs{{"reduction", 0}, {"ignore_index", -1}, {"label_smoothing", 0.1}, {"chunk_rows", 5}});
+  info.sample_attrs.push_back(Attrs{{"reduction", 2}, {"ignore_index", -1}, {"chunk_rows", 3}});
+  info.sample_shapes = [kind](DType, const Shape& shape, const Attrs& attrs) { return lce_samples(kind, shape, attrs); };
+  info.infer = [kind](const OpDesc& partial) { return infer_lce(kind, partial); };
+  const size_t index = ops.size();
+  info.make_plan = [kind, index](Backend backend, const Stream& stream, const OpDesc& desc,
+                                 const PlanPreference& pref) -> Result<PlanPtr> {
+    auto full = infer_lce(kind, desc);
+    if (!full) return full.status();
+    auto plan = std::make_unique<LcePlan>(kind, registry()[index], std::move(*full), backend);
+    if (backend != Backend::host_reference) BARACUDA_TRY(plan->prepare(stream, pref));
+    return PlanPtr(std::move(plan));
+  };
+  ops.push_back(std::move(info));
+}
+
+}  // namespace
+}  // namespace loss::lce
+
+void register_linear_ce_ops(std::vector<OpInfo>& ops) {
+  for (auto kind : {loss::lce::Kind::forward, loss::lce::Kind::backward, loss::lce::Kind::fused})
+    loss::lce::add_lce_op(ops, kind);
+}
+
+}  // namespace baracuda

@@ -1,0 +1,40 @@
+// Fused linear + cross-entropy (linear_cross_entropy, linear_cross_entropy_fused):
+// loss = cross_entropy(input @ weight^T + bias, target) without the whole [N, V]
+// logits. The CUDA plan walks chunks of rows: the `linear` plan writes a chunk's
+// logits into the workspace, the cross_entropy row kernel turns them in place
+// into dlogits, and GEMM plans add the chunk's share of the gradients. These
+// helpers are the small kernels around that loop (see Note [Linear CE chunks]).
+#pragma once
+
+#include <cstdint>
+
+#include "core/errors.hpp"
+
+struct CUstream_st;
+
+namespace baracuda::loss::lce {
+
+/// One helper launch. `stats` (W = f32, f64 for f64): [0] the gradient scale
+/// (1 / rows kept for mean, else 1; times grad_output when given), [1] the rows kept.
+struct Helper {
+  enum class Stage : uint8_t { prepare, finish, zero } stage = Stage::prepare;
+  int reduction = 1;  ///< 0 none, 1 mean, 2 sum
+  int64_t ignore_index = -100;
+  void* stats = nullptr;
+  // prepare: count the targets kept; write `ones` ones (T) for the bias gradient GEMM.
+  const void* target = nullptr;
+  int64_t target_stride = 0, rows = 0;
+  void* ones = nullptr;
+  int64_t ones_count = 0;
+  const void* grad_output = nullptr;  ///< a T scalar (the backward of mean or sum), or nullptr
+  // finish: out (T scalar) = the sum of row_loss[rows] (T, contiguous), over the rows kept for mean.
+  const void* row_loss = nullptr;
+  void* out = nullptr;
+  // zero: dst[i * s0 + j * s1] = 0 for a [n0, n1] view (gradients of zero rows).
+  void* dst = nullptr;
+  int64_t n0 = 0, n1 = 0, s0 = 0, s1 = 0;
+};
+
+using HelperFn = Status (*)(const Helper&, CUstream_st*);
+
+}  // namespace baracuda::loss::lce
