@@ -410,6 +410,25 @@ TEST(AttentionCuda, BackwardIsDeterministic) {
   }
 }
 
+/// The bespoke sku names the tensor-core kernels where they serve (halves,
+/// head dims 64 and 128) and nothing for the CUDA-core ones.
+TEST(AttentionCuda, SkuNamesTensorCoreKernel) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  PlanPreference pref;
+  pref.backend = Backend::bespoke_cuda;
+  for (const std::string op : {"scaled_dot_product_attention", "scaled_dot_product_attention_backward"})
+    for (DType t : {DType::bf16, DType::f16, DType::f32})
+      for (int64_t d : {64, 96, 128}) {
+        const Shape x{1, 2, 100, d}, lse{1, 2, 100};
+        std::vector<TensorSpec> in{{t, x}, {t, x}, {t, x}, {t, {0}}, {DType::f32, {0}}};
+        if (op.ends_with("backward")) in = {{t, x}, {t, x}, {t, x}, {t, x}, {t, x}, {DType::f32, lse}, {t, {0}}, {DType::f32, {0}}};
+        auto plan = select(Stream::cuda(), OpDesc{op, in, {}, {}}, pref);
+        ASSERT_TRUE(plan) << plan.status().to_string();
+        const bool tc = t != DType::f32 && d != 96 && (*plan)->sku().arch >= 80;
+        EXPECT_EQ(std::string((*plan)->sku().kernel), tc ? "tensor_cores" : "") << op << " " << dtype_name(t) << " d=" << d;
+      }
+}
+
 TEST(AttentionErrors, BadInputIsNamed) {
   auto message = [](const std::string& op, std::vector<TensorSpec> in, const Attrs& attrs = {}) {
     auto r = infer(op, std::move(in), attrs);

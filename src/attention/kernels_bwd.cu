@@ -239,7 +239,7 @@ struct CudaBackward {
       BARACUDA_CUDA_TRY(cudaGetLastError());
     }
     if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
-      if (tensor_core_layout(p) && backward_tc_smem(p.head_dim) <= optin_smem())
+      if (tensor_core_layout(p, current_sm_version()) && tc_backward_smem(p.head_dim) <= optin_smem())
         return attention_backward_tc<T>(p, ws, stream);
     }
     if (p.seq_q > 0) {

@@ -15,8 +15,6 @@
 // See Note [Fragments of the transposed products] for the operand layouts.
 // Both apply the whole score rule of score.hpp element by element, except on
 // tiles every row sees whole with no mask, ALiBi or softcap (tile_plain).
-#include <algorithm>
-
 #include "attention/tensor_core.cuh"
 
 namespace baracuda::attn {
@@ -355,6 +353,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
 
 template <class T, int kD>
 Status launch(const Problem& p, const float* ws, CUstream_st* stream) {
+  static_assert(kv_smem<kD>() == tc_backward_smem(kD) && q_smem<kD>() <= kv_smem<kD>(), "the plan checks this much");
   if (p.seq_q > 0) {
     constexpr size_t smem = q_smem<kD>();
     BARACUDA_TRY(allow_smem(attention_grad_q_tc<T, kD>, smem));
@@ -373,10 +372,6 @@ Status launch(const Problem& p, const float* ws, CUstream_st* stream) {
 }
 
 }  // namespace
-
-size_t backward_tc_smem(int64_t head_dim) {
-  return head_dim == 64 ? std::max(kv_smem<64>(), q_smem<64>()) : std::max(kv_smem<128>(), q_smem<128>());
-}
 
 template <class T>
 Status attention_backward_tc(const Problem& p, const float* ws, CUstream_st* stream) {

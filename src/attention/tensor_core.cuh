@@ -8,7 +8,7 @@
 namespace baracuda::attn {
 
 constexpr int kTcWarps = 4, kTcThreads = kTcWarps * 32, kTcRows = 16 * kTcWarps, kTcKeys = 64;
-static_assert(kTcRows == kTcKeys, "the tile copies move 64 rows, query or key");
+static_assert(kTcRows == 64 && kTcKeys == 64, "the tile copies and tc_backward_smem count 64 rows, query or key");
 constexpr float kLog2e = 1.4426950408889634f;
 
 /// Elements of one padded 64-row tile (pitch kD + 8: ldmatrix rows fall in distinct banks).
@@ -40,24 +40,9 @@ __device__ __forceinline__ bool tile_plain(const Problem& p, const HeadView& v, 
   return k0 >= lo_last && k0 + keys <= hi_first;
 }
 
-/// Whether the tensor-core kernels take the problem: equal head dims of 64 or
-/// 128, unit dim strides and 16-byte aligned rows of the operands they copy
-/// by tiles (q, k, v; grad_out too for the backward), sm_80+.
-inline bool tensor_core_layout(const Problem& p) {
-  if (p.head_dim != p.value_dim || (p.head_dim != 64 && p.head_dim != 128) || current_sm_version() < 80) return false;
-  for (const Operand* o : {&p.q, &p.k, &p.v, &p.grad_out}) {
-    if (o == &p.grad_out && !p.backward) continue;
-    if (o->dim != 1 || o->seq % 8 || o->head % 8 || o->batch % 8 || reinterpret_cast<uintptr_t>(o->data) % 16)
-      return false;
-  }
-  return true;
-}
-
 /// The backward on tensor cores (kernels_bwd_tc.cu) for a problem
-/// tensor_core_layout takes, after the per-row dO . O in `ws`; the shared
-/// memory its dK/dV kernel asks for (the larger of its two).
+/// tensor_core_layout takes, after the per-row dO . O in `ws`.
 template <class T>
 Status attention_backward_tc(const Problem& p, const float* ws, CUstream_st* stream);
-size_t backward_tc_smem(int64_t head_dim);
 
 }  // namespace baracuda::attn
