@@ -4,7 +4,8 @@
 // - dK/dV: a block per 64 keys of one key head, 16 keys a warp. The block
 //   walks every query head of the key head's group and every 64-row query
 //   tile that sees its keys, in order, Q and dO tiles double-buffered by
-//   cp.async, and each warp works on its keys' transposed scores:
+//   cp.async, and each warp works on its keys' transposed scores, 32 query
+//   rows at a time:
 //     S^T = K Q^T, P^T = exp(S^T - lse), dP^T = V dO^T,
 //     dS^T = P^T (dP^T - dO.O) * d score / d raw,
 //     dV += (P^T * dropout) dO, dK += dS^T Q,
@@ -56,13 +57,15 @@ __device__ __forceinline__ float row_lse2(const Problem& p, const HeadView& v, i
 }
 
 /// dS of row i against key j from the raw products q.k and dO.v under the
-/// whole score rule and dropout, and in `pz` the probability times dropout's
-/// factor (the weight dV takes). lse2: the row's lse in log2 units; rdot:
+/// whole score rule and dropout (x), and the probability times dropout's
+/// factor (y: the weight dV takes). lse2: the row's lse in log2 units; rdot:
 /// its dO . O. Out of line: the tiles that need it are the few on a mask,
 /// window or causal edge (or every tile with ALiBi, softcap or dropout), and
-/// inlined into the unrolled tile loop it would cost the plain tiles registers.
-__device__ __noinline__ float grad_score_rule(const Problem& p, const HeadView& v, float raw, float dprob, int64_t i,
-                                              int64_t j, float lse2, float rdot, float& pz) {
+/// inlined into the unrolled tile loop it would cost the plain tiles
+/// registers. By value in and out, so that the callers' accumulators stay
+/// in registers.
+__device__ __noinline__ float2 grad_score_rule(const Problem& p, const HeadView& v, float raw, float dprob, int64_t i,
+                                               int64_t j, float lse2, float rdot) {
   float prob = 0, slope = float(p.scale);
   if (i < v.len_q) {
     int64_t lo, hi;
@@ -74,18 +77,16 @@ __device__ __noinline__ float grad_score_rule(const Problem& p, const HeadView& 
       slope = score_slope<float>(p, capped);
     }
   }
-  if (prob == 0) return pz = 0;
+  if (prob == 0) return make_float2(0.f, 0.f);
   const float z = dropout_factor<float>(p, v, i, j);
-  pz = prob * z;
-  return prob * (z * dprob - rdot) * slope;
+  return make_float2(prob * (z * dprob - rdot) * slope, prob * z);
 }
 
-/// dS (and pz = P) on a tile every row sees whole with no rule and no dropout.
-__device__ __forceinline__ float grad_score_plain(float raw, float dprob, float scale_log2, float scale, float lse2,
-                                                  float rdot, float& pz) {
+/// dS (x) and P (y) on a tile every row sees whole with no rule and no dropout.
+__device__ __forceinline__ float2 grad_score_plain(float raw, float dprob, float scale_log2, float scale, float lse2,
+                                                   float rdot) {
   const float prob = fast_exp2(raw * scale_log2 - lse2);
-  pz = prob;
-  return prob * (dprob - rdot) * scale;
+  return make_float2(prob * (dprob - rdot) * scale, prob);
 }
 
 /// c[0..2 * kD / 16) += a (16 x 16, registers) * tile rows [k0, k0 + 16) x all kD dims (ldmatrix.trans).
@@ -102,8 +103,8 @@ __device__ __forceinline__ void mma_rows(float (&c)[kD / 8][4], const uint32_t (
 }
 
 /// Accumulator tiles 2 kk and 2 kk + 1 (16 rows x 16 columns) as an A fragment.
-template <class T>
-__device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&c)[8][4], int kk) {
+template <class T, int kTiles>
+__device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&c)[kTiles][4], int kk) {
   a[0] = pack2<T>(c[2 * kk][0], c[2 * kk][1]);
   a[1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);
   a[2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
@@ -176,52 +177,60 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
     const float* tR = sR + stage * kTcRows;
     const HeadView v = head_view(p, b, h);
 
-    // S^T = K Q^T and dP^T = V dO^T: the warp's 16 keys x 64 query rows.
-    float s[8][4] = {}, dp[8][4] = {};
+    const bool plain = p.dropout_p <= 0 && tile_plain(p, v, i0, min(i0 + kTcRows, v.len_q) - 1, k0, kTcKeys);
+    // The 64 query rows in two halves of 32 (S^T and dP^T of a whole tile
+    // beside dK and dV would spill at kD = 128).
+#pragma unroll 1
+    for (int q0 = 0; q0 < kTcRows; q0 += 32) {
+      // S^T = K Q^T and dP^T = V dO^T: the warp's 16 keys x 32 query rows.
+      float s[4][4] = {}, dp[4][4] = {};
 #pragma unroll
-    for (int kd = 0; kd < kD / 16; ++kd) {
-      uint32_t ak[4], av[4];
-      ldmatrix_x4(ak, sK + key_row * kPitch + kd * 16 + (lane / 16) * 8);
-      ldmatrix_x4(av, sV + key_row * kPitch + kd * 16 + (lane / 16) * 8);
+      for (int kd = 0; kd < kD / 16; ++kd) {
+        uint32_t ak[4], av[4];
+        ldmatrix_x4(ak, sK + key_row * kPitch + kd * 16 + (lane / 16) * 8);
+        ldmatrix_x4(av, sV + key_row * kPitch + kd * 16 + (lane / 16) * 8);
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        const int brow = (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kPitch + kd * 16 + ((lane >> 3) & 1) * 8;
-        uint32_t bq[4], bg[4];
-        ldmatrix_x4(bq, tQ + brow);
-        ldmatrix_x4(bg, tG + brow);
-        mma_16x8x16<T>(s[2 * np], ak, bq[0], bq[1]);
-        mma_16x8x16<T>(s[2 * np + 1], ak, bq[2], bq[3]);
-        mma_16x8x16<T>(dp[2 * np], av, bg[0], bg[1]);
-        mma_16x8x16<T>(dp[2 * np + 1], av, bg[2], bg[3]);
+        for (int np = 0; np < 2; ++np) {
+          const int brow = (q0 + np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kPitch + kd * 16 + ((lane >> 3) & 1) * 8;
+          uint32_t bq[4], bg[4];
+          ldmatrix_x4(bq, tQ + brow);
+          ldmatrix_x4(bg, tG + brow);
+          mma_16x8x16<T>(s[2 * np], ak, bq[0], bq[1]);
+          mma_16x8x16<T>(s[2 * np + 1], ak, bq[2], bq[3]);
+          mma_16x8x16<T>(dp[2 * np], av, bg[0], bg[1]);
+          mma_16x8x16<T>(dp[2 * np + 1], av, bg[2], bg[3]);
+        }
       }
-    }
-    // Element (nt, e): key k0 + warp * 16 + lane / 4 + 8 (e / 2), row i0 + nt * 8 + 2 quad + (e & 1).
-    if (p.dropout_p <= 0 && tile_plain(p, v, i0, min(i0 + kTcRows, v.len_q) - 1, k0, kTcKeys)) {
+      // Element (nt, e): key k0 + warp * 16 + lane / 4 + 8 (e / 2), row i0 + q0 + nt * 8 + 2 quad + (e & 1).
+      if (plain) {
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+        for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = nt * 8 + 2 * quad + (e & 1);
-          dp[nt][e] = grad_score_plain(s[nt][e], dp[nt][e], scale_log2, scale, tL[r], tR[r], s[nt][e]);
-        }
-    } else {
+          for (int e = 0; e < 4; ++e) {
+            const int r = q0 + nt * 8 + 2 * quad + (e & 1);
+            const float2 g = grad_score_plain(s[nt][e], dp[nt][e], scale_log2, scale, tL[r], tR[r]);
+            dp[nt][e] = g.x, s[nt][e] = g.y;
+          }
+      } else {
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+        for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = nt * 8 + 2 * quad + (e & 1);
-          const int64_t j = k0 + warp * 16 + lane / 4 + 8 * (e / 2);
-          dp[nt][e] = grad_score_rule(p, v, s[nt][e], dp[nt][e], i0 + r, j, tL[r], tR[r], s[nt][e]);
-        }
-    }
-    // dV += (P^T * dropout) dO and dK += dS^T Q, over the 64 rows 16 at a time.
+          for (int e = 0; e < 4; ++e) {
+            const int r = q0 + nt * 8 + 2 * quad + (e & 1);
+            const int64_t j = k0 + warp * 16 + lane / 4 + 8 * (e / 2);
+            const float2 g = grad_score_rule(p, v, s[nt][e], dp[nt][e], i0 + r, j, tL[r], tR[r]);
+            dp[nt][e] = g.x, s[nt][e] = g.y;
+          }
+      }
+      // dV += (P^T * dropout) dO and dK += dS^T Q over these 32 rows, 16 at a time.
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t a[4];
-      to_a<T>(a, s, kk);
-      mma_rows<T, kD>(dv, a, tG, kk * 16, lane);
-      to_a<T>(a, dp, kk);
-      mma_rows<T, kD>(dk, a, tQ, kk * 16, lane);
+      for (int kk = 0; kk < 2; ++kk) {
+        uint32_t a[4];
+        to_a<T>(a, s, kk);
+        mma_rows<T, kD>(dv, a, tG, q0 + kk * 16, lane);
+        to_a<T>(a, dp, kk);
+        mma_rows<T, kD>(dk, a, tQ, q0 + kk * 16, lane);
+      }
     }
     __syncthreads();  // this stage is refilled two tiles on
     h = next_h, i0 = next_i0, have = next;
@@ -313,20 +322,19 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
         mma_16x8x16<T>(dp[2 * np + 1], ag, bv[2], bv[3]);
       }
     }
-    float pz;
     if (p.dropout_p <= 0 && tile_plain(p, v, row0, row_last, k0, kTcKeys)) {
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          dp[nt][e] = grad_score_plain(s[nt][e], dp[nt][e], scale_log2, scale, lse2[e / 2], rdot[e / 2], pz);
+          dp[nt][e] = grad_score_plain(s[nt][e], dp[nt][e], scale_log2, scale, lse2[e / 2], rdot[e / 2]).x;
     } else {
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           dp[nt][e] = grad_score_rule(p, v, s[nt][e], dp[nt][e], row[e / 2], k0 + nt * 8 + 2 * quad + (e & 1),
-                                      lse2[e / 2], rdot[e / 2], pz);
+                                      lse2[e / 2], rdot[e / 2]).x;
     }
     // dQ += dS K over the tile's 64 keys, 16 at a time.
 #pragma unroll
