@@ -286,7 +286,8 @@ struct CudaForward {
   static Status run(const Problem& p, const Workspace&, CUstream_st* stream) {
     if (p.batch == 0 || p.heads_q == 0 || p.seq_q == 0) return Status::ok();
     if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
-      if (tensor_core_layout(p, current_sm_version())) return p.head_dim == 64 ? launch_tc<T, 64>(p, stream) : launch_tc<T, 128>(p, stream);
+      if (tensor_core_layout(p, current_sm_version()))
+        return p.head_dim == 64 ? launch_tc<T, 64>(p, stream) : launch_tc<T, 128>(p, stream);
     }
     const size_t smem = forward_smem(p.head_dim, p.value_dim, sizeof(acc_of<T>));
     BARACUDA_TRY(allow_smem(attention_forward<T>, smem));
