@@ -1,8 +1,11 @@
 """Scaled dot-product attention against PyTorch on one GPU, side by side in
 one run: TFLOP/s with FLOPs = 4*B*H*S^2*D (halved when causal; backward
 2.5x forward), CUDA-event medians for both libraries. Rows: the default
-candidate (cuDNN's fused attention where it serves) and the bespoke
-kernel on a smaller problem."""
+candidate (cuDNN's fused attention where it serves), the bespoke kernels
+forced through the backend preference (forward; backward on tensor cores
+at D128 and D64, causal, and on CUDA cores at D96), and cases cuDNN
+refuses (dropout, softcap) where the default is the bespoke kernel.
+`--only bespoke` runs the bespoke rows."""
 import argparse
 
 import torch
@@ -71,34 +74,56 @@ def main():
                 del ref, qr, kr, vr, g, out, lse
         del q, k, v
     if want("bespoke"):
-        # The bespoke kernels serve what cuDNN refuses (dropout, softcap, ALiBi, boolean masks, f32/f64...):
-        # forward on tensor cores (f16/bf16, D 64/128), backward on CUDA cores.
-        for b, h, s, d, bwd in ((4, 32, 4096, 128, False), (1, 8, 1024, 128, True)):
-            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=bf16) for _ in range(3))
-            out = torch.empty_like(q)
-            lse = torch.empty(b, h, s, device="cuda")
-            m, sl = torch.empty(0, device="cuda", dtype=bf16), torch.empty(0, device="cuda")
-            row(f"bespoke CUDA fwd B{b} H{h} S{s} D{d}",
-                lambda: run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out, lse], ATTRS, "cuda"),
-                lambda: TF.scaled_dot_product_attention(q, k, v), 4 * b * h * s * s * d,
-                check=lambda: close(run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out, lse], ATTRS,
-                                                "cuda")[0], TF.scaled_dot_product_attention(q, k, v), 3e-2))
-            if bwd:
-                g = torch.randn_like(q)
-                grads = [torch.empty_like(q) for _ in range(3)]
-                qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
-                ref = TF.scaled_dot_product_attention(qr, kr, vr)
-                row(f"bespoke CUDA bwd B{b} H{h} S{s} D{d} (CUDA cores)",
-                    lambda: run_backend("scaled_dot_product_attention_backward", [g, q, k, v, out, lse, m, sl], grads,
-                                        ATTRS, "cuda"),
-                    lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True), 10 * b * h * s * s * d)
-            del q, k, v, out, lse
-        # Dropout: cuDNN refuses it (its RNG is not ours), so the default candidate is the bespoke kernel.
+        # The bespoke kernels serve what cuDNN refuses (dropout, softcap, ALiBi, boolean masks, f32/f64...),
+        # forced here through the backend preference: on tensor cores for f16/bf16 at head dims 64 and 128,
+        # on CUDA cores otherwise (the D96 row).
+        b, h, s, d = 4, 32, 4096, 128
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=bf16) for _ in range(3))
+        out, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
+        m, sl = torch.empty(0, device="cuda", dtype=bf16), torch.empty(0, device="cuda")
+        row(f"bespoke CUDA fwd B{b} H{h} S{s} D{d}",
+            lambda: run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out, lse], ATTRS, "cuda"),
+            lambda: TF.scaled_dot_product_attention(q, k, v), 4 * b * h * s * s * d,
+            check=lambda: close(run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out, lse], ATTRS,
+                                            "cuda")[0], TF.scaled_dot_product_attention(q, k, v), 3e-2))
+        del q, k, v, out, lse
+        for b, h, s, d, causal in ((4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (4, 32, 4096, 64, False),
+                                   (1, 8, 1024, 96, False)):
+            attrs = dict(ATTRS, causal=int(causal))
+            q, k, v, g = (torch.randn(b, h, s, d, device="cuda", dtype=bf16) for _ in range(4))
+            out, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
+            run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out, lse], attrs, "cuda")
+            grads = [torch.empty_like(q) for _ in range(3)]
+            qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
+            ref = TF.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+            ours = lambda: run_backend("scaled_dot_product_attention_backward", [g, q, k, v, out, lse, m, sl],  # noqa: E731
+                                       grads, attrs, "cuda")
+            theirs = lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True)  # noqa: E731
+            kernel = "tensor cores" if d in (64, 128) else "CUDA cores"
+            row(f"bespoke CUDA bwd B{b} H{h} S{s} D{d}{' causal' if causal else ''} ({kernel})", ours, theirs,
+                10 * b * h * s * s * d // (2 if causal else 1),
+                check=lambda: all(rel_close(a, r, 2e-2) for a, r in zip(ours(), theirs())))
+            del q, k, v, g, out, lse, grads, qr, kr, vr, ref
+        # Cases cuDNN refuses, so the default candidate is the bespoke kernel: dropout (its RNG is not ours)
+        # and softcap; torch has no softcap, its column is plain attention.
         b, h, s, d = 4, 32, 4096, 128
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=bf16) for _ in range(3))
         row(f"sdpa fwd dropout 0.1 B{b} H{h} S{s} D{d} (bespoke)",
             lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, seed=1),
             lambda: TF.scaled_dot_product_attention(q, k, v, dropout_p=0.1), 4 * b * h * s * s * d)
+        out, lse = F.scaled_dot_product_attention(q, k, v, softcap=30.0, return_lse=True)
+        g = torch.randn_like(out)
+        qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
+        ref = TF.scaled_dot_product_attention(qr, kr, vr)
+        row(f"sdpa bwd softcap 30 B{b} H{h} S{s} D{d} (bespoke)",
+            lambda: F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, softcap=30.0),
+            lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True), 10 * b * h * s * s * d)
+
+
+def rel_close(a, b, tol):
+    """Largest difference within tol times the largest magnitude of b."""
+    return (a.double() - b.double()).abs().max().item() <= tol * b.double().abs().max().item()
+
 
 if __name__ == "__main__":
     main()

@@ -336,39 +336,97 @@ TEST(AttentionVarlen, BadOffsetsAreNamed) {
 }
 
 /// Bigger than one tile in every direction on the CUDA kernels (the sweep's
-/// sizes stay small for the host reference): bf16 and f32, causal, GQA,
-/// transposed [B, S, H, D] memory.
+/// sizes stay small for the host reference): halves (the tensor-core kernels
+/// at head dims 64 and 128) and f32, lengths off the 64-row tiles, GQA,
+/// transposed [B, S, H, D] memory, and the score options: causal, a
+/// bottom-right window with softcap, ALiBi with a key-padding mask, dropout.
 TEST(AttentionCuda, MultiTileAgainstReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(21);
-  const int64_t b = 2, hq = 4, hkv = 2, sq = 133, skv = 161, d = 128;
-  const auto q = uniform(b * hq * sq * d, rng), k = uniform(b * hkv * skv * d, rng), v = uniform(b * hkv * skv * d, rng),
-             g = uniform(b * hq * sq * d, rng);
+  const int64_t b = 2, hq = 4, hkv = 2, sq = 133, skv = 161;
   // [B, S, H, D] memory seen as [B, H, S, D].
   auto bshd = [](int64_t heads, int64_t seq, int64_t dim) { return Shape{seq * heads * dim, dim, heads * dim, 1}; };
-  for (DType t : {DType::bf16, DType::f32}) {
-    const Attrs attrs{{"causal", 1}};
-    std::vector<Operand> in{{q, {b, hq, sq, d}, t, bshd(hq, sq, d)}, {k, {b, hkv, skv, d}, t, bshd(hkv, skv, d)},
-                            {v, {b, hkv, skv, d}, t, bshd(hkv, skv, d)}, {{}, {0}, t}, {{}, {0}, DType::f32}};
-    auto host = exec(Backend::host_reference, "scaled_dot_product_attention", in, attrs);
-    auto cuda = exec(Backend::bespoke_cuda, "scaled_dot_product_attention", in, attrs);
-    ASSERT_TRUE(host && cuda);
-    const double tol = t == DType::bf16 ? 2e-2 : 1e-5;
-    for (size_t e = 0; e < (*host)[0].size(); ++e) ASSERT_NEAR((*cuda)[0][e], (*host)[0][e], tol) << dtype_name(t) << " out " << e;
-    for (size_t e = 0; e < (*host)[1].size(); ++e) ASSERT_NEAR((*cuda)[1][e], (*host)[1][e], 1e-4) << dtype_name(t) << " lse " << e;
-    const DType lt = DType::f32;
-    const std::vector<Operand> bwd{{g, {b, hq, sq, d}, t}, in[0], in[1], in[2], {(*host)[0], {b, hq, sq, d}, t},
-                                   {(*host)[1], {b, hq, sq}, lt}, in[3], in[4]};
-    auto gh = exec(Backend::host_reference, "scaled_dot_product_attention_backward", bwd, attrs);
-    auto gc = exec(Backend::bespoke_cuda, "scaled_dot_product_attention_backward", bwd, attrs);
-    ASSERT_TRUE(gh && gc);
-    for (int o = 0; o < 3; ++o) {
-      double scale = 0;
-      for (double x : (*gh)[o]) scale = std::max(scale, std::abs(x));
-      for (size_t e = 0; e < (*gh)[o].size(); ++e)
-        ASSERT_NEAR((*gc)[o][e], (*gh)[o][e], (t == DType::bf16 ? 2e-2 : 1e-5) * scale) << dtype_name(t) << " grad " << o << " " << e;
-    }
+  std::vector<double> pad(size_t(b * skv)), slopes{0.5, 0.25, 0.125, 0.0625};
+  for (int64_t e = 0; e < b * skv; ++e) pad[size_t(e)] = e % skv < skv - 9 ? 1 : 0;  // the last 9 keys of each batch hidden
+  const std::vector<Attrs> options = {Attrs{{"causal", 1}},
+                                      Attrs{{"window_left", 70}, {"window_right", 5}, {"bottom_right", 1}, {"softcap", 3}},
+                                      Attrs{},
+                                      Attrs{{"dropout_p", 0.2}, {"seed", 5}, {"offset", 11}}};
+  for (int64_t d : {64, 128})
+    for (size_t o = 0; o < options.size(); ++o)
+      for (DType t : {DType::bf16, DType::f16, DType::f32}) {
+        const auto q = uniform(b * hq * sq * d, rng), k = uniform(b * hkv * skv * d, rng),
+                   v = uniform(b * hkv * skv * d, rng), g = uniform(b * hq * sq * d, rng);
+        const Attrs& attrs = options[o];
+        const bool masked = o == 2;
+        std::vector<Operand> in{{q, {b, hq, sq, d}, t, bshd(hq, sq, d)}, {k, {b, hkv, skv, d}, t, bshd(hkv, skv, d)},
+                                {v, {b, hkv, skv, d}, t, bshd(hkv, skv, d)},
+                                masked ? Operand{pad, {b, 1, 1, skv}, DType::boolean} : Operand{{}, {0}, t},
+                                masked ? Operand{slopes, {hq}, DType::f32} : Operand{{}, {0}, DType::f32}};
+        const std::string what = cat(dtype_name(t), " d=", d, " options ", o);
+        auto host = exec(Backend::host_reference, "scaled_dot_product_attention", in, attrs);
+        auto cuda = exec(Backend::bespoke_cuda, "scaled_dot_product_attention", in, attrs);
+        ASSERT_TRUE(host && cuda) << what;
+        const double tol = t == DType::f32 ? 1e-5 : 2e-2;
+        for (size_t e = 0; e < (*host)[0].size(); ++e) ASSERT_NEAR((*cuda)[0][e], (*host)[0][e], tol) << what << " out " << e;
+        for (size_t e = 0; e < (*host)[1].size(); ++e) ASSERT_NEAR((*cuda)[1][e], (*host)[1][e], 1e-4) << what << " lse " << e;
+        const std::vector<Operand> bwd{{g, {b, hq, sq, d}, t},  in[0], in[1], in[2], {(*host)[0], {b, hq, sq, d}, t},
+                                       {(*host)[1], {b, hq, sq}, DType::f32}, in[3], in[4]};
+        auto gh = exec(Backend::host_reference, "scaled_dot_product_attention_backward", bwd, attrs);
+        auto gc = exec(Backend::bespoke_cuda, "scaled_dot_product_attention_backward", bwd, attrs);
+        ASSERT_TRUE(gh && gc) << what;
+        for (int r = 0; r < 3; ++r) {
+          double scale = 0;
+          for (double x : (*gh)[r]) scale = std::max(scale, std::abs(x));
+          for (size_t e = 0; e < (*gh)[r].size(); ++e)
+            ASSERT_NEAR((*gc)[r][e], (*gh)[r][e], (t == DType::f32 ? 1e-5 : 2e-2) * scale) << what << " grad " << r << " " << e;
+        }
+      }
+}
+
+/// The CUDA backward sums dK and dV over the query heads of a group and dQ
+/// over key tiles in a fixed order: two runs agree bit for bit.
+TEST(AttentionCuda, BackwardIsDeterministic) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(5);
+  const int64_t b = 1, hq = 8, hkv = 1, sq = 300, skv = 260, d = 128;
+  for (DType t : {DType::bf16, DType::f16}) {
+    const Shape qs{b, hq, sq, d}, ks{b, hkv, skv, d};
+    const std::vector<Operand> in{{uniform(b * hq * sq * d, rng), qs, t},
+                                  {uniform(b * hq * sq * d, rng), qs, t},
+                                  {uniform(b * hkv * skv * d, rng), ks, t},
+                                  {uniform(b * hkv * skv * d, rng), ks, t},
+                                  {uniform(b * hq * sq * d, rng), qs, t},
+                                  {uniform(b * hq * sq, rng, 3, 6), {b, hq, sq}, DType::f32},
+                                  {{}, {0}, t},
+                                  {{}, {0}, DType::f32}};
+    const Attrs attrs{{"causal", 1}, {"bottom_right", 1}};
+    auto first = exec(Backend::bespoke_cuda, "scaled_dot_product_attention_backward", in, attrs);
+    auto second = exec(Backend::bespoke_cuda, "scaled_dot_product_attention_backward", in, attrs);
+    ASSERT_TRUE(first && second);
+    for (int r = 0; r < 3; ++r)
+      for (size_t e = 0; e < (*first)[r].size(); ++e)
+        ASSERT_EQ((*first)[r][e], (*second)[r][e]) << dtype_name(t) << " grad " << r << " " << e;
   }
+}
+
+/// The bespoke sku names the tensor-core kernels where they serve (halves,
+/// head dims 64 and 128) and nothing for the CUDA-core ones.
+TEST(AttentionCuda, SkuNamesTensorCoreKernel) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  PlanPreference pref;
+  pref.backend = Backend::bespoke_cuda;
+  for (const std::string op : {"scaled_dot_product_attention", "scaled_dot_product_attention_backward"})
+    for (DType t : {DType::bf16, DType::f16, DType::f32})
+      for (int64_t d : {64, 96, 128}) {
+        const Shape x{1, 2, 100, d}, lse{1, 2, 100};
+        std::vector<TensorSpec> in{{t, x}, {t, x}, {t, x}, {t, {0}}, {DType::f32, {0}}};
+        if (op.ends_with("backward")) in = {{t, x}, {t, x}, {t, x}, {t, x}, {t, x}, {DType::f32, lse}, {t, {0}}, {DType::f32, {0}}};
+        auto plan = select(Stream::cuda(), OpDesc{op, in, {}, {}}, pref);
+        ASSERT_TRUE(plan) << plan.status().to_string();
+        const bool tc = t != DType::f32 && d != 96 && (*plan)->sku().arch >= 80;
+        EXPECT_EQ(std::string((*plan)->sku().kernel), tc ? "tensor_cores" : "") << op << " " << dtype_name(t) << " d=" << d;
+      }
 }
 
 TEST(AttentionErrors, BadInputIsNamed) {

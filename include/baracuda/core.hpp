@@ -220,6 +220,9 @@ struct KernelSku {
   int arch = 0;  ///< SM version the kernel was built for (90 = sm_90a); 0 = host
   Backend backend = Backend::host_reference;
   PrecisionGuarantee precision;
+  /// The bespoke kernel where a family has several for one op and dtype
+  /// ("tensor_cores"); empty otherwise. Static storage.
+  const char* kernel = "";
   std::string to_string() const;
 };
 

@@ -87,6 +87,7 @@ CASES = [  # (B, Hq, Hkv, Sq, Skv, D, mask kind, causal)
     (1, 8, 2, 100, 100, 128, None, True),
     (2, 4, 1, 33, 77, 64, "bool", False),
     (1, 2, 2, 128, 96, 128, "float", False),
+    (2, 8, 2, 257, 190, 64, "bool", False),  # several 64-row tiles of the tensor-core backward, GQA 4:1
 ]
 
 

@@ -34,6 +34,11 @@ __device__ void load_rows(Acc* s, int pitch, const T* base, int64_t seq, int64_t
   }
 }
 
+/// Index of row i of (b, h) in the backward's per-row dO . O scratch.
+__device__ __forceinline__ int64_t row_index(const Problem& p, const HeadView& v, int64_t i) {
+  return (v.b * p.heads_q + v.h) * p.seq_q + i;
+}
+
 /// The keys [lo, hi) any of rows [first, last] may see (key ranges grow with the row).
 __device__ __forceinline__ void tile_key_span(const Problem& p, const HeadView& v, int64_t first, int64_t last,
                                               int64_t& lo, int64_t& hi) {

@@ -2,8 +2,11 @@
 // saved lse: a per-row dO . O pass, then one kernel per key tile that sums
 // dK and dV over every query row and every query head of its group in a
 // fixed order, and one kernel per query tile for dQ. Scores are recomputed
-// tile by tile, never stored.
-#include "attention/kernels.cuh"
+// tile by tile, never stored. f16/bf16 problems the tensor-core kernels
+// take (tensor_core_layout: head dims 64 and 128) run those
+// (kernels_bwd_tc.cu) after the same dO . O pass; the rest run these, on
+// CUDA cores.
+#include "attention/tensor_core.cuh"
 
 namespace baracuda::attn {
 
@@ -11,10 +14,6 @@ namespace {
 
 template <class T>
 using Lse = acc_of<T>;
-
-__device__ __forceinline__ int64_t row_index(const Problem& p, const HeadView& v, int64_t i) {
-  return (v.b * p.heads_q + v.h) * p.seq_q + i;
-}
 
 /// ws[b, h, i] = dO_i . O_i, one warp per row.
 template <class T>
@@ -217,6 +216,17 @@ __global__ void __launch_bounds__(kThreads) attention_grad_kv(const Problem p, c
   }
 }
 
+/// Shared memory a block of the current device may opt in to.
+size_t optin_smem() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 48 * 1024;
+  }
+  return size_t(bytes);
+}
+
 template <class T>
 struct CudaBackward {
   static Status run(const Problem& p, const Workspace& w, CUstream_st* stream) {
@@ -227,6 +237,12 @@ struct CudaBackward {
       const dim3 rows(unsigned((p.seq_q + kWarps - 1) / kWarps), unsigned(p.heads_q), unsigned(p.batch));
       attention_row_dots<T><<<rows, kThreads, 0, stream>>>(p, ws);
       BARACUDA_CUDA_TRY(cudaGetLastError());
+    }
+    if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+      if (tensor_core_layout(p, current_sm_version()) && tc_backward_smem(p.head_dim) <= optin_smem())
+        return attention_backward_tc<T>(p, ws, stream);
+    }
+    if (p.seq_q > 0) {
       const size_t smem = grad_q_smem(p.head_dim, p.value_dim, sizeof(Acc));
       BARACUDA_TRY(allow_smem(attention_grad_q<T>, smem));
       const dim3 grid(unsigned((p.seq_q + kRows - 1) / kRows), unsigned(p.heads_q), unsigned(p.batch));

@@ -10,7 +10,7 @@
 //   16 query rows, 32-key tiles, a lane per key for the scores and a lane
 //   per 32nd dim for the output, on CUDA cores.
 // Both apply the whole score rule (mask, window, ALiBi, softcap, dropout).
-#include "attention/kernels.cuh"
+#include "attention/tensor_core.cuh"
 
 namespace baracuda::attn {
 
@@ -107,36 +107,10 @@ __global__ void __launch_bounds__(kThreads) attention_forward(const Problem p) {
 
 // ---------------------------------------------------------------- tensor cores
 
-constexpr int kTcWarps = 4, kTcThreads = kTcWarps * 32, kTcRows = 16 * kTcWarps, kTcKeys = 64;
-
 /// Two stages of K and V tiles (Q is staged once in the second stage's K tile).
 template <int kD>
 constexpr size_t tc_smem() {
-  return size_t(4 * kTcKeys) * (kD + 8) * 2;
-}
-
-/// Issues the copy of 64 rows of kD elements (unit dim stride, 16-byte rows)
-/// into a tile with a pitch of kD + 8 (ldmatrix rows fall in distinct banks);
-/// rows at or past `len` are zero-filled.
-template <int kD, class T>
-__device__ __forceinline__ void issue_tile(T* s, const T* base, int64_t seq, int64_t row0, int64_t len) {
-  constexpr int kPerRow = kD / 8;
-  for (int e = threadIdx.x; e < 64 * kPerRow; e += kTcThreads) {
-    const int r = e / kPerRow, c = e % kPerRow;
-    const int64_t i = row0 + r;
-    cp_async_16(s + r * (kD + 8) + c * 8, i < len ? base + i * seq + c * 8 : base, i < len);
-  }
-}
-
-/// Whether no score of the tile needs the rule: every key is inside every
-/// row's range and there is no mask, ALiBi or softcap.
-__device__ __forceinline__ bool tile_plain(const Problem& p, const HeadView& v, int64_t row0, int64_t row_last,
-                                           int64_t k0, int keys) {
-  if (p.mask.data || p.alibi_slopes || p.softcap > 0 || k0 + keys > v.len_kv) return false;
-  int64_t lo_first, hi_first, lo_last, hi_last;
-  key_range(p, row0, v.len_q, v.len_kv, lo_first, hi_first);
-  key_range(p, row_last, v.len_q, v.len_kv, lo_last, hi_last);
-  return k0 >= lo_last && k0 + keys <= hi_first;
+  return size_t(4 * tc_tile<kD>()) * 2;
 }
 
 template <class T, int kD>
@@ -180,7 +154,6 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
     if (row[r] < v.len_q) key_range(p, row[r], v.len_q, v.len_kv, lo[r], hi[r]);
   }
   // Scores are kept in log2 units (times log2 e): exp becomes one ex2.
-  constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = float(p.scale * 1.4426950408889634);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
   float o[kDimTiles][4] = {};
@@ -296,16 +269,6 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
   }
 }
 
-/// Whether the tensor-core kernel takes the problem: equal head dims of 64 or
-/// 128, unit dim strides and 16-byte aligned rows of q, k and v, sm_80+.
-bool tensor_core_layout(const Problem& p) {
-  if (p.head_dim != p.value_dim || (p.head_dim != 64 && p.head_dim != 128) || current_sm_version() < 80) return false;
-  for (const Operand* o : {&p.q, &p.k, &p.v})
-    if (o->dim != 1 || o->seq % 8 || o->head % 8 || o->batch % 8 || reinterpret_cast<uintptr_t>(o->data) % 16)
-      return false;
-  return true;
-}
-
 template <class T, int kD>
 Status launch_tc(const Problem& p, CUstream_st* stream) {
   constexpr size_t smem = tc_smem<kD>();
@@ -323,7 +286,8 @@ struct CudaForward {
   static Status run(const Problem& p, const Workspace&, CUstream_st* stream) {
     if (p.batch == 0 || p.heads_q == 0 || p.seq_q == 0) return Status::ok();
     if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
-      if (tensor_core_layout(p)) return p.head_dim == 64 ? launch_tc<T, 64>(p, stream) : launch_tc<T, 128>(p, stream);
+      if (tensor_core_layout(p, current_sm_version()))
+        return p.head_dim == 64 ? launch_tc<T, 64>(p, stream) : launch_tc<T, 128>(p, stream);
     }
     const size_t smem = forward_smem(p.head_dim, p.value_dim, sizeof(acc_of<T>));
     BARACUDA_TRY(allow_smem(attention_forward<T>, smem));

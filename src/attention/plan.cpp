@@ -420,6 +420,10 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
     if (backend == Backend::bespoke_cuda) engine = std::make_unique<CudaEngine>(fn, device_max_smem());
     else engine = std::make_unique<TableEngine>(fn);
     BARACUDA_TRY(engine->supports(problem));
+    // The kernel contiguous operands get; other strides run the CUDA-core kernels.
+    if (backend == Backend::bespoke_cuda && tiles::tensor_core_layout(problem, sku.arch) &&
+        (!def.backward || tiles::tc_backward_smem(problem.head_dim) <= device_max_smem()))
+      sku.kernel = "tensor_cores";
   }
   const size_t workspace = engine->workspace(problem);
   return PlanPtr(std::make_unique<AttentionPlan>(def, info, std::move(*full), *fixed, std::move(engine), workspace, sku));

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attention/problem.hpp"
+
 namespace baracuda::attn::tiles {
 
 constexpr int kWarps = 8, kThreads = kWarps * 32;
@@ -25,6 +27,26 @@ inline size_t grad_q_smem(int64_t d, int64_t dv, size_t acc) {
 inline size_t grad_kv_smem(int64_t d, int64_t dv, size_t acc) {
   const int64_t keys = kWarps * keys_per_warp(acc);
   return acc * size_t(keys * d + keys * dv + kRowsBwd * (d + 1) + kRowsBwd * (dv + 1) + 2 * kRowsBwd);
+}
+
+/// Tensor-core kernels (f16/bf16, tensor_core.cuh): 64-row tiles padded to
+/// a pitch of d + 8 elements. The backward's dK/dV and dQ kernels each keep
+/// six such tiles (and the dK/dV kernel two stages of 64 lse and dO . O).
+constexpr size_t tc_backward_smem(int64_t d) { return size_t(6 * 64 * (d + 8)) * 2 + 4 * 64 * sizeof(float); }
+
+/// Whether the tensor-core kernels take a problem on a device of compute
+/// capability `sm`: f16/bf16, equal head dims of 64 or 128, unit dim strides
+/// and 16-byte aligned rows of the operands they copy by tiles (q, k, v; and
+/// grad_out for the backward), sm_80+.
+inline bool tensor_core_layout(const Problem& p, int sm) {
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16) return false;
+  if (p.head_dim != p.value_dim || (p.head_dim != 64 && p.head_dim != 128) || sm < 80) return false;
+  for (const Operand* o : {&p.q, &p.k, &p.v, &p.grad_out}) {
+    if (o == &p.grad_out && !p.backward) continue;
+    if (o->dim != 1 || o->seq % 8 || o->head % 8 || o->batch % 8 || reinterpret_cast<uintptr_t>(o->data) % 16)
+      return false;
+  }
+  return true;
 }
 
 }  // namespace baracuda::attn::tiles

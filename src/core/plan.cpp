@@ -43,6 +43,7 @@ std::string KernelSku::to_string() const {
   if (aux_element) s += cat("->", dtype_name(*aux_element));
   s += cat("/", backend_name(backend));
   if (arch) s += cat("/sm", arch);
+  if (*kernel) s += cat("/", kernel);
   s += cat("/math=", math_precision_name(precision.math), ",acc=", dtype_name(precision.accumulator),
            precision.deterministic ? ",deterministic" : ",nondeterministic");
   return s;

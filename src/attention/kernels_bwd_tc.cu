@@ -1,0 +1,391 @@
+// The bespoke attention backward on tensor cores (f16/bf16, head dims 64
+// and 128, mma.sync m16n8k16 with f32 accumulators), FlashAttention-2's
+// two deterministic passes after the per-row dO . O (kernels_bwd.cu):
+// - dK/dV: a block per 64 keys of one key head, 16 keys a warp. The block
+//   walks every query head of the key head's group and every 64-row query
+//   tile that sees its keys, in order, Q and dO tiles double-buffered by
+//   cp.async, and each warp works on its keys' transposed scores, 32 query
+//   rows at a time:
+//     S^T = K Q^T, P^T = exp(S^T - lse), dP^T = V dO^T,
+//     dS^T = P^T (dP^T - dO.O) * d score / d raw,
+//     dV += (P^T * dropout) dO, dK += dS^T Q,
+//   with dK and dV summed in registers (no atomics, a fixed order).
+// - dQ: a block per 64 query rows, 16 a warp, Q and dO held in
+//   shared memory; K and V tiles double-buffered; S, P, dP and dS recomputed
+//   as above, untransposed, and dQ += dS K.
+// See Note [Fragments of the transposed products] for the operand layouts.
+// Both apply the whole score rule of score.hpp element by element, except on
+// tiles every row sees whole with no mask, ALiBi or softcap (tile_plain).
+#include "attention/tensor_core.cuh"
+
+namespace baracuda::attn {
+
+// Note [Fragments of the transposed products]
+// mma.sync m16n8k16 multiplies A (16 x 16, row) by B (16 x 8, "col": k
+// fastest per n). With Q, K, V, dO in shared memory as [row][dim] tiles:
+// - an operand whose 16 rows are the M rows (K in S^T = K Q^T, V in dP^T =
+//   V dO^T, Q in S = Q K^T) is an A fragment by a plain ldmatrix.x4: lanes
+//   0-15 give rows 0-15 at dim 0, lanes 16-31 the same rows at dim 8;
+// - an operand contracted over dim (Q in K Q^T, dO in V dO^T, K in Q K^T)
+//   is a B fragment by a plain ldmatrix.x4 of its rows (n = row, k = dim);
+// - an operand contracted over its rows (dO in P^T dO, Q in dS^T Q, K in
+//   dS K) is a B fragment by ldmatrix.x4.trans of [k rows][n dims];
+// - an accumulator (P^T, dS^T, dS: rows g and g + 8, columns 2 * quad, +1 of
+//   each 8-column tile) becomes the A fragment of the next product by
+//   packing two 8-column tiles, as the forward does with P.
+
+namespace {
+
+/// Scratch of the dK/dV kernel: K, V, two stages of Q and dO tiles, and two
+/// stages of the query rows' lse (log2 units) and dO . O.
+template <int kD>
+constexpr size_t kv_smem() {
+  return size_t(6 * tc_tile<kD>()) * 2 + 4 * kTcRows * sizeof(float);
+}
+/// Scratch of the dQ kernel: Q, dO and two stages of K and V tiles.
+template <int kD>
+constexpr size_t q_smem() {
+  return size_t(6 * tc_tile<kD>()) * 2;
+}
+
+/// A row's lse in log2 units, +inf for a row past the sequence or one that
+/// saw no key, so that exp2(score - lse) is 0 there.
+__device__ __forceinline__ float row_lse2(const Problem& p, const HeadView& v, int64_t i) {
+  if (i >= v.len_q) return INFINITY;
+  const float l = reinterpret_cast<const float*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + i)];
+  return l == -INFINITY ? INFINITY : l * kLog2e;
+}
+
+/// dS of row i against key j from the raw products q.k and dO.v under the
+/// whole score rule and dropout (x), and the probability times dropout's
+/// factor (y: the weight dV takes). lse2: the row's lse in log2 units; rdot:
+/// its dO . O. Out of line: the tiles that need it are the few on a mask,
+/// window or causal edge (or every tile with ALiBi, softcap or dropout), and
+/// inlined into the unrolled tile loop it would cost the plain tiles
+/// registers. By value in and out, so that the callers' accumulators stay
+/// in registers.
+__device__ __noinline__ float2 grad_score_rule(const Problem& p, const HeadView& v, float raw, float dprob, int64_t i,
+                                               int64_t j, float lse2, float rdot) {
+  float prob = 0, slope = float(p.scale);
+  if (i < v.len_q) {
+    int64_t lo, hi;
+    key_range(p, i, v.len_q, v.len_kv, lo, hi);
+    if (j >= lo && j < hi) {
+      float capped;
+      const float s = score<float>(p, v, raw, i, j, capped);
+      prob = fast_exp2(s * kLog2e - lse2);
+      slope = score_slope<float>(p, capped);
+    }
+  }
+  if (prob == 0) return make_float2(0.f, 0.f);
+  const float z = dropout_factor<float>(p, v, i, j);
+  return make_float2(prob * (z * dprob - rdot) * slope, prob * z);
+}
+
+/// dS (x) and P (y) on a tile every row sees whole with no rule and no dropout.
+__device__ __forceinline__ float2 grad_score_plain(float raw, float dprob, float scale_log2, float scale, float lse2,
+                                                   float rdot) {
+  const float prob = fast_exp2(raw * scale_log2 - lse2);
+  return make_float2(prob * (dprob - rdot) * scale, prob);
+}
+
+/// c[0..2 * kD / 16) += a (16 x 16, registers) * tile rows [k0, k0 + 16) x all kD dims (ldmatrix.trans).
+template <class T, int kD>
+__device__ __forceinline__ void mma_rows(float (&c)[kD / 8][4], const uint32_t (&a)[4], const T* tile, int k0, int lane) {
+  constexpr int kPitch = kD + 8;
+#pragma unroll
+  for (int dp = 0; dp < kD / 16; ++dp) {
+    uint32_t b[4];
+    ldmatrix_x4_trans(b, tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * kPitch + dp * 16 + (lane >> 4) * 8);
+    mma_16x8x16<T>(c[2 * dp], a, b[0], b[1]);
+    mma_16x8x16<T>(c[2 * dp + 1], a, b[2], b[3]);
+  }
+}
+
+/// Accumulator tiles 2 kk and 2 kk + 1 (16 rows x 16 columns) as an A fragment.
+template <class T, int kTiles>
+__device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&c)[kTiles][4], int kk) {
+  a[0] = pack2<T>(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+/// The next query tile (head h, rows from i0) of key head hk's group that
+/// sees a key of [k0, k_last], from (h, i0) on; false when none is left.
+__device__ bool next_query_tile(const Problem& p, int64_t b, int64_t hk, int64_t k0, int64_t k_last, int64_t& h,
+                                int64_t& i0) {
+  for (; h < (hk + 1) * p.group(); ++h, i0 = 0) {
+    const HeadView v = head_view(p, b, h);
+    for (; i0 < v.len_q; i0 += kTcRows) {
+      int64_t lo_first, hi_first, lo_last, hi_last;
+      key_range(p, i0, v.len_q, v.len_kv, lo_first, hi_first);
+      key_range(p, min(i0 + kTcRows, v.len_q) - 1, v.len_q, v.len_kv, lo_last, hi_last);
+      if (hi_last > k0 && lo_first <= k_last) return true;
+    }
+  }
+  return false;
+}
+
+template <class T, int kD>
+__global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_constant__ Problem p, const float* ws) {
+  constexpr int kPitch = kD + 8, kTile = tc_tile<kD>(), kDimTiles = kD / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);                  // [64][kPitch]
+  T* sV = sK + kTile;                                  // [64][kPitch]
+  T* sQ[2] = {sV + kTile, sV + 3 * kTile};             // stage s: Q, then dO
+  float* sL = reinterpret_cast<float*>(sV + 5 * kTile);  // [2][64] lse (log2 units)
+  float* sR = sL + 2 * kTcRows;                        // [2][64] dO . O
+  const int64_t b = blockIdx.z, hk = blockIdx.y, k0 = int64_t(blockIdx.x) * kTcKeys;
+  const HeadView first = head_view(p, b, hk * p.group());
+  if (!first.valid || k0 >= first.len_kv) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
+  const int64_t k_last = min(k0 + kTcKeys, first.len_kv) - 1;
+  issue_tile<kD>(sK, reinterpret_cast<const T*>(p.k.data) + p.k.at(b, hk, first.tok_kv), p.k.seq, k0, first.len_kv);
+  issue_tile<kD>(sV, reinterpret_cast<const T*>(p.v.data) + p.v.at(b, hk, first.tok_kv), p.v.seq, k0, first.len_kv);
+
+  // Stage s takes query tile (h, i0): Q and dO by cp.async, lse and dO . O by plain stores.
+  auto load_stage = [&](int s, int64_t h, int64_t i0) {
+    const HeadView v = head_view(p, b, h);
+    issue_tile<kD>(sQ[s], reinterpret_cast<const T*>(p.q.data) + p.q.at(b, h, v.tok_q), p.q.seq, i0, v.len_q);
+    issue_tile<kD>(sQ[s] + kTile, reinterpret_cast<const T*>(p.grad_out.data) + p.grad_out.at(b, h, v.tok_q),
+                   p.grad_out.seq, i0, v.len_q);
+    if (threadIdx.x < kTcRows) {
+      const int64_t i = i0 + threadIdx.x;
+      sL[s * kTcRows + threadIdx.x] = row_lse2(p, v, i);
+      sR[s * kTcRows + threadIdx.x] = i < v.len_q ? ws[row_index(p, v, i)] : 0.f;
+    }
+  };
+  int64_t h = hk * p.group(), i0 = 0;
+  bool have = next_query_tile(p, b, hk, k0, k_last, h, i0);
+  if (have) load_stage(0, h, i0);
+  cp_async_commit();
+
+  const float scale = float(p.scale), scale_log2 = float(p.scale * 1.4426950408889634);
+  float dk[kDimTiles][4] = {}, dv[kDimTiles][4] = {};
+  const int key_row = warp * 16 + lane % 16;  // this lane's ldmatrix row of the warp's 16 keys
+  for (int stage = 0; have; stage ^= 1) {
+    int64_t next_h = h, next_i0 = i0 + kTcRows;
+    const bool next = next_query_tile(p, b, hk, k0, k_last, next_h, next_i0);
+    if (next) load_stage(stage ^ 1, next_h, next_i0);  // streams in while this tile is used
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const T* tQ = sQ[stage];
+    const T* tG = sQ[stage] + kTile;
+    const float* tL = sL + stage * kTcRows;
+    const float* tR = sR + stage * kTcRows;
+    const HeadView v = head_view(p, b, h);
+
+    const bool plain = p.dropout_p <= 0 && tile_plain(p, v, i0, min(i0 + kTcRows, v.len_q) - 1, k0, kTcKeys);
+    // The 64 query rows in two halves of 32 (S^T and dP^T of a whole tile
+    // beside dK and dV would spill at kD = 128).
+#pragma unroll 1
+    for (int q0 = 0; q0 < kTcRows; q0 += 32) {
+      // S^T = K Q^T and dP^T = V dO^T: the warp's 16 keys x 32 query rows.
+      float s[4][4] = {}, dp[4][4] = {};
+#pragma unroll
+      for (int kd = 0; kd < kD / 16; ++kd) {
+        uint32_t ak[4], av[4];
+        ldmatrix_x4(ak, sK + key_row * kPitch + kd * 16 + (lane / 16) * 8);
+        ldmatrix_x4(av, sV + key_row * kPitch + kd * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          const int brow = (q0 + np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kPitch + kd * 16 + ((lane >> 3) & 1) * 8;
+          uint32_t bq[4], bg[4];
+          ldmatrix_x4(bq, tQ + brow);
+          ldmatrix_x4(bg, tG + brow);
+          mma_16x8x16<T>(s[2 * np], ak, bq[0], bq[1]);
+          mma_16x8x16<T>(s[2 * np + 1], ak, bq[2], bq[3]);
+          mma_16x8x16<T>(dp[2 * np], av, bg[0], bg[1]);
+          mma_16x8x16<T>(dp[2 * np + 1], av, bg[2], bg[3]);
+        }
+      }
+      // Element (nt, e): key k0 + warp * 16 + lane / 4 + 8 (e / 2), row i0 + q0 + nt * 8 + 2 quad + (e & 1).
+      if (plain) {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = q0 + nt * 8 + 2 * quad + (e & 1);
+            const float2 g = grad_score_plain(s[nt][e], dp[nt][e], scale_log2, scale, tL[r], tR[r]);
+            dp[nt][e] = g.x, s[nt][e] = g.y;
+          }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = q0 + nt * 8 + 2 * quad + (e & 1);
+            const int64_t j = k0 + warp * 16 + lane / 4 + 8 * (e / 2);
+            const float2 g = grad_score_rule(p, v, s[nt][e], dp[nt][e], i0 + r, j, tL[r], tR[r]);
+            dp[nt][e] = g.x, s[nt][e] = g.y;
+          }
+      }
+      // dV += (P^T * dropout) dO and dK += dS^T Q over these 32 rows, 16 at a time.
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        uint32_t a[4];
+        to_a<T>(a, s, kk);
+        mma_rows<T, kD>(dv, a, tG, q0 + kk * 16, lane);
+        to_a<T>(a, dp, kk);
+        mma_rows<T, kD>(dk, a, tQ, q0 + kk * 16, lane);
+      }
+    }
+    __syncthreads();  // this stage is refilled two tiles on
+    h = next_h, i0 = next_i0, have = next;
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t j = k0 + warp * 16 + lane / 4 + 8 * r;
+    if (j >= first.len_kv) continue;
+    T* gk = reinterpret_cast<T*>(p.grad_k.data) + p.grad_k.at(b, hk, first.tok_kv + j);
+    T* gv = reinterpret_cast<T*>(p.grad_v.data) + p.grad_v.at(b, hk, first.tok_kv + j);
+#pragma unroll
+    for (int dt = 0; dt < kDimTiles; ++dt) {
+      const int d = dt * 8 + 2 * quad;
+      gk[d * p.grad_k.dim] = convert<T>(dk[dt][2 * r]);
+      gk[(d + 1) * p.grad_k.dim] = convert<T>(dk[dt][2 * r + 1]);
+      gv[d * p.grad_v.dim] = convert<T>(dv[dt][2 * r]);
+      gv[(d + 1) * p.grad_v.dim] = convert<T>(dv[dt][2 * r + 1]);
+    }
+  }
+}
+
+template <class T, int kD>
+__global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_constant__ Problem p, const float* ws) {
+  constexpr int kPitch = kD + 8, kTile = tc_tile<kD>(), kDimTiles = kD / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);                 // [64][kPitch]
+  T* sG = sQ + kTile;                                  // [64][kPitch] dO
+  T* sK[2] = {sG + kTile, sG + 3 * kTile};             // stage s: K, then V
+  const HeadView v = head_view(p, blockIdx.z, blockIdx.y);
+  const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
+  if (!v.valid || row0 >= v.len_q) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
+  const T* k = reinterpret_cast<const T*>(p.k.data) + p.k.at(v.b, v.hk, v.tok_kv);
+  const T* val = reinterpret_cast<const T*>(p.v.data) + p.v.at(v.b, v.hk, v.tok_kv);
+  const int64_t row_last = min(row0 + kTcRows, v.len_q) - 1;
+  int64_t span_lo, span_hi;
+  tile_key_span(p, v, row0, row_last, span_lo, span_hi);
+  issue_tile<kD>(sQ, reinterpret_cast<const T*>(p.q.data) + p.q.at(v.b, v.h, v.tok_q), p.q.seq, row0, v.len_q);
+  issue_tile<kD>(sG, reinterpret_cast<const T*>(p.grad_out.data) + p.grad_out.at(v.b, v.h, v.tok_q), p.grad_out.seq,
+                 row0, v.len_q);
+  if (span_lo < span_hi) {
+    issue_tile<kD>(sK[0], k, p.k.seq, span_lo, v.len_kv);
+    issue_tile<kD>(sK[0] + kTile, val, p.v.seq, span_lo, v.len_kv);
+  }
+  cp_async_commit();
+  // Q and dO stay in shared memory (A fragments reread per tile): in
+  // registers with dQ, S and dP they would spill at kD = 128.
+  const int q_row = warp * 16 + lane % 16;  // this lane's ldmatrix row of the warp's 16 rows
+
+  // This thread's rows: g and g + 8 of the warp's 16.
+  int64_t row[2];
+  float lse2[2], rdot[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row[r] = row0 + warp * 16 + lane / 4 + 8 * r;
+    lse2[r] = row_lse2(p, v, row[r]);
+    rdot[r] = row[r] < v.len_q ? ws[row_index(p, v, row[r])] : 0.f;
+  }
+  const float scale = float(p.scale), scale_log2 = float(p.scale * 1.4426950408889634);
+  float dq[kDimTiles][4] = {};
+  int stage = 0;
+  for (int64_t k0 = span_lo; k0 < span_hi; k0 += kTcKeys, stage ^= 1) {
+    if (k0 + kTcKeys < span_hi) {  // the next tile streams in while this one is used
+      issue_tile<kD>(sK[stage ^ 1], k, p.k.seq, k0 + kTcKeys, v.len_kv);
+      issue_tile<kD>(sK[stage ^ 1] + kTile, val, p.v.seq, k0 + kTcKeys, v.len_kv);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const T* tK = sK[stage];
+    const T* tV = sK[stage] + kTile;
+    // S = Q K^T and dP = dO V^T: the warp's 16 rows x 64 keys.
+    float s[8][4] = {}, dp[8][4] = {};
+#pragma unroll
+    for (int kd = 0; kd < kD / 16; ++kd) {
+      uint32_t aq[4], ag[4];
+      ldmatrix_x4(aq, sQ + q_row * kPitch + kd * 16 + (lane / 16) * 8);
+      ldmatrix_x4(ag, sG + q_row * kPitch + kd * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        const int brow = (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kPitch + kd * 16 + ((lane >> 3) & 1) * 8;
+        uint32_t bk[4], bv[4];
+        ldmatrix_x4(bk, tK + brow);
+        ldmatrix_x4(bv, tV + brow);
+        mma_16x8x16<T>(s[2 * np], aq, bk[0], bk[1]);
+        mma_16x8x16<T>(s[2 * np + 1], aq, bk[2], bk[3]);
+        mma_16x8x16<T>(dp[2 * np], ag, bv[0], bv[1]);
+        mma_16x8x16<T>(dp[2 * np + 1], ag, bv[2], bv[3]);
+      }
+    }
+    if (p.dropout_p <= 0 && tile_plain(p, v, row0, row_last, k0, kTcKeys)) {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          dp[nt][e] = grad_score_plain(s[nt][e], dp[nt][e], scale_log2, scale, lse2[e / 2], rdot[e / 2]).x;
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          dp[nt][e] = grad_score_rule(p, v, s[nt][e], dp[nt][e], row[e / 2], k0 + nt * 8 + 2 * quad + (e & 1),
+                                      lse2[e / 2], rdot[e / 2]).x;
+    }
+    // dQ += dS K over the tile's 64 keys, 16 at a time.
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t a[4];
+      to_a<T>(a, dp, kk);
+      mma_rows<T, kD>(dq, a, tK, kk * 16, lane);
+    }
+    __syncthreads();  // this stage is refilled two tiles on
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= v.len_q) continue;
+    T* out = reinterpret_cast<T*>(p.grad_q.data) + p.grad_q.at(v.b, v.h, v.tok_q + row[r]);
+#pragma unroll
+    for (int dt = 0; dt < kDimTiles; ++dt) {
+      const int d = dt * 8 + 2 * quad;
+      out[d * p.grad_q.dim] = convert<T>(dq[dt][2 * r]);
+      out[(d + 1) * p.grad_q.dim] = convert<T>(dq[dt][2 * r + 1]);
+    }
+  }
+}
+
+template <class T, int kD>
+Status launch(const Problem& p, const float* ws, CUstream_st* stream) {
+  static_assert(kv_smem<kD>() == tc_backward_smem(kD) && q_smem<kD>() <= kv_smem<kD>(), "the plan checks this much");
+  if (p.seq_q > 0) {
+    constexpr size_t smem = q_smem<kD>();
+    BARACUDA_TRY(allow_smem(attention_grad_q_tc<T, kD>, smem));
+    const dim3 grid(unsigned((p.seq_q + kTcRows - 1) / kTcRows), unsigned(p.heads_q), unsigned(p.batch));
+    attention_grad_q_tc<T, kD><<<grid, kTcThreads, smem, stream>>>(p, ws);
+    BARACUDA_CUDA_TRY(cudaGetLastError());
+  }
+  if (p.seq_kv > 0) {
+    constexpr size_t smem = kv_smem<kD>();
+    BARACUDA_TRY(allow_smem(attention_grad_kv_tc<T, kD>, smem));
+    const dim3 grid(unsigned((p.seq_kv + kTcKeys - 1) / kTcKeys), unsigned(p.heads_kv), unsigned(p.batch));
+    attention_grad_kv_tc<T, kD><<<grid, kTcThreads, smem, stream>>>(p, ws);
+    BARACUDA_CUDA_TRY(cudaGetLastError());
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+template <class T>
+Status attention_backward_tc(const Problem& p, const float* ws, CUstream_st* stream) {
+  return p.head_dim == 64 ? launch<T, 64>(p, ws, stream) : launch<T, 128>(p, ws, stream);
+}
+template Status attention_backward_tc<__half>(const Problem&, const float*, CUstream_st*);
+template Status attention_backward_tc<__nv_bfloat16>(const Problem&, const float*, CUstream_st*);
+
+}  // namespace baracuda::attn
