@@ -176,12 +176,16 @@ def test_scaled_mm_matches_torch(out_dtype, types, with_bias, fast):
     got = F.scaled_mm(a, b, sa, sb, bias=bias, out_dtype=od, use_fast_accum=fast)
     assert got.dtype == od and got.shape == (m, n)
     want = (a.double() @ b.double()) * 0.75 + (bias.double() if with_bias else 0)
-    close(got, want, out_dtype, scale=8, msg="vs f64")
+    # Hopper's fp8 tensor cores add in less than f32 precision (about 1e-4 relative
+    # at K = 96 on the H100, with or without fast accumulation): an f32 output is
+    # held to that, not to f32 rounding.
+    scale = 64 if out_dtype == "float32" else 8
+    close(got, want, out_dtype, scale=scale, msg="vs f64")
     try:
         theirs = torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=od, use_fast_accum=fast)
     except RuntimeError as e:  # a pair or bias this torch build does not take
         pytest.skip(f"torch._scaled_mm: {e}")
-    close(got, theirs, out_dtype, scale=8, msg="vs torch._scaled_mm")
+    close(got, theirs, out_dtype, scale=scale, msg="vs torch._scaled_mm")
 
 
 @gpu
