@@ -294,13 +294,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
   float dq[kDimTiles][4] = {};
   int stage = 0;
   for (int64_t k0 = span_lo; k0 < span_hi; k0 += kTcKeys, stage ^= 1) {
-    if (k0 + kTcKeys < span_hi) {  // the next tile streams in while this one is used
-      issue_tile<kD>(sK[stage ^ 1], k, p.k.seq, k0 + kTcKeys, v.len_kv);
-      issue_tile<kD>(sK[stage ^ 1] + kTile, val, p.v.seq, k0 + kTcKeys, v.len_kv);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
+    await_kv_stage<kD>(sK[stage ^ 1], k, p.k.seq, val, p.v.seq, k0 + kTcKeys, span_hi, v.len_kv);
     const T* tK = sK[stage];
     const T* tV = sK[stage] + kTile;
     // S = Q K^T and dP = dO V^T: the warp's 16 rows x 64 keys.

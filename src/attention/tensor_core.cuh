@@ -29,6 +29,22 @@ __device__ __forceinline__ void issue_tile(T* s, const T* base, int64_t seq, int
   }
 }
 
+/// One step of the K/V double buffer: issues the copy of the key and value
+/// rows from `next` into `dst` (K, then V one tile further) when `next` is
+/// before `end`, then waits for the stage issued one step earlier, so that the
+/// next tile streams in while this one is used. Every thread calls it.
+template <int kD, class T>
+__device__ __forceinline__ void await_kv_stage(T* dst, const T* k, int64_t k_seq, const T* v, int64_t v_seq,
+                                               int64_t next, int64_t end, int64_t len_kv) {
+  if (next < end) {
+    issue_tile<kD>(dst, k, k_seq, next, len_kv);
+    issue_tile<kD>(dst + tc_tile<kD>(), v, v_seq, next, len_kv);
+  }
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncthreads();
+}
+
 /// Whether no score of the tile needs the rule: every key is inside every
 /// row's range and there is no mask, ALiBi or softcap.
 __device__ __forceinline__ bool tile_plain(const Problem& p, const HeadView& v, int64_t row0, int64_t row_last,
