@@ -49,6 +49,31 @@ struct LtRequest {
 /// that amount. Defined only in CUDA builds.
 Result<std::unique_ptr<Engine>> make_lt_engine(const LtRequest& request, std::span<const Problem> probes);
 
+/// cuBLASLt's scratch: its heuristics pick from algorithms needing at most
+/// this (a plan's workspace is what the picked ones need).
+inline constexpr size_t kLtWorkspace = size_t(32) << 20;
+
+/// Note [Product steps]
+/// A GEMM that a plan of another family runs inside its own loop, over 2-D
+/// views bound at each run: D = A @ B + beta * D, A and B of one dtype, D of
+/// that dtype or f32 for f16/bf16 (to sum products across calls in f32).
+/// cuBLASLt runs the views it takes, the bespoke kernel the others (any
+/// strides). Fixed summation order, no atomics; run neither allocates nor
+/// synchronises (capturable).
+class ProductStep {
+ public:
+  /// Readied for views laid out as `d`, `a` and `b` (data may be null).
+  static Result<ProductStep> make(const TensorView& d, const TensorView& a, const TensorView& b);
+  Status run(const TensorView& d, const TensorView& a, const TensorView& b, double beta, const Workspace& workspace,
+             CUstream_st* stream) const;
+  /// Exact scratch bytes `run` may use.
+  size_t workspace() const { return lt_ ? lt_->workspace() : 0; }
+
+ private:
+  std::unique_ptr<const Engine> lt_;  ///< null: cuBLASLt is not built in or refused the dtypes
+  GemmFn bespoke_ = nullptr;
+};
+
 /// Whether cuBLASLt can fold a bias gradient (over M, summed over K) into
 /// the problem's GEMM: one non-empty call, no batch or reduction loop, no addend.
 inline bool lt_can_fuse_bias_grad(const Problem& p) {

@@ -248,10 +248,6 @@ Status bind_op(const Def& def, const OpDesc& desc, const OpArgs& args, Bound& bo
   return internal_error(def.name, ": unknown kind");
 }
 
-/// cuBLASLt's scratch: its heuristics pick from algorithms needing at most
-/// this (the plan's workspace is what the picked ones need).
-constexpr size_t kLtWorkspace = size_t(32) << 20;
-
 /// Gives linear_backward's grad_weight problem the grad_bias to fill when
 /// cuBLASLt can sum it in the GEMM's epilogue (Note [Fused bias gradient]).
 void fuse_bias_grad(Bound& bound, const TensorView& grad_bias) {

@@ -13,9 +13,11 @@ struct Pair {
   using in = In;
   using out = Out;
 };
-/// Floats map to themselves; int8 products accumulate into i32 (torch's _int_mm).
+/// Floats map to themselves; int8 products accumulate into i32 (torch's _int_mm);
+/// f16 and bf16 also into f32 (ProductStep: other families' sums across calls).
 using GemmPairs = TypeList<Pair<float, float>, Pair<__half, __half>, Pair<__nv_bfloat16, __nv_bfloat16>,
-                           Pair<double, double>, Pair<int8_t, int32_t>, Pair<int32_t, int32_t>, Pair<int64_t, int64_t>>;
+                           Pair<double, double>, Pair<int8_t, int32_t>, Pair<int32_t, int32_t>, Pair<int64_t, int64_t>,
+                           Pair<__half, float>, Pair<__nv_bfloat16, float>>;
 /// scaled_mm's output dtypes (its oracle, f64 x f64 -> f64, is registered apart).
 using ScaledOutTypes = TypeList<__nv_bfloat16, __half, float>;
 

@@ -54,7 +54,14 @@ std::optional<LtTypes> lt_types(const LtRequest& r) {
       return std::nullopt;
     return LtTypes{*lt_data_type(r.in), *lt_data_type(r.in_b), *lt_data_type(r.out), CUBLAS_COMPUTE_32F, CUDA_R_32F};
   }
-  if (r.in != r.out && !(r.in == DType::i8 && r.out == DType::i32)) return std::nullopt;
+  if (r.in != r.out && !(r.in == DType::i8 && r.out == DType::i32)) {
+    // Half products into f32 (ProductStep), without an epilogue.
+    if (r.out != DType::f32 || (r.in != DType::f16 && r.in != DType::bf16) || r.bias || r.bias_grad ||
+        r.act != Activation::none)
+      return std::nullopt;
+    const cudaDataType_t in = r.in == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
+    return LtTypes{in, in, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+  }
   switch (r.in) {
     case DType::f32:
       return LtTypes{CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, r.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F};
@@ -443,7 +450,7 @@ Result<std::unique_ptr<Engine>> make_lt_engine(const LtRequest& request, std::sp
     return unsupported("cuBLASLt's fp8 GEMM takes fp8_e4m3/fp8_e5m2 operands to bf16, f16 or f32, not ",
                        dtype_name(request.in), " x ", dtype_name(request.in_b), " -> ", dtype_name(request.out));
   if (!types)
-    return unsupported("cuBLASLt serves f32 f16 bf16 f64 and i8 -> i32, not ", dtype_name(request.in), " -> ",
+    return unsupported("cuBLASLt serves f32 f16 bf16 f64, f16/bf16 -> f32 (no epilogue) and i8 -> i32, not ", dtype_name(request.in), " -> ",
                        dtype_name(request.out));
   if (request.scaled && request.in == DType::fp8_e5m2 && request.in_b == DType::fp8_e5m2)
     return unsupported("cuBLASLt has no fp8_e5m2 x fp8_e5m2 GEMM: 'a' or 'b' must be fp8_e4m3");

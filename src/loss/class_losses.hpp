@@ -43,6 +43,7 @@ struct ClassParams {
   bool weighted = false;
   int64_t ignore_index = -100;
   double smoothing = 0;
+  bool stat_out = false;  ///< reduction none: kOut holds W (f32; f64 for f64), not T (linear_cross_entropy's row losses)
 };
 
 /// rows.data by Slot; `scalar_out` receives a mean/sum; `scratch` (W-typed):

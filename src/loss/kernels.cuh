@@ -235,7 +235,9 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
     if (L::kLogits && p.mode == Mode::forward) reinterpret_cast<W*>(l.data[kLse])[off[kLse]] = W(lse);
     if (p.reduction == Reduction::none) {
       const RowScale<M> sc = row_scale<M>(effective<kProbs>(p), C, l.rows, M(1));
-      reinterpret_cast<T*>(l.data[kOut])[off[kOut]] = convert<T>(sc.nll * nll + sc.smooth * smooth);
+      const M loss = sc.nll * nll + sc.smooth * smooth;
+      if (p.stat_out) reinterpret_cast<W*>(l.data[kOut])[off[kOut]] = W(loss);
+      else reinterpret_cast<T*>(l.data[kOut])[off[kOut]] = convert<T>(loss);
     } else {
       W* terms = static_cast<W*>(cl.scratch) + 2;
       terms[row] = W(nll);

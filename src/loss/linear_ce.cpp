@@ -10,18 +10,19 @@
 //   2. the cross_entropy row kernel: per-row loss, and in place
 //      dlogits = scale * (softmax - smoothed one-hot)   (0 on ignored rows)
 //   3. grad_input_c = dlogits @ weight                 (`mm`)
-//      grad_weight (+)= dlogits^T @ input_c           (`addmm`, beta 0 for the first chunk, then 1)
-//      grad_bias (+)= dlogits^T @ ones                 (`addmm` with a [c, 1] column of ones)
+//      grad_weight (+)= dlogits^T @ input_c           (gemm::ProductStep, beta 0 for the first chunk, then 1)
+//      grad_bias (+)= dlogits^T @ ones                 (the same with a [c, 1] column of ones)
 // The mean's denominator (rows not ignored) is counted before the loop by a
 // one-block kernel, which writes `scale` (1 / rows kept, times grad_output in
 // the backward of mean or sum) where the row kernel reads it; the loss is the
-// fixed-order sum of the per-row losses (kept in the dtype, as reduction none
-// writes them). Chunks run in order on one stream and the GEMMs are cuBLASLt
+// fixed-order sum of the per-row losses (kept in f32, f64 for f64). Chunks run in order on one stream and the GEMMs are cuBLASLt
 // (or the bespoke GEMM) without atomics: the result is deterministic.
-// grad_weight and grad_bias accumulate in their own dtype across chunks: each
-// chunk's GEMM adds in f32 and rounds once, so f16/bf16 take one rounding per
-// chunk (README.md, Losses). The reduction-none backward needs each
-// row's logsumexp: it runs the forward row kernel on the chunk first.
+// f32 and f64 sum grad_weight and grad_bias across chunks in the outputs. f16
+// and bf16 sum them in f32 in the workspace (V * H + V f32, V * H without
+// bias; the product takes half operands to an f32 D) and a cast kernel writes
+// them once, in any strides, after the last chunk: one rounding in all, not
+// one per chunk (README.md, Losses). The reduction-none backward needs each row's logsumexp: it runs the forward row
+// kernel on the chunk first.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -31,6 +32,7 @@
 #include "core/launch_table.hpp"
 #include "core/registry_internal.hpp"
 #include "core/tensor_util.hpp"
+#include "gemm/engine.hpp"
 #include "loss/linear_ce.hpp"
 #include "loss/register.hpp"
 
@@ -238,10 +240,11 @@ Result<Step> make_step(const Stream& stream, const PlanPreference& pref, OpDesc 
   return s;
 }
 
-/// The GEMM plans for chunks of `rows` rows.
+/// The GEMMs for chunks of `rows` rows.
 struct ChunkSteps {
   int64_t rows = 0;
-  Step logits, grad_input, grad_weight[2], grad_bias[2];  ///< [0]: the first chunk (beta 0), [1]: the others
+  Step logits, grad_input;
+  gemm::ProductStep grad_weight, grad_bias;  ///< beta 0 for the first chunk, then 1
 };
 
 class LcePlan final : public FamilyPlan {
@@ -276,28 +279,33 @@ class LcePlan final : public FamilyPlan {
       const TensorSpec xs{t, {rows, H_}}, ws{t, {V_, H_}}, bs{t, {bias_ ? V_ : 0}}, ls{t, {rows, V_}};
       BARACUDA_TRY(assign(cs.logits, make_step(stream, pref, OpDesc{"linear", {xs, ws, bs}, {}, {}})));
       if (kind_ != Kind::forward) {
-        const TensorSpec lt{t, {V_, rows}};
         BARACUDA_TRY(assign(cs.grad_input, make_step(stream, pref, OpDesc{"mm", {ls, ws}, {}, {}})));
-        for (int i = 0; i < 2; ++i) {
-          BARACUDA_TRY(assign(cs.grad_weight[i], make_step(stream, pref, OpDesc{"addmm", {ws, lt, xs}, {}, {{"beta", double(i)}}})));
-          if (bias_)
-            BARACUDA_TRY(assign(cs.grad_bias[i], make_step(stream, pref,
-                                                           OpDesc{"addmm", {TensorSpec{t, {V_, 1}}, lt, TensorSpec{t, {rows, 1}}}, {}, {{"beta", double(i)}}})));
-        }
+        const DType acc = sum_dtype();
+        const TensorView lt = view(nullptr, t, {V_, rows}, {1, V_});
+        BARACUDA_TRY(assign(cs.grad_weight, gemm::ProductStep::make(view(nullptr, acc, {V_, H_}, {H_, 1}), lt,
+                                                                    view(nullptr, t, {rows, H_}, {H_, 1}))));
+        if (bias_)
+          BARACUDA_TRY(assign(cs.grad_bias, gemm::ProductStep::make(view(nullptr, acc, {V_, 1}, {1, 1}), lt,
+                                                                  view(nullptr, t, {rows, 1}, {1, 1}))));
       }
       steps_.push_back(std::move(cs));
     }
     size_t sub = 0;
-    for (const ChunkSteps& cs : steps_)
-      for (const Step* s : {&cs.logits, &cs.grad_input, &cs.grad_weight[0], &cs.grad_weight[1], &cs.grad_bias[0], &cs.grad_bias[1]})
+    for (const ChunkSteps& cs : steps_) {
+      for (const Step* s : {&cs.logits, &cs.grad_input})
         if (s->first) sub = std::max(sub, s->workspace());
-    // Workspace: stats | row losses | lse | class scratch | ones | logits | GEMM scratch.
+      sub = std::max({sub, cs.grad_weight.workspace(), cs.grad_bias.workspace()});
+    }
+    // Workspace: stats | row losses | lse | class scratch | ones | logits | f32 sums | GEMM scratch.
+    const bool f32_sums = sum_dtype() != t;
     off_rows_ = aligned(2 * ws_elem);
-    off_lse_ = off_rows_ + aligned(size_t(N_) * ts);
+    off_lse_ = off_rows_ + aligned(size_t(N_) * ws_elem);
     off_scratch_ = off_lse_ + aligned(size_t(chunk_) * ws_elem);
     off_ones_ = off_scratch_ + aligned(size_t(scratch_elements(chunk_)) * ws_elem);
     off_logits_ = off_ones_ + aligned(bias_ && kind_ != Kind::forward ? size_t(chunk_) * ts : 0);
-    off_sub_ = off_logits_ + aligned(size_t(chunk_) * size_t(V_) * ts);
+    off_sum_w_ = off_logits_ + aligned(size_t(chunk_) * size_t(V_) * ts);
+    off_sum_b_ = off_sum_w_ + aligned(f32_sums ? size_t(V_) * size_t(H_) * sizeof(float) : 0);
+    off_sub_ = off_sum_b_ + aligned(f32_sums && bias_ ? size_t(V_) * sizeof(float) : 0);
     workspace_ = off_sub_ + sub;
     return Status::ok();
   }
@@ -314,10 +322,18 @@ class LcePlan final : public FamilyPlan {
   }
 
  private:
-  static Status assign(Step& dst, Result<Step> src) {
+  template <class S>
+  static Status assign(S& dst, Result<S> src) {
     if (!src) return src.status();
     dst = std::move(*src);
     return Status::ok();
+  }
+
+  /// Where grad_weight and grad_bias sum across chunks: f32 for f16 and bf16
+  /// (the workspace), else the outputs' dtype (the outputs themselves).
+  DType sum_dtype() const {
+    const DType t = desc_.inputs[k_].dtype;
+    return kind_ != Kind::forward && (t == DType::f16 || t == DType::bf16) ? DType::f32 : t;
   }
 
   Status run_cuda(const Stream& stream, Workspace workspace, const OpArgs& args) const {
@@ -341,25 +357,32 @@ class LcePlan final : public FamilyPlan {
     h.ones = ws + off_ones_, h.ones_count = gb ? chunk_ : 0;
     h.grad_output = go && !none ? go->data : nullptr;
     BARACUDA_TRY(helper_fn_(h, s));
-    if (N_ == 0 && gw) {  // no chunk writes the weight and bias gradients
+    // The weight and bias gradients: summed in f32 in the workspace, or in the outputs.
+    const bool f32_sums = sum_dtype() != t;
+    TensorView sum_w, sum_b;
+    if (gw) sum_w = f32_sums ? view(ws + off_sum_w_, DType::f32, {V_, H_}, {H_, 1}) : *gw;
+    if (gb) sum_b = f32_sums ? view(ws + off_sum_b_, DType::f32, {V_, 1}, {1, 1}) : view(gb->data, t, {V_, 1}, {gb->stride[0], 1});
+    // Writes them into the outputs (src null: zeros, when no chunk ran).
+    auto store = [&](const void* src_w, const void* src_b) -> Status {
       Helper z = h;
-      z.stage = Helper::Stage::zero;
-      z.dst = gw->data, z.n0 = V_, z.n1 = H_, z.s0 = gw->stride[0], z.s1 = gw->stride[1];
+      z.stage = Helper::Stage::store;
+      z.src = src_w, z.dst = gw->data, z.n0 = V_, z.n1 = H_, z.s0 = gw->stride[0], z.s1 = gw->stride[1];
       BARACUDA_TRY(helper_fn_(z, s));
-      if (gb) {
-        z.dst = gb->data, z.n0 = V_, z.n1 = 1, z.s0 = gb->stride[0], z.s1 = 0;
-        BARACUDA_TRY(helper_fn_(z, s));
-      }
-    }
+      if (!gb) return Status::ok();
+      z.src = src_b, z.dst = gb->data, z.n0 = V_, z.n1 = 1, z.s0 = gb->stride[0], z.s1 = 0;
+      return helper_fn_(z, s);
+    };
+    if (N_ == 0 && gw) BARACUDA_TRY(store(nullptr, nullptr));
     for (int64_t r0 = 0, i = 0; r0 < N_; r0 += chunk_, ++i) {
       const int64_t c = std::min(chunk_, N_ - r0);
       const ChunkSteps& st = steps_[c == chunk_ ? 0 : steps_.size() - 1];
       const TensorView xc = rows_of(x, r0, c), tc = rows_of(tg, r0, c);
       const TensorView logits = view(ws + off_logits_, t, {c, V_}, {V_, 1});
       BARACUDA_TRY(st.logits.run(stream, sub, {xc, w, b}, {logits}));
-      // The per-row loss: the output itself for reduction none, else the workspace.
-      const TensorView out_c = none && kind_ != Kind::backward ? rows_of(args.outputs[0], r0, c)
-                                                              : view(row_loss + r0 * int64_t(dtype_size(t)), t, {c}, {1});
+      // The per-row loss: the output itself for reduction none, else the workspace (W).
+      const bool to_output = none && kind_ != Kind::backward;
+      const TensorView out_c = to_output ? rows_of(args.outputs[0], r0, c)
+                                         : view(row_loss + r0 * int64_t(dtype_size(ws_t)), ws_t, {c}, {1});
       const TensorView lse = view(ws + off_lse_, ws_t, {c}, {1});
       if (kind_ == Kind::forward || (kind_ == Kind::backward && none)) BARACUDA_TRY(class_step(Mode::forward, logits, tc, out_c, lse, nullptr, stats, s));
       if (kind_ == Kind::forward) continue;
@@ -368,13 +391,11 @@ class LcePlan final : public FamilyPlan {
       // logits now hold dlogits.
       const TensorView lt = view(logits.data, t, {V_, c}, {1, V_});
       BARACUDA_TRY(st.grad_input.run(stream, sub, {logits, w}, {rows_of(*gx, r0, c)}));
-      const int first = i == 0 ? 0 : 1;
-      BARACUDA_TRY(st.grad_weight[first].run(stream, sub, {*gw, lt, xc}, {*gw}));
-      if (gb) {
-        const TensorView col = view(gb->data, t, {V_, 1}, {gb->stride[0], 1});
-        BARACUDA_TRY(st.grad_bias[first].run(stream, sub, {col, lt, view(ws + off_ones_, t, {c, 1}, {1, 1})}, {col}));
-      }
+      const double beta = i == 0 ? 0 : 1;
+      BARACUDA_TRY(st.grad_weight.run(sum_w, lt, xc, beta, sub, s));
+      if (gb) BARACUDA_TRY(st.grad_bias.run(sum_b, lt, view(ws + off_ones_, t, {c, 1}, {1, 1}), beta, sub, s));
     }
+    if (N_ > 0 && gw && f32_sums) BARACUDA_TRY(store(sum_w.data, gb ? sum_b.data : nullptr));
     if (kind_ != Kind::backward && !none) {
       Helper f = h;
       f.stage = Helper::Stage::finish;
@@ -400,6 +421,7 @@ class LcePlan final : public FamilyPlan {
     cp.reduction = Reduction::none;
     cp.ignore_index = p_.ignore_index;
     cp.smoothing = p_.smoothing;
+    cp.stat_out = out.dtype != logits.dtype;  // the workspace's per-row losses (f16/bf16)
     ClassLaunch cl;
     const int64_t shape[2] = {logits.shape[0], logits.shape[1]};
     cl.rows = rows::make_rows(shape, 1, std::span(views.data(), kSlots), std::span(roles.data(), kSlots));
@@ -417,7 +439,8 @@ class LcePlan final : public FamilyPlan {
   ClassFn class_fn_ = nullptr;
   HelperFn helper_fn_ = nullptr;
   std::vector<ChunkSteps> steps_;  ///< [0]: full chunks, [last]: the tail chunk when shorter
-  size_t off_rows_ = 0, off_lse_ = 0, off_scratch_ = 0, off_ones_ = 0, off_logits_ = 0, off_sub_ = 0;
+  size_t off_rows_ = 0, off_lse_ = 0, off_scratch_ = 0, off_ones_ = 0, off_logits_ = 0, off_sum_w_ = 0, off_sum_b_ = 0,
+         off_sub_ = 0;
 };
 
 /// The sweep's cases from its primary shape: [a, b] -> input [a, b] with

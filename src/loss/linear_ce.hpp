@@ -17,7 +17,7 @@ namespace baracuda::loss::lce {
 /// One helper launch. `stats` (W = f32, f64 for f64): [0] the gradient scale
 /// (1 / rows kept for mean, else 1; times grad_output when given), [1] the rows kept.
 struct Helper {
-  enum class Stage : uint8_t { prepare, finish, zero } stage = Stage::prepare;
+  enum class Stage : uint8_t { prepare, finish, store } stage = Stage::prepare;
   int reduction = 1;  ///< 0 none, 1 mean, 2 sum
   int64_t ignore_index = -100;
   void* stats = nullptr;
@@ -27,10 +27,12 @@ struct Helper {
   void* ones = nullptr;
   int64_t ones_count = 0;
   const void* grad_output = nullptr;  ///< a T scalar (the backward of mean or sum), or nullptr
-  // finish: out (T scalar) = the sum of row_loss[rows] (T, contiguous), over the rows kept for mean.
+  // finish: out (T scalar) = the sum of row_loss[rows] (W, contiguous), over the rows kept for mean.
   const void* row_loss = nullptr;
   void* out = nullptr;
-  // zero: dst[i * s0 + j * s1] = 0 for a [n0, n1] view (gradients of zero rows).
+  // store: dst[i * s0 + j * s1] (T) = src[i * n1 + j] (f32, contiguous: the
+  // gradients summed in f32), or 0 where src is null (the gradients of zero rows).
+  const void* src = nullptr;
   void* dst = nullptr;
   int64_t n0 = 0, n1 = 0, s0 = 0, s1 = 0;
 };

@@ -39,8 +39,8 @@ __global__ void __launch_bounds__(kThreads) finish_kernel(Helper h) {
   using W = stat_t<T>;
   __shared__ W scratch[32];
   W sum = 0;
-  const T* loss = static_cast<const T*>(h.row_loss);
-  for (int64_t r = threadIdx.x; r < h.rows; r += kThreads) sum += convert<W>(loss[r]);
+  const W* loss = static_cast<const W*>(h.row_loss);
+  for (int64_t r = threadIdx.x; r < h.rows; r += kThreads) sum += loss[r];
   sum = rows::row_all_reduce<kThreads, 1>(sum, rows::SumOp{}, scratch);
   if (threadIdx.x == 0) {
     const W kept = static_cast<const W*>(h.stats)[1];
@@ -49,10 +49,11 @@ __global__ void __launch_bounds__(kThreads) finish_kernel(Helper h) {
 }
 
 template <class T>
-__global__ void zero_kernel(Helper h) {
+__global__ void store_kernel(Helper h) {
   const int64_t n = h.n0 * h.n1;
+  const float* src = static_cast<const float*>(h.src);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    static_cast<T*>(h.dst)[(i / h.n1) * h.s0 + (i % h.n1) * h.s1] = convert<T>(0.0f);
+    static_cast<T*>(h.dst)[(i / h.n1) * h.s0 + (i % h.n1) * h.s1] = convert<T>(src ? src[i] : 0.0f);
 }
 
 template <class T, class Index>
@@ -61,8 +62,8 @@ struct CudaHelper {
     switch (h.stage) {
       case Helper::Stage::prepare: prepare_kernel<T, Index><<<1, kThreads, 0, stream>>>(h); break;
       case Helper::Stage::finish: finish_kernel<T><<<1, kThreads, 0, stream>>>(h); break;
-      case Helper::Stage::zero:
-        if (h.n0 * h.n1 > 0) zero_kernel<T><<<unsigned(std::min<int64_t>((h.n0 * h.n1 + 255) / 256, 4096)), 256, 0, stream>>>(h);
+      case Helper::Stage::store:
+        if (h.n0 * h.n1 > 0) store_kernel<T><<<unsigned(std::min<int64_t>((h.n0 * h.n1 + 255) / 256, 4096)), 256, 0, stream>>>(h);
         break;
     }
     BARACUDA_CUDA_TRY(cudaGetLastError());
