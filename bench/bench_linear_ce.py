@@ -36,8 +36,11 @@ def main():
     parser.add_argument("--h", type=int, default=4096)
     parser.add_argument("--v", type=int, default=128256)
     parser.add_argument("--chunk-rows", type=int, default=0, help="0: automatic (256 MiB of logits)")
+    parser.add_argument("--dtype-weight-grad", action="store_true",
+                        help="sum grad_weight across chunks in bf16 (f32_weight_grad=False: less memory)")
     args = parser.parse_args()
     N, H, V = args.n or (4096 if args.quick else 8192), args.h, args.v
+    f32_sums = not args.dtype_weight_grad
     dtype = torch.bfloat16
     torch.manual_seed(0)
     x = torch.randn(N, H, device="cuda", dtype=dtype)
@@ -46,7 +49,7 @@ def main():
     t[::17] = -100
 
     def ours():
-        return F.linear_cross_entropy_fused(x, w, t, chunk_rows=args.chunk_rows)
+        return F.linear_cross_entropy_fused(x, w, t, chunk_rows=args.chunk_rows, f32_weight_grad=f32_sums)
 
     def theirs():
         xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
@@ -55,7 +58,7 @@ def main():
         return loss, gx, gw
 
     specs = [F._spec(a) for a in (x, w, t, F._no_bias(x))]
-    info = baracuda.plan_info("linear_cross_entropy_fused", specs, {"chunk_rows": float(args.chunk_rows)},
+    info = baracuda.plan_info("linear_cross_entropy_fused", specs, {"chunk_rows": float(args.chunk_rows), "f32_weight_grad": float(f32_sums)},
                                         device="cuda")
     a, b = ours(), theirs()
     loss_err = abs(a[0].float() - b[0].float()).item()
@@ -65,7 +68,7 @@ def main():
     t_ours, t_torch = median_ms(ours, warmup=2, samples=5, reps=2), median_ms(theirs, warmup=2, samples=5, reps=2)
     m_ours, m_torch = peak_bytes(ours, info["workspace_size"]), peak_bytes(theirs)
     flops = 3 * 2 * N * H * V
-    print(f"linear_cross_entropy fwd+bwd bf16 N={N} H={H} V={V}  ({info['sku']}, workspace "
+    print(f"linear_cross_entropy fwd+bwd bf16 N={N} H={H} V={V} f32_weight_grad={int(f32_sums)}  ({info['sku']}, workspace "
           f"{info['workspace_size'] / 2**20:.0f} MiB)")
     print(f"{'':<8} {'ms':>9} {'TFLOP/s':>9} {'peak GiB':>9}")
     print(f"{'ours':<8} {t_ours:9.3f} {flops / t_ours / 1e9:9.1f} {m_ours / 2**30:9.2f}")

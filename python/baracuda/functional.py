@@ -1165,9 +1165,10 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
     return _call("scaled_mm", (a, b, scale_a, scale_b, bias), attrs, out)
 
 
-def _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows):
+def _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows, f32_weight_grad=True):
     return {"reduction": _reduction_code("linear_cross_entropy", reduction), "ignore_index": float(ignore_index),
-            "label_smoothing": float(label_smoothing), "chunk_rows": float(chunk_rows)}
+            "label_smoothing": float(label_smoothing), "chunk_rows": float(chunk_rows),
+            "f32_weight_grad": 1.0 if f32_weight_grad else 0.0}
 
 
 def _lce_operands(input, weight, target, bias):
@@ -1215,31 +1216,33 @@ def _lce_autograd():
 
 
 def linear_cross_entropy(input, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0, reduction="mean",
-                         *, chunk_rows=0):
+                         *, chunk_rows=0, f32_weight_grad=True):
     """cross_entropy(linear(input, weight, bias), target) without the [N, V] logits in memory: input [N, H],
     weight [V, H], bias [V], class-index target [N] (i64/i32). The CUDA plan holds `chunk_rows` rows of
-    logits at a time (0: as many as fit 256 MiB). Torch tensors that require grad go through a
-    torch.autograd.Function whose backward is this op's gradient."""
-    attrs = _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows)
+    logits at a time (0: as many as fit 256 MiB). f16/bf16 gradients of weight and bias sum across chunks
+    in f32 (V * H * 4 bytes of workspace, one rounding), or with f32_weight_grad=False in their own dtype
+    (one rounding per chunk). Torch tensors that require grad go through a torch.autograd.Function whose
+    backward is this op's gradient."""
+    attrs = _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows, f32_weight_grad)
     if _builtins.any(getattr(a, "requires_grad", False) for a in (input, weight, bias)):
         return _lce_autograd().apply(input, weight, target, bias, attrs)
     return _call("linear_cross_entropy", _lce_operands(input, weight, target, bias), attrs)
 
 
 def linear_cross_entropy_backward(grad_output, input, weight, target, bias=None, ignore_index=-100,
-                                  label_smoothing=0.0, reduction="mean", *, chunk_rows=0):
+                                  label_smoothing=0.0, reduction="mean", *, chunk_rows=0, f32_weight_grad=True):
     """(grad_input, grad_weight, grad_bias) of linear_cross_entropy; grad_bias is None without bias."""
     gi, gw, gb = _call("linear_cross_entropy_backward", (grad_output,) + _lce_operands(input, weight, target, bias),
-                       _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows))
+                       _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows, f32_weight_grad))
     return gi, gw, (gb if bias is not None else None)
 
 
 def linear_cross_entropy_fused(input, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0,
-                               reduction="mean", *, chunk_rows=0):
+                               reduction="mean", *, chunk_rows=0, f32_weight_grad=True):
     """(loss, grad_input, grad_weight, grad_bias) in one pass over the chunks of logits, the gradients for
     grad_output = 1 (reduction none: for grad_output all ones); grad_bias is None without bias."""
     loss, gi, gw, gb = _call("linear_cross_entropy_fused", _lce_operands(input, weight, target, bias),
-                             _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows))
+                             _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows, f32_weight_grad))
     return loss, gi, gw, (gb if bias is not None else None)
 
 

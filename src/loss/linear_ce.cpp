@@ -1,7 +1,7 @@
 // linear_cross_entropy, linear_cross_entropy_backward and linear_cross_entropy_fused:
 // registry entries, shape rules, the host reference (f64, row by row) and the
 // CUDA plan that composes the GEMM plans with the cross_entropy row kernel.
-// Attributes: reduction (0 none, 1 mean, 2 sum), ignore_index, label_smoothing, chunk_rows.
+// Attributes: reduction (0 none, 1 mean, 2 sum), ignore_index, label_smoothing, chunk_rows, f32_weight_grad.
 //
 // Note [Linear CE chunks]
 // The CUDA plan never holds the [N, V] logits: it walks chunks of `chunk_rows`
@@ -18,7 +18,8 @@
 // fixed-order sum of the per-row losses (kept in f32, f64 for f64). Chunks run in order on one stream and the GEMMs are cuBLASLt
 // (or the bespoke GEMM) without atomics: the result is deterministic.
 // f32 and f64 sum grad_weight and grad_bias across chunks in the outputs. f16
-// and bf16 sum them in f32 in the workspace (V * H + V f32, V * H without
+// and bf16 (unless f32_weight_grad = 0, which trades accuracy for V * H * 4
+// bytes) sum them in f32 in the workspace (V * H + V f32, V * H without
 // bias; the product takes half operands to an f32 D) and a cast kernel writes
 // them once, in any strides, after the last chunk: one rounding in all, not
 // one per chunk (README.md, Losses). The reduction-none backward needs each row's logsumexp: it runs the forward row
@@ -333,7 +334,8 @@ class LcePlan final : public FamilyPlan {
   /// (the workspace), else the outputs' dtype (the outputs themselves).
   DType sum_dtype() const {
     const DType t = desc_.inputs[k_].dtype;
-    return kind_ != Kind::forward && (t == DType::f16 || t == DType::bf16) ? DType::f32 : t;
+    const bool half = t == DType::f16 || t == DType::bf16;
+    return kind_ != Kind::forward && half && desc_.attrs.get("f32_weight_grad", 1) != 0 ? DType::f32 : t;
   }
 
   Status run_cuda(const Stream& stream, Workspace workspace, const OpArgs& args) const {
@@ -474,7 +476,10 @@ void add_lce_op(std::vector<OpInfo>& ops, Kind kind) {
   info.attrs = {{"reduction", 1, "0 none, 1 mean (over the rows not ignored), 2 sum"},
                 {"ignore_index", -100, "rows whose target is this index count for nothing"},
                 {"label_smoothing", 0, "mix the target with the uniform distribution"},
-                {"chunk_rows", 0, "rows of logits the CUDA plan holds at once (0: as many as fit 256 MiB)"}};
+                {"chunk_rows", 0, "rows of logits the CUDA plan holds at once (0: as many as fit 256 MiB)"},
+                {"f32_weight_grad", 1,
+                 "f16/bf16: 1 sums grad_weight and grad_bias across chunks in f32 (V * H * 4 more workspace bytes, one "
+                 "rounding); 0 sums them in the outputs (one rounding per chunk)"}};
   info.backends = {Backend::bespoke_cuda, Backend::host_reference};
   info.doc = kind == Kind::forward
                  ? "cross_entropy(input @ weight^T + bias, target) without materialising the [N, V] logits: input [N, H], "
@@ -497,6 +502,8 @@ void add_lce_op(std::vector<OpInfo>& ops, Kind kind) {
   info.sample_attrs.push_back(Attrs{{"reduction", 1}, {"ignore_index", -1}, {"label_smoothing", 0.2}, {"chunk_rows", 4}});
   info.sample_attrs.push_back(Attrs{{"reduction", 0}, {"ignore_index", -1}, {"label_smoothing", 0.1}, {"chunk_rows", 5}});
   info.sample_attrs.push_back(Attrs{{"reduction", 2}, {"ignore_index", -1}, {"chunk_rows", 3}});
+  // Sums in the outputs' dtype: one chunk (a rounding per chunk is the documented cost of more).
+  info.sample_attrs.push_back(Attrs{{"reduction", 1}, {"ignore_index", -1}, {"f32_weight_grad", 0}});
   info.sample_shapes = [kind](DType, const Shape& shape, const Attrs& attrs) { return lce_samples(kind, shape, attrs); };
   info.infer = [kind](const OpDesc& partial) { return infer_lce(kind, partial); };
   const size_t index = ops.size();
