@@ -457,7 +457,7 @@ def test_linear_cross_entropy_matches_torch(dtype, reduction, biased, smoothing,
     b = torch.randn(V, device="cuda", dtype=dt) if biased else None
     t = torch.randint(0, V, (N,), device="cuda")
     t[3] = -100
-    ds = [a.double().requires_grad_() for a in (x, w)] + ([b.double().requires_grad_()] if biased else [])
+    ds = [a.detach().double().requires_grad_() for a in (x, w)] + ([b.detach().double().requires_grad_()] if biased else [])
     want = TF.cross_entropy(TF.linear(ds[0], ds[1], ds[2] if biased else None), t, reduction=reduction,
                             label_smoothing=smoothing)
     kw = dict(reduction=reduction, label_smoothing=smoothing, chunk_rows=chunk_rows)
