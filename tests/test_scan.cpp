@@ -62,6 +62,10 @@ TEST(CudaScan, LongRowsMatchReference) {
   for (const char* op : {"cumsum", "cummax", "logcumsumexp_backward"})
     for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::strided})
       check(op, DType::bf16, Shape{(int64_t(1) << 22) + 3}, layout);
+  // Lengths a multiple of the run: the gradients' reversed views then have aligned runs too (the 16-byte
+  // register path of cumsum_backward, Note [Vectorised single-pass tiles]).
+  for (const char* op : {"cumsum", "cummax", "cumsum_backward"})
+    for (DType dtype : {DType::f64, DType::bf16}) check(op, dtype, Shape{int64_t(1) << 22}, LayoutKind::contiguous);
 }
 
 #ifdef BARACUDA_HAS_CUDA
