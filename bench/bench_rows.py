@@ -217,6 +217,10 @@ def main():
             o1, o2 = torch.empty_like(x), torch.empty_like(x)
             row("cumsum 64M+3", dtype, lambda: F.cumsum(x, 0, out=o1), lambda: torch.cumsum(x, 0, out=o2),
                 2 * x.numel() * es, lambda: close(F.cumsum(x, 0) / 1e3, torch.cumsum(x.double(), 0).to(dtype) / 1e3, tol))
+            x = torch.randn((1 << 26) + 1, device="cuda", dtype=dtype)[1:]  # misaligned start: the staged (scalar) tiles
+            m1, m2 = o1[1:x.numel() + 1], o2[1:x.numel() + 1]  # the outputs misaligned too
+            row("cumsum 64M offset 1", dtype, lambda: F.cumsum(x, 0, out=m1), lambda: torch.cumsum(x, 0, out=m2),
+                2 * x.numel() * es, lambda: close(F.cumsum(x, 0) / 1e3, torch.cumsum(x.double(), 0).to(dtype) / 1e3, tol))
             x = torch.randn(2 * 1000003, device="cuda", dtype=dtype)[::2]
             o1, o2 = torch.empty_like(x), torch.empty_like(x)
             row("cumsum 1000003 step 2", dtype, lambda: F.cumsum(x, 0, out=o1), lambda: torch.cumsum(x, 0, out=o2),

@@ -54,7 +54,7 @@ TEST(CudaScan, LongRowsMatchReference) {
         for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::strided}) check(op, dtype, shape, layout);
     }
   }
-  // Past the look-back window (256 tiles of 2048 or 4096 elements): 2^21 + 3
+  // Past the look-back window (256 tiles of 2048 to 8192 elements): 2^21 + 3
   // elements in f64 for every op, 2^22 + 3 in bf16 for three (2^26 + 3 runs in
   // BitwiseDeterministicRunToRun and against torch in test_rows.py).
   for (const std::string& op : sampled_scans())
@@ -62,6 +62,10 @@ TEST(CudaScan, LongRowsMatchReference) {
   for (const char* op : {"cumsum", "cummax", "logcumsumexp_backward"})
     for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::strided})
       check(op, DType::bf16, Shape{(int64_t(1) << 22) + 3}, layout);
+  // Lengths a multiple of the run: the gradients' reversed views then have aligned runs too (the 16-byte
+  // register path of cumsum_backward, Note [Vectorised single-pass tiles]).
+  for (const char* op : {"cumsum", "cummax", "cumsum_backward"})
+    for (DType dtype : {DType::f64, DType::bf16}) check(op, dtype, Shape{int64_t(1) << 22}, LayoutKind::contiguous);
 }
 
 #ifdef BARACUDA_HAS_CUDA
@@ -106,6 +110,76 @@ TEST(CudaScan, BitwiseDeterministicRunToRun) {
       cudaFree(x);
       cudaFree(y);
       cudaFree(ws);
+    }
+  }
+}
+
+/// Rows whose start is not 16-byte aligned (views from element 1 of a buffer,
+/// for the input, the outputs or both) take the single-pass kernel's scalar
+/// path and must give the bits the vectorised path gives for the same values
+/// at aligned addresses (Note [Vectorised single-pass tiles]).
+TEST(CudaScan, MisalignedRowsMatchAlignedBitwise) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (const std::string op : {"cumsum", "cumprod", "cummax", "logcumsumexp"}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const Shape shape{(int64_t(1) << 21) + 5};  // past the look-back window, a partial last tile
+      auto desc = infer(op, {{dtype, shape}});
+      ASSERT_TRUE(desc);
+      auto plan = select(Stream::cuda(), *desc);
+      ASSERT_TRUE(plan) << plan.status().to_string();
+      const int64_t n = desc->inputs[0].numel();
+      const size_t es = dtype_size(dtype);
+      std::vector<char> host(n * es);
+      std::mt19937 rng(5);
+      std::uniform_real_distribution<float> u(op == "cumprod" ? 0.999f : -1.f, op == "cumprod" ? 1.001f : 1.f);
+      for (int64_t e = 0; e < n; ++e) {
+        const float f = u(rng);
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        if (dtype == DType::bf16) {
+          const uint16_t h = uint16_t(bits >> 16);
+          std::memcpy(host.data() + e * 2, &h, 2);
+        } else {
+          std::memcpy(host.data() + e * 4, &bits, 4);
+        }
+      }
+      // [aligned, input at +1, outputs at +1, both at +1]: element offsets of the input and of the outputs.
+      const int offsets[4][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}};
+      std::vector<std::vector<std::vector<char>>> results;
+      void* ws = nullptr;
+      ASSERT_EQ(cudaMalloc(&ws, std::max<size_t>((*plan)->workspace_size(), 1)), cudaSuccess);
+      for (const auto& o : offsets) {
+        char* x = nullptr;
+        ASSERT_EQ(cudaMalloc(&x, (n + 1) * es), cudaSuccess);
+        cudaMemcpy(x + o[0] * es, host.data(), n * es, cudaMemcpyHostToDevice);
+        std::array<TensorView, 1> in{*TensorView::contiguous(x + o[0] * es, dtype, shape)};
+        std::vector<char*> ys;
+        std::vector<TensorView> out;
+        for (const auto& spec : desc->outputs) {
+          const size_t os = dtype_size(spec.dtype);
+          char* y = nullptr;
+          ASSERT_EQ(cudaMalloc(&y, (n + 1) * os), cudaSuccess);
+          cudaMemset(y, 0xFF, (n + 1) * os);
+          ys.push_back(y);
+          out.push_back(*TensorView::contiguous(y + o[1] * os, spec.dtype, spec.shape));
+        }
+        const Workspace w{ws, (*plan)->workspace_size()};
+        ASSERT_TRUE((*plan)->run(Stream::cuda(), w, OpArgs{in, out}));
+        results.emplace_back();
+        for (size_t k = 0; k < ys.size(); ++k) {
+          const size_t os = dtype_size(desc->outputs[k].dtype);
+          results.back().emplace_back(n * os);
+          cudaMemcpy(results.back().back().data(), ys[k] + o[1] * os, n * os, cudaMemcpyDeviceToHost);
+          cudaFree(ys[k]);
+        }
+        cudaFree(x);
+      }
+      cudaFree(ws);
+      for (size_t c = 1; c < results.size(); ++c)
+        for (size_t k = 0; k < results[c].size(); ++k)
+          EXPECT_TRUE(results[c][k] == results[0][k])
+              << op << " " << dtype_name(dtype) << " output " << k << ": input at +" << offsets[c][0] << ", outputs at +"
+              << offsets[c][1] << " differ from the aligned run";
     }
   }
 }

@@ -283,13 +283,16 @@ def test_scans_match_torch(dtype, shape, dim):
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,view", [((1 << 26) + 3, "contiguous"), (1000003, "step2"), (1000003, "column"),
-                                    (1 << 26, "contiguous")])
+                                    (1 << 26, "contiguous"), ((1 << 21) + 5, "offset1")])
 def test_long_scans_single_pass(dtype, n, view):
     """Rows cut across blocks (the single-pass scan): awkward lengths and non-contiguous views, every forward op
     and a gradient against torch, and the same scan twice bitwise equal."""
     dtype = getattr(torch, dtype)
     if view == "contiguous":
         x = torch.empty(n, device="cuda", dtype=dtype).uniform_(-1, 1)
+        dim = 0
+    elif view == "offset1":  # unit stride, the row starting 1 element past a 16-byte boundary (scalar tiles)
+        x = torch.empty(n + 1, device="cuda", dtype=dtype).uniform_(-1, 1)[1:]
         dim = 0
     elif view == "step2":
         x = torch.empty(2 * n, device="cuda", dtype=dtype).uniform_(-1, 1)[::2]

@@ -36,6 +36,46 @@ __device__ __forceinline__ S shfl_up(S v, int d) {
   return v;
 }
 
+/// The widest word (at most 16 bytes) that divides `bytes`.
+template <size_t bytes>
+using run_word_t = std::conditional_t<
+    bytes % 16 == 0, uint4,
+    std::conditional_t<bytes % 8 == 0, uint2,
+                       std::conditional_t<bytes % 4 == 0, unsigned, std::conditional_t<bytes % 2 == 0, unsigned short, unsigned char>>>>;
+
+/// N consecutive elements at p in the widest words their bytes allow (p must
+/// be aligned to that word: a 16-byte aligned row start and e0 a multiple of N).
+template <int N, class T>
+__device__ __forceinline__ void load_run(const T* p, T (&x)[N]) {
+  using W = run_word_t<N * sizeof(T)>;
+  W w[N * sizeof(T) / sizeof(W)];
+#pragma unroll
+  for (int k = 0; k < int(sizeof(w) / sizeof(W)); ++k) w[k] = reinterpret_cast<const W*>(p)[k];
+  memcpy(x, w, sizeof(w));
+}
+template <int N, class T>
+__device__ __forceinline__ void store_run(T* p, const T (&x)[N]) {
+  using W = run_word_t<N * sizeof(T)>;
+  W w[N * sizeof(T) / sizeof(W)];
+  memcpy(w, x, sizeof(w));
+#pragma unroll
+  for (int k = 0; k < int(sizeof(w) / sizeof(W)); ++k) reinterpret_cast<W*>(p)[k] = w[k];
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+/// Runs of N elements [e0, e0 + N) (e0 a multiple of N) of a row at p with
+/// stride s = 1, or -1 (the reversed views of the gradients): their lowest
+/// address, and whether every run of the row is 16-byte aligned.
+template <int N, class T>
+__device__ __forceinline__ T* run_start(T* p, int64_t s, int64_t e0) {
+  return s == 1 ? p + e0 : p - e0 - (N - 1);
+}
+template <int N, class T>
+__device__ __forceinline__ bool run_ok(const T* p, int64_t s) {
+  return (s == 1 && aligned16(p)) || (s == -1 && aligned16(p - (N - 1)));
+}
+
 /// Exclusive prefix (from `carry`) of each thread's `v` in thread order, and
 /// the block total combined into `carry`. Every thread of the block calls it.
 template <class Op, class S = typename Op::S>
@@ -75,7 +115,7 @@ struct ScanIo {
   __device__ ScanIo(const ScanLaunch& l, const int64_t* off, int64_t) {
     const int i = probe(l);
     const auto& st = l.rows.inner.stride;
-    in = reinterpret_cast<const T*>(l.rows.data[i]) + off[i];
+    in = reinterpret_cast<const T*>(l.rows.data[i]) + (i == 2 ? off[2] : off[1]);  // no run-time index into off (local memory)
     out = reinterpret_cast<Out*>(l.rows.data[0]) + off[0];
     idx = l.indices ? reinterpret_cast<int64_t*>(l.rows.data[1]) + off[1] : nullptr;
     si = st[i][0];
@@ -91,6 +131,44 @@ struct ScanIo {
       out[e * so] = convert<Out>(s);
     }
   }
+  // Runs of consecutive elements (Note [Vectorised single-pass tiles]): every
+  // operand is a plain array of its element type.
+  static constexpr bool kRuns = true;
+  static constexpr size_t kInBytes = sizeof(T);
+  /// True when every operand of this row has stride 1 or -1 (cumsum_backward's reversed views) and its runs
+  /// of N are 16-byte aligned.
+  template <int N>
+  __device__ bool runs() const {
+    return run_ok<N>(in, si) && run_ok<N>(out, so) && (idx == nullptr || run_ok<N>(idx, sx));
+  }
+  /// Elements [e0, e0 + N) with e0 a multiple of N.
+  template <int N>
+  __device__ void load_run(int64_t e0, S (&v)[N]) const {
+    T x[N];
+    scan::load_run(run_start<N>(in, si, e0), x);
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = Op::lift(convert<M>(si == 1 ? x[k] : x[N - 1 - k]), e0 + k);
+  }
+  template <int N>
+  __device__ void store_run(int64_t e0, const S (&v)[N]) const {
+    Out y[N];  // memory order: selected values, never a run-time index into registers
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const S s = so == 1 ? v[k] : v[N - 1 - k];
+      if constexpr (std::is_same_v<S, Extreme<M>>) {
+        y[k] = convert<Out>(s.v);
+      } else {
+        y[k] = convert<Out>(s);
+      }
+    }
+    scan::store_run(run_start<N>(out, so, e0), y);
+    if constexpr (std::is_same_v<S, Extreme<M>>) {
+      int64_t i[N];
+#pragma unroll
+      for (int k = 0; k < N; ++k) i[k] = sx == 1 ? v[k].i : v[N - 1 - k].i;
+      scan::store_run(run_start<N>(idx, sx, e0), i);
+    }
+  }
 };
 
 /// The operands of a gradient scan, every view reversed along the row
@@ -100,6 +178,9 @@ template <class T, class I = T>
 struct GradIo {
   using M = scan_math_t<T>;
   static constexpr int kOperands = 4;
+  // Each position reads its neighbour's operands: no runs, the scalar path.
+  static constexpr bool kRuns = false;
+  static constexpr size_t kInBytes = sizeof(T);
   T* dx;
   const T *g, *x;
   const I* saved;
@@ -317,41 +398,44 @@ struct TileStates<S, false> {  // a flag array, then the states (16-byte aligned
   }
 };
 
-/// Elements per thread of the single-pass kernel: 4K-element tiles, 2K for
-/// 16-byte states (the tile is staged in static shared memory); 4-byte
-/// states (the f32/f16/bf16 forward scans) ask for 4 blocks an SM.
-template <class S>
-inline constexpr int kPassItems = sizeof(S) > 8 ? 8 : 16;
+/// Elements per thread of the single-pass kernel (Note [Vectorised
+/// single-pass tiles]): 16 (4K-element tiles), 32 for 4-byte states over
+/// 2-byte inputs (f16/bf16: 64 bytes a thread either way), 8 for 16-byte
+/// states (the tile is staged in static shared memory on the scalar path).
+template <class Io, class S = typename Io::S>
+inline constexpr int kPassItems = sizeof(S) > 8 ? 8 : sizeof(S) == 4 && Io::kInBytes == 2 ? 32 : 16;
+/// Blocks an SM the single-pass kernel asks for: 4 for 4-byte states over
+/// 16 items (at most 64 registers), 3 over 32 (at 64 they spilled).
+template <class Io, class S = typename Io::S>
+inline constexpr int kPassBlocks = sizeof(S) != 4 ? 1 : kPassItems<Io> > 16 ? 3 : 4;
 
 /// Exclusive prefix E(j) of tile j of a row whose tile 0 has slot `first`
 /// (Note [Deterministic single-pass scan]); warp 0 calls it, lane 0 gets it.
 template <class Op, class States, class S = typename Op::S>
 __device__ __forceinline__ S look_back(const States& st, int64_t slots, int64_t first, int64_t j) {
   const int lane = threadIdx.x % 32;
+  // Window slot w = lane K + k is tile j - kWindow + w (slots before the row: the identity); w = 0 reads the
+  // inclusive prefix P(j - W). The slot numbers are recomputed, not kept (registers: the caller holds its tile).
+  const int64_t tile0 = j - kWindow + lane * kWindowPerLane;
+  auto slot = [&](int k) { return first + tile0 + k + (lane == 0 && k == 0 ? slots : 0); };
   S v[kWindowPerLane];
-  bool ready[kWindowPerLane], before_row[kWindowPerLane];
-  int64_t slot[kWindowPerLane];
+  unsigned ready = 0;  // bit k: slot k read (or before the row)
 #pragma unroll
   for (int k = 0; k < kWindowPerLane; ++k) {
-    const int w = lane * kWindowPerLane + k;  // window slot: tile j - kWindow + w
-    const int64_t tile = j - kWindow + w;
     v[k] = Op::identity();
-    ready[k] = before_row[k] = tile < 0;
-    slot[k] = first + tile + (w == 0 ? slots : 0);  // w = 0: the inclusive prefix P(j - W)
+    if (tile0 + k < 0) ready |= 1u << k;
   }
+  const unsigned before_row = ready;
   for (;;) {
-    bool all = true;
 #pragma unroll
-    for (int k = 0; k < kWindowPerLane; ++k) {
-      if (!ready[k]) ready[k] = st.poll(slot[k], v[k]);
-      all = all && ready[k];
-    }
-    if (__all_sync(0xffffffffu, all)) break;
+    for (int k = 0; k < kWindowPerLane; ++k)
+      if (!(ready >> k & 1u) && st.poll(slot(k), v[k])) ready |= 1u << k;
+    if (__all_sync(0xffffffffu, ready == (1u << kWindowPerLane) - 1)) break;
   }
   st.acquire();
 #pragma unroll
   for (int k = 0; k < kWindowPerLane; ++k)
-    if (!before_row[k]) st.read(slot[k], v[k]);
+    if (!(before_row >> k & 1u)) st.read(slot(k), v[k]);
   S acc = v[0];
 #pragma unroll
   for (int k = 1; k < kWindowPerLane; ++k) acc = Op::combine(acc, v[k]);
@@ -363,13 +447,31 @@ __device__ __forceinline__ S look_back(const States& st, int64_t slots, int64_t 
   return acc;
 }
 
+// Note [Vectorised single-pass tiles]
+// Thread t of a tile owns its elements [t kIt, t kIt + kIt) and scans them in
+// order, then the block scans the thread totals (block_exclusive: warps by
+// shuffles, then the warp totals left to right). Where the Io's operands are
+// plain arrays (Io::kRuns: the forward scans and cumsum_backward), every
+// operand of the row of stride 1 or -1 (reversed views: a run read as one
+// block and taken backwards) with 16-byte aligned runs, and the tile full, a
+// thread moves its elements straight between registers and
+// memory in 16-byte words (4 a thread for f32 and, with 32 items, f16/bf16);
+// else (strided, misaligned, the last partial tile, the other gradients,
+// whose positions read their neighbours) the tile goes through shared memory,
+// loaded and stored coalesced element by element. The loads are issued
+// before anything waits: the thread scan consumes them, then the aggregate
+// is published before the look-back, so later tiles' look-backs overlap
+// this tile's loads and its own look-back. Both paths give each
+// thread the same elements, so the combine order, hence every bit of the
+// result, is the same whichever path a tile takes.
+
 /// One tile (taken by ticket) of a row cut into `tiles` tiles.
 template <class Io>
-__global__ void __launch_bounds__(kBlock, sizeof(typename Io::S) == 4 ? 4 : 1) single_pass_kernel(ScanLaunch l, OffsetCalc<Io::kOperands, int64_t> outer,
-                                                             int64_t tiles) {
+__global__ void __launch_bounds__(kBlock, kPassBlocks<Io>) single_pass_kernel(ScanLaunch l, OffsetCalc<Io::kOperands, int64_t> outer,
+                                                                                      int64_t tiles) {
   using Op = typename Io::Op;
   using S = typename Op::S;
-  constexpr int kIt = kPassItems<S>, kT = kBlock * kIt;
+  constexpr int kIt = kPassItems<Io>, kT = kBlock * kIt;
   __shared__ S tile[kT + kT / 32];
   __shared__ S warp_totals[kBlock / 32];
   __shared__ S exclusive;
@@ -381,16 +483,23 @@ __global__ void __launch_bounds__(kBlock, sizeof(typename Io::S) == 4 ? 4 : 1) s
   int64_t off[Io::kOperands];
   outer.get(row, off);
   const Io io(l, off, l.rows.cols);
-  const int64_t base = j * kT, end = l.rows.cols;
-#pragma unroll
-  for (int k = 0; k < kIt; ++k) {  // coalesced loads
-    const int64_t e = base + k * kBlock + threadIdx.x;
-    tile[padded(k * kBlock + threadIdx.x)] = e < end ? io.load(e) : Op::identity();
-  }
-  __syncthreads();
+  const int64_t base = j * kT, end = l.rows.cols, mine = base + threadIdx.x * kIt;
+  bool runs = false;  // the same for the whole block
+  if constexpr (Io::kRuns) runs = base + kT <= end && io.template runs<kIt>();
   S v[kIt];
+  if constexpr (Io::kRuns) {
+    if (runs) io.load_run(mine, v);
+  }
+  if (!runs) {
 #pragma unroll
-  for (int k = 0; k < kIt; ++k) v[k] = tile[padded(threadIdx.x * kIt + k)];
+    for (int k = 0; k < kIt; ++k) {  // coalesced loads
+      const int64_t e = base + k * kBlock + threadIdx.x;
+      tile[padded(k * kBlock + threadIdx.x)] = e < end ? io.load(e) : Op::identity();
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kIt; ++k) v[k] = tile[padded(threadIdx.x * kIt + k)];
+  }
 #pragma unroll
   for (int k = 1; k < kIt; ++k) v[k] = Op::combine(v[k - 1], v[k]);
   S aggregate = Op::identity();
@@ -406,7 +515,15 @@ __global__ void __launch_bounds__(kBlock, sizeof(typename Io::S) == 4 ? 4 : 1) s
   __syncthreads();
   prefix = Op::combine(exclusive, prefix);
 #pragma unroll
-  for (int k = 0; k < kIt; ++k) tile[padded(threadIdx.x * kIt + k)] = Op::combine(prefix, v[k]);
+  for (int k = 0; k < kIt; ++k) v[k] = Op::combine(prefix, v[k]);
+  if constexpr (Io::kRuns) {
+    if (runs) {
+      io.store_run(mine, v);
+      return;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kIt; ++k) tile[padded(threadIdx.x * kIt + k)] = v[k];
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < kIt; ++k) {  // coalesced stores
@@ -450,7 +567,8 @@ Status scan_on_cuda(const ScanLaunch& l, CUstream_st* stream) {
     row_per_thread_kernel<Io><<<unsigned((l.rows.rows + 255) / 256), 256, 0, stream>>>(l, outer);
   } else if (l.split) {
     using S = typename Io::S;
-    const int64_t tiles = (l.rows.cols + kBlock * kPassItems<S> - 1) / (kBlock * kPassItems<S>);
+    constexpr int64_t kT = kBlock * kPassItems<Io>;
+    const int64_t tiles = (l.rows.cols + kT - 1) / kT;
     const int64_t blocks = l.rows.rows * tiles;
     if (blocks > int64_t(0x7fffffff)) return unsupported("scan: ", blocks, " tiles exceed the grid limit");
     if (kTicketBytes + TileStates<S>::bytes(2 * blocks) > l.workspace_bytes)
