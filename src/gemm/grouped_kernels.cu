@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) grouped_simt(const GroupedProblem p)
 // stride or 16-byte rows take element loads (stored straight to shared) on
 // the same schedule. When both operands take cp.async the kernel is built for
 // two CTAs an SM (128 registers, 2 x 80 KiB of shared memory, the carveout
-// set to the most shared memory; ptxas spills 32 to 152 bytes, each value
+// set to the most shared memory; ptxas spills 32 to 136 bytes, each value
 // stored and reloaded about once), else for one (the element loads need
 // registers). Fragments are not double-buffered across the k16 steps: that
 // would not fit 128 registers, and the 16 warps of an SM hide the ldmatrix
@@ -233,14 +233,15 @@ struct VectorLoader {
       const int64_t gr = row0 + chunk_row(q), left = rows - gr;
       if (kKMajor) rows_in |= left > 0 ? 1 << q : 0;
       else rows_in = left <= 0 ? 0 : left < 8 ? int(left) : 8;
-      src[q] = left > 0 ? base + gr * row_stride + (k_begin + chunk_k(q)) * k_stride : base;
+      src[q] = base + gr * row_stride + (k_begin + chunk_k(q)) * k_stride;  // read only while inside
     }
   }
 
   /// Issues the next tile into stage `s` and moves on by kTcK: `k_left` (at
   /// most kTcK) elements of K are inside from the tile's first; the rest of
-  /// the tile is zero-filled (partial chunks: the bytes inside only).
-  __device__ __forceinline__ void issue(T* s, int k_left) {
+  /// the tile is zero-filled (partial chunks: the bytes inside only). A chunk
+  /// with nothing inside reads from `any` (a valid address; no byte is read).
+  __device__ __forceinline__ void issue(T* s, int k_left, const void* any) {
 #pragma unroll
     for (int q = 0; q < kChunks; ++q) {
       const int k = chunk_k(q);
@@ -248,12 +249,13 @@ struct VectorLoader {
       if (kKMajor ? (rows_in >> q & 1) == 0 : k >= k_left) n = 0;
       const int bytes = n > 0 ? n * int(sizeof(T)) : 0;
       T* dst = s + shared_offset(q);
+      const T* from = bytes > 0 ? src[q] : static_cast<const T*>(any);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(attn::shared_address(dst)), "l"(src[q]),
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(attn::shared_address(dst)), "l"(from),
                    "r"(bytes)
                    : "memory");
 #else
-      for (int i = 0; i < 8; ++i) dst[i] = i * int(sizeof(T)) < bytes ? src[q][i] : T(0.f);
+      for (int i = 0; i < 8; ++i) dst[i] = i * int(sizeof(T)) < bytes ? from[i] : T(0.f);
 #endif
       src[q] += step;
     }
@@ -335,9 +337,9 @@ __global__ void __launch_bounds__(kTcThreads, kVec ? kTcVecCtas : 1)
     auto issue = [&](int stage, int t) {
       const int64_t k0 = k_begin + int64_t(t) * kTcK, left = p.k - k0;
       const int k_left = left < kTcK ? int(left) : kTcK;
-      if (kVec || a_vector) va.issue(sA(stage), k_left);
+      if (kVec || a_vector) va.issue(sA(stage), k_left, p.a.data);
       else load_elements<kTcM, kAK>(sA(stage), gA, p.a.row, p.a.col, p.m, p.k, m0, k0);
-      if (kVec || b_vector) vb.issue(sB(stage), k_left);
+      if (kVec || b_vector) vb.issue(sB(stage), k_left, p.b.data);
       else load_elements<kTcN, kBK>(sB(stage), gB, p.b.col, p.b.row, p.n, p.k, n0, k0);
     };
 #pragma unroll
