@@ -216,17 +216,6 @@ __global__ void __launch_bounds__(kThreads) attention_grad_kv(const Problem p, c
   }
 }
 
-/// Shared memory a block of the current device may opt in to.
-size_t optin_smem() {
-  int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 48 * 1024;
-  }
-  return size_t(bytes);
-}
-
 template <class T>
 struct CudaBackward {
   static Status run(const Problem& p, const Workspace& w, CUstream_st* stream) {
@@ -239,7 +228,7 @@ struct CudaBackward {
       BARACUDA_CUDA_TRY(cudaGetLastError());
     }
     if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
-      if (tensor_core_layout(p, current_sm_version()) && tc_backward_smem(p.head_dim) <= optin_smem())
+      if (tensor_core_layout(p, current_sm_version()) && tc_backward_smem(p.head_dim) <= current_optin_smem())
         return attention_backward_tc<T>(p, ws, stream);
     }
     if (p.seq_q > 0) {

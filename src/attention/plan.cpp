@@ -7,6 +7,8 @@
 
 #ifdef BARACUDA_HAS_CUDA
 #include <cuda_runtime_api.h>
+
+#include "core/cuda_check.hpp"
 #endif
 
 #include "attention/engine.hpp"
@@ -375,19 +377,14 @@ class CudaEngine final : public Engine {
   size_t max_smem_;
 };
 
-#ifdef BARACUDA_HAS_CUDA
+/// Shared memory a block may opt in to on the current device (0 without CUDA).
 size_t device_max_smem() {
-  int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 48 * 1024;
-  }
-  return size_t(bytes);
-}
+#ifdef BARACUDA_HAS_CUDA
+  return current_optin_smem();
 #else
-size_t device_max_smem() { return 0; }
+  return 0;
 #endif
+}
 
 Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, const OpDesc& desc,
                           const PlanPreference& pref) {

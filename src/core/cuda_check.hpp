@@ -21,5 +21,8 @@ inline Status cuda_status(cudaError_t err, const char* expr, const char* file, i
 int current_sm_version();
 /// Streaming multiprocessors of the current device (0 without CUDA).
 int current_sm_count();
+/// Shared memory a block of the current device may opt in to (48 KiB when
+/// the driver cannot say).
+size_t current_optin_smem();
 
 }  // namespace baracuda

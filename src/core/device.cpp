@@ -40,6 +40,16 @@ int current_sm_count() {
   });
   return counts[device];
 }
+
+size_t current_optin_smem() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 48 * 1024;
+  }
+  return size_t(bytes);
+}
 #else
 bool cuda_available() { return false; }
 #endif
