@@ -105,7 +105,9 @@ TEST(Registry, CoversTheElementwiseInventory) {
     const OpInfo* op = find_op(name);
     ASSERT_NE(op, nullptr) << name;
     EXPECT_FALSE(op->dtypes.empty()) << name;
-    if (!op->gradient.empty()) EXPECT_NE(find_op(op->gradient), nullptr) << op->gradient;
+    if (!op->gradient.empty()) {
+      EXPECT_NE(find_op(op->gradient), nullptr) << op->gradient;
+    }
   }
   // Every differentiable float op has a backward plan.
   const char* not_differentiable[] = {"nextafter", "floor_divide", "bitwise_and", "bitwise_or", "bitwise_xor",
