@@ -28,6 +28,10 @@ class TableEngine final : public Engine {
   GemmFn fn_;
 };
 
+/// The host-reference or bespoke CUDA launcher registered under `key`, as an
+/// engine; `what` names the kernel in the refusal.
+Result<std::unique_ptr<Engine>> table_engine(Backend backend, const std::string& key, const std::string& what);
+
 /// What a cuBLASLt engine is asked for.
 struct LtRequest {
   DType in = DType::f32, out = DType::f32;

@@ -387,10 +387,9 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
     return unsupported("built without CUDA");
 #endif
   } else {
-    const GemmTable& table = backend == Backend::host_reference ? host_gemms() : cuda_gemms();
-    GemmFn fn = table.find(launch_key("gemm", in, out));
-    if (!fn) return unsupported("no ", backend_name(backend), " GEMM kernel for ", dtype_name(in), " -> ", dtype_name(out));
-    engine = std::make_unique<TableEngine>(fn);
+    auto e = table_engine(backend, launch_key("gemm", in, out), cat("GEMM ", dtype_name(in), " -> ", dtype_name(out)));
+    if (!e) return e.status();
+    engine = std::move(*e);
   }
   sku.epilogue = sku_epilogue(def, *full, fused_bias_grad);
   red::SumStep bias_sum;

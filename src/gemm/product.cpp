@@ -1,8 +1,16 @@
-// ProductStep: a GEMM for other families' plans (Note [Product steps]).
+// ProductStep: a GEMM for other families' plans (Note [Product steps]), and
+// table_engine: a plan's host-reference or bespoke launcher as an engine.
 #include "core/errors.hpp"
 #include "gemm/engine.hpp"
 
 namespace baracuda::gemm {
+
+Result<std::unique_ptr<Engine>> table_engine(Backend backend, const std::string& key, const std::string& what) {
+  const GemmTable& table = backend == Backend::host_reference ? host_gemms() : cuda_gemms();
+  GemmFn fn = table.find(key);
+  if (!fn) return unsupported("no ", backend_name(backend), " kernel for ", what);
+  return std::unique_ptr<Engine>(std::make_unique<TableEngine>(fn));
+}
 
 Result<ProductStep> ProductStep::make(const TensorView& d, const TensorView& a, const TensorView& b) {
   ProductStep step;

@@ -141,7 +141,7 @@ Result<PlanPtr> make_plan(const OpInfo& info, Backend backend, const OpDesc& des
     request.fast_accum = full->attrs.get("use_fast_accum", 0) != 0;
     request.bias = bias;
     request.bias_dtype = full->inputs[4].dtype;
-    request.max_workspace = std::min(pref.max_workspace_bytes, size_t(32) << 20);
+    request.max_workspace = std::min(pref.max_workspace_bytes, kLtWorkspace);
     // The heuristics serve the layout cuBLASLt takes: a row-major, b column-major.
     ProbeViews probe(*full);
     const int64_t k = full->inputs[1].shape[0], n = full->inputs[1].shape[1];
@@ -157,12 +157,9 @@ Result<PlanPtr> make_plan(const OpInfo& info, Backend backend, const OpDesc& des
     return unsupported("built without CUDA");
 #endif
   } else {
-    const GemmTable& table = backend == Backend::host_reference ? host_gemms() : cuda_gemms();
-    GemmFn fn = table.find(scaled_key(a, b, out));
-    if (!fn)
-      return unsupported("no ", backend_name(backend), " kernel for ", dtype_name(a), " x ", dtype_name(b), " -> ",
-                         dtype_name(out));
-    engine = std::make_unique<TableEngine>(fn);
+    auto e = table_engine(backend, scaled_key(a, b, out), cat(dtype_name(a), " x ", dtype_name(b), " -> ", dtype_name(out)));
+    if (!e) return e.status();
+    engine = std::move(*e);
   }
   return PlanPtr(std::make_unique<ScaledPlan>(info, std::move(*full), std::move(engine), sku));
 }

@@ -261,6 +261,10 @@ class LcePlan final : public FamilyPlan {
     p_.smoothing = desc_.attrs.get("label_smoothing", 0);
     N_ = x.shape[0], H_ = x.shape[1], V_ = desc_.inputs[k_ + 1].shape[0];
     bias_ = desc_.inputs[k_ + 3].shape[0] != 0;
+    // Where grad_weight and grad_bias sum across chunks: f32 for f16 and bf16
+    // (the workspace) unless f32_weight_grad = 0, else the outputs themselves.
+    const bool half = x.dtype == DType::f16 || x.dtype == DType::bf16;
+    sum_dtype_ = kind != Kind::forward && half && desc_.attrs.get("f32_weight_grad", 1) != 0 ? DType::f32 : x.dtype;
   }
 
   /// The CUDA plan's chunk size, sub-plans and workspace.
@@ -281,7 +285,7 @@ class LcePlan final : public FamilyPlan {
       BARACUDA_TRY(assign(cs.logits, make_step(stream, pref, OpDesc{"linear", {xs, ws, bs}, {}, {}})));
       if (kind_ != Kind::forward) {
         BARACUDA_TRY(assign(cs.grad_input, make_step(stream, pref, OpDesc{"mm", {ls, ws}, {}, {}})));
-        const DType acc = sum_dtype();
+        const DType acc = sum_dtype_;
         const TensorView lt = view(nullptr, t, {V_, rows}, {1, V_});
         BARACUDA_TRY(assign(cs.grad_weight, gemm::ProductStep::make(view(nullptr, acc, {V_, H_}, {H_, 1}), lt,
                                                                     view(nullptr, t, {rows, H_}, {H_, 1}))));
@@ -298,7 +302,7 @@ class LcePlan final : public FamilyPlan {
       sub = std::max({sub, cs.grad_weight.workspace(), cs.grad_bias.workspace()});
     }
     // Workspace: stats | row losses | lse | class scratch | ones | logits | f32 sums | GEMM scratch.
-    const bool f32_sums = sum_dtype() != t;
+    const bool f32_sums = sum_dtype_ != t;
     off_rows_ = aligned(2 * ws_elem);
     off_lse_ = off_rows_ + aligned(size_t(N_) * ws_elem);
     off_scratch_ = off_lse_ + aligned(size_t(chunk_) * ws_elem);
@@ -330,14 +334,6 @@ class LcePlan final : public FamilyPlan {
     return Status::ok();
   }
 
-  /// Where grad_weight and grad_bias sum across chunks: f32 for f16 and bf16
-  /// (the workspace), else the outputs' dtype (the outputs themselves).
-  DType sum_dtype() const {
-    const DType t = desc_.inputs[k_].dtype;
-    const bool half = t == DType::f16 || t == DType::bf16;
-    return kind_ != Kind::forward && half && desc_.attrs.get("f32_weight_grad", 1) != 0 ? DType::f32 : t;
-  }
-
   Status run_cuda(const Stream& stream, Workspace workspace, const OpArgs& args) const {
     CUstream_st* s = stream.cuda_stream();
     const DType t = desc_.inputs[k_].dtype, ws_t = stat_dtype(t);
@@ -360,7 +356,7 @@ class LcePlan final : public FamilyPlan {
     h.grad_output = go && !none ? go->data : nullptr;
     BARACUDA_TRY(helper_fn_(h, s));
     // The weight and bias gradients: summed in f32 in the workspace, or in the outputs.
-    const bool f32_sums = sum_dtype() != t;
+    const bool f32_sums = sum_dtype_ != t;
     TensorView sum_w, sum_b;
     if (gw) sum_w = f32_sums ? view(ws + off_sum_w_, DType::f32, {V_, H_}, {H_, 1}) : *gw;
     if (gb) sum_b = f32_sums ? view(ws + off_sum_b_, DType::f32, {V_, 1}, {1, 1}) : view(gb->data, t, {V_, 1}, {gb->stride[0], 1});
@@ -438,6 +434,7 @@ class LcePlan final : public FamilyPlan {
   Params p_;
   int64_t N_ = 0, H_ = 0, V_ = 0, chunk_ = 1;
   bool bias_ = false;
+  DType sum_dtype_ = DType::f32;
   ClassFn class_fn_ = nullptr;
   HelperFn helper_fn_ = nullptr;
   std::vector<ChunkSteps> steps_;  ///< [0]: full chunks, [last]: the tail chunk when shorter
