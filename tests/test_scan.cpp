@@ -54,7 +54,7 @@ TEST(CudaScan, LongRowsMatchReference) {
         for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::strided}) check(op, dtype, shape, layout);
     }
   }
-  // Past the look-back window (256 tiles of 2048 to 8192 elements): 2^21 + 3
+  // Past the look-back window (128 tiles of 2048 to 8192 elements): 2^21 + 3
   // elements in f64 for every op, 2^22 + 3 in bf16 for three (2^26 + 3 runs in
   // BitwiseDeterministicRunToRun and against torch in test_rows.py).
   for (const std::string& op : sampled_scans())
