@@ -63,18 +63,32 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
           },
           kCache ? cache[0] : nullptr);
     max = rows::row_all_reduce<TPR, RPB>(max, rows::MaxOp{}, scratch);
+    // Where the cache holds the math type (f32, f64), the sum pass leaves
+    // exp(z - max) in it, so the output pass divides instead of exponentiating
+    // again: the same bits, one exponential an element instead of two. Each
+    // thread reads back only the elements it wrote (the ownership of for_row).
+    constexpr bool kKeepExp = kCache && !Op::kLog && std::is_same_v<T, M>;
     M sum = 0;
     if (valid) {
       if (kCache && vec) {  // the cached row in whole vectors, as this thread stored it
         constexpr int V = rows::kVecOf<T>;
-        const auto* packs = reinterpret_cast<const rows::Vec<T, V>*>(cache[0]);
+        auto* packs = reinterpret_cast<rows::Vec<T, V>*>(cache[0]);
         for (int64_t i = lane; i < cols / V; i += TPR) {
-          const auto pack = packs[i];
+          auto pack = packs[i];
 #pragma unroll
-          for (int e = 0; e < V; ++e) sum += expo(sign * convert<M>(pack.v[e]) - max);
+          for (int e = 0; e < V; ++e) {
+            const M x = expo(sign * convert<M>(pack.v[e]) - max);
+            sum += x;
+            if constexpr (kKeepExp) pack.v[e] = x;
+          }
+          if constexpr (kKeepExp) packs[i] = pack;
         }
       } else {
-        for (int64_t c = lane; c < cols; c += TPR) sum += expo(sign * value(0, c) - max);
+        for (int64_t c = lane; c < cols; c += TPR) {
+          const M x = expo(sign * value(0, c) - max);
+          sum += x;
+          if constexpr (kKeepExp) cache[0][c] = x;
+        }
       }
     }
     sum = rows::row_all_reduce<TPR, RPB>(sum, rows::SumOp{}, scratch);
@@ -87,7 +101,10 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
       const T* src[1] = {kCache ? cache[0] : in[0]};
       const int64_t ss[1] = {kCache ? 1 : si[0]};
       rows::map_row<TPR>(src, ss, out, so, cols, vec, lane,
-                         [&](int64_t, const T (&x)[1]) { return convert<T>(out_of(sign * convert<M>(x[0]))); });
+                         [&](int64_t, const T (&x)[1]) {
+                           if constexpr (kKeepExp) return convert<T>(x[0] / sum);
+                           else return convert<T>(out_of(sign * convert<M>(x[0])));
+                         });
     }
   } else {
     M t = 0;
