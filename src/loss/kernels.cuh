@@ -110,13 +110,18 @@ __device__ __forceinline__ void online_logsumexp(const T* row, int64_t stride, i
     auto* cached = reinterpret_cast<P*>(cache);
     const int64_t n = cols / V;
     int64_t i = lane;
-    for (; i + TPR < n; i += 2 * TPR) {  // two vectors in flight
-      const P a = packs[i], b = packs[i + TPR];
-      if (i < cache_packs) cached[i] = a;
-      if (i + TPR < cache_packs) cached[i + TPR] = b;
-      M z[2 * V];
+    constexpr int kInFlight = 4;  // vectors a thread has in flight: one 1024-thread block per SM must cover the latency
+    for (; i + (kInFlight - 1) * TPR < n; i += kInFlight * TPR) {
+      P a[kInFlight];
 #pragma unroll
-      for (int e = 0; e < V; ++e) z[e] = convert<M>(a.v[e]), z[V + e] = convert<M>(b.v[e]);
+      for (int k = 0; k < kInFlight; ++k) a[k] = packs[i + k * TPR];
+      M z[kInFlight * V];
+#pragma unroll
+      for (int k = 0; k < kInFlight; ++k) {
+        if (i + k * TPR < cache_packs) cached[i + k * TPR] = a[k];
+#pragma unroll
+        for (int e = 0; e < V; ++e) z[k * V + e] = convert<M>(a[k].v[e]);
+      }
       absorb(z, m, s);
     }
     for (; i < n; i += TPR) {
@@ -141,12 +146,24 @@ __device__ __forceinline__ void map_cached_row(const T* row, const T* cache, int
                                                int lane, F&& f) {
   constexpr int V = rows::kVecOf<T>;
   using P = rows::Vec<T, V>;
-  for (int64_t i = lane; i < cols / V; i += TPR) {
-    const P a = i < cache_packs ? reinterpret_cast<const P*>(cache)[i] : reinterpret_cast<const P*>(row)[i];
-    P out;
+  constexpr int kInFlight = 4;  // the part past the cache comes from L2 or memory: loads first, then the stores
+  const int64_t n = cols / V;
+  for (int64_t i0 = lane; i0 < n; i0 += kInFlight * TPR) {
+    P a[kInFlight];
 #pragma unroll
-    for (int e = 0; e < V; ++e) out.v[e] = f(i * V + e, a.v[e]);
-    reinterpret_cast<P*>(dst)[i] = out;
+    for (int k = 0; k < kInFlight; ++k) {
+      const int64_t i = i0 + k * TPR;
+      if (i < n) a[k] = i < cache_packs ? reinterpret_cast<const P*>(cache)[i] : reinterpret_cast<const P*>(row)[i];
+    }
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      const int64_t i = i0 + k * TPR;
+      if (i >= n) break;
+      P out;
+#pragma unroll
+      for (int e = 0; e < V; ++e) out.v[e] = f(i * V + e, a[k].v[e]);
+      reinterpret_cast<P*>(dst)[i] = out;
+    }
   }
 }
 
