@@ -98,9 +98,9 @@ __device__ __forceinline__ void absorb(const M (&z)[N], M& m, M& s) {
 }
 
 /// Running max and sum of exponentials over this thread's elements of a row
-/// (the ownership of rows::for_row).
+/// (the ownership of rows::for_row), kInFlight vectors a thread in flight.
 /// With `cache`, also keeps the first `cache_packs` vectors of the row in shared memory.
-template <int TPR, class T, class M>
+template <int TPR, int kInFlight, class T, class M>
 __device__ __forceinline__ void online_logsumexp(const T* row, int64_t stride, int64_t cols, bool vector, int lane,
                                                  M& m, M& s, T* cache = nullptr, int64_t cache_packs = 0) {
   constexpr int V = rows::kVecOf<T>;
@@ -110,7 +110,6 @@ __device__ __forceinline__ void online_logsumexp(const T* row, int64_t stride, i
     auto* cached = reinterpret_cast<P*>(cache);
     const int64_t n = cols / V;
     int64_t i = lane;
-    constexpr int kInFlight = 4;  // vectors a thread has in flight: one 1024-thread block per SM must cover the latency
     for (; i + (kInFlight - 1) * TPR < n; i += kInFlight * TPR) {
       P a[kInFlight];
 #pragma unroll
@@ -146,24 +145,12 @@ __device__ __forceinline__ void map_cached_row(const T* row, const T* cache, int
                                                int lane, F&& f) {
   constexpr int V = rows::kVecOf<T>;
   using P = rows::Vec<T, V>;
-  constexpr int kInFlight = 4;  // the part past the cache comes from L2 or memory: loads first, then the stores
-  const int64_t n = cols / V;
-  for (int64_t i0 = lane; i0 < n; i0 += kInFlight * TPR) {
-    P a[kInFlight];
+  for (int64_t i = lane; i < cols / V; i += TPR) {
+    const P a = i < cache_packs ? reinterpret_cast<const P*>(cache)[i] : reinterpret_cast<const P*>(row)[i];
+    P out;
 #pragma unroll
-    for (int k = 0; k < kInFlight; ++k) {
-      const int64_t i = i0 + k * TPR;
-      if (i < n) a[k] = i < cache_packs ? reinterpret_cast<const P*>(cache)[i] : reinterpret_cast<const P*>(row)[i];
-    }
-#pragma unroll
-    for (int k = 0; k < kInFlight; ++k) {
-      const int64_t i = i0 + k * TPR;
-      if (i >= n) break;
-      P out;
-#pragma unroll
-      for (int e = 0; e < V; ++e) out.v[e] = f(i * V + e, a[k].v[e]);
-      reinterpret_cast<P*>(dst)[i] = out;
-    }
+    for (int e = 0; e < V; ++e) out.v[e] = f(i * V + e, a.v[e]);
+    reinterpret_cast<P*>(dst)[i] = out;
   }
 }
 
@@ -210,7 +197,9 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
       M m = -INFINITY, s = 0;
       if (valid) {
         if (!smoothing_sums) {
-          online_logsumexp<TPR>(in, s_in, C, vec, lane, m, s, cache, cache_packs);
+          // Four vectors in flight cover the memory latency of a 1024-thread block; the cached
+          // (fused) kernel keeps two: at four its gradient pass spills (64 registers a thread).
+          online_logsumexp<TPR, kCache ? 2 : 4>(in, s_in, C, vec, lane, m, s, cache, cache_packs);
         } else {
           for (int64_t c = lane; c < C; c += TPR) {
             const M z[1] = {convert<M>(in[c * s_in])};
