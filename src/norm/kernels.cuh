@@ -280,12 +280,14 @@ __global__ void __launch_bounds__(256) merge_params_kernel(RowLaunch l, int spli
 }
 
 /// Row-kernel shape for a row length: (threads per row, rows per block).
+/// `narrow_long_rows`: rows past 16384 keep 512 threads, so that several
+/// cached rows share an SM (one's arithmetic hides another's loads).
 template <class F>
-Status by_row_length(int64_t cols, F&& f) {
+Status by_row_length(int64_t cols, F&& f, bool narrow_long_rows = false) {
   if (cols <= 128) return f.template operator()<32, 8>();
   if (cols <= 1024) return f.template operator()<32, 4>();
   if (cols <= 4096) return f.template operator()<128, 1>();
-  if (cols <= 16384) return f.template operator()<512, 1>();
+  if (cols <= 16384 || narrow_long_rows) return f.template operator()<512, 1>();
   return f.template operator()<1024, 1>();
 }
 
@@ -294,7 +296,8 @@ Status launch_cached(Kernel cached, Kernel uncached, size_t cache, unsigned bloc
                      CUstream_st* stream, const Args&... args) {
   if (cache <= kRowCacheBytes) {
     if (cache > 48 * 1024)
-      BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(cached), int(kRowCacheBytes)));
+      BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(cached), int(kRowCacheBytes),
+                                                 /*max_carveout=*/2 * cache <= kRowCacheBytes));
     cached<<<blocks, threads, cache, stream>>>(args...);
   } else {
     uncached<<<blocks, threads, 0, stream>>>(args...);
@@ -306,12 +309,15 @@ Status launch_cached(Kernel cached, Kernel uncached, size_t cache, unsigned bloc
 template <class S, class T>
 Status norm_forward_on_cuda(const RowLaunch& l, const NormParams& p, int, CUstream_st* stream) {
   const rows::OffsetCalc<S::kOperands, int64_t> outer(l.outer);
-  return by_row_length(l.cols, [&]<int TPR, int RPB>() {
-    using C = std::conditional_t<S::kResidual, math_t<T, false>, T>;
-    return launch_cached(forward_kernel<S, T, TPR, RPB, true>, forward_kernel<S, T, TPR, RPB, false>,
-                         size_t(RPB) * size_t(l.cols) * sizeof(C), unsigned((l.rows + RPB - 1) / RPB), TPR * RPB,
-                         stream, l, outer, p);
-  });
+  using C = std::conditional_t<S::kResidual, math_t<T, false>, T>;
+  return by_row_length(
+      l.cols,
+      [&]<int TPR, int RPB>() {
+        return launch_cached(forward_kernel<S, T, TPR, RPB, true>, forward_kernel<S, T, TPR, RPB, false>,
+                             size_t(RPB) * size_t(l.cols) * sizeof(C), unsigned((l.rows + RPB - 1) / RPB), TPR * RPB,
+                             stream, l, outer, p);
+      },
+      /*narrow_long_rows=*/sizeof(C) == 2);
 }
 
 template <class S, class T>
