@@ -380,7 +380,7 @@ def _parity(name, ours, ours_backward, theirs, ops, grads, dt, scale=16):
         _close(back[k], gx[k].to(dt), dt, scale, f"{name}_backward {k}")
 
 
-ROW_SHAPES = [(64, 10), (33, 1000), (8, 5000), (17,)]
+ROW_SHAPES = [(64, 10), (33, 1000), (8, 5000), (17,), (256, 512)]  # (256, 512): the bench rows (a warp each, 16-byte loads)
 
 
 @gpu
@@ -438,7 +438,7 @@ def test_multi_margin_loss_matches_torch(dtype, reduction, shape, p, margin, wei
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-@pytest.mark.parametrize("shape", [(64, 10), (33, 300), (4, 3000), (3, 20000), (17,)])
+@pytest.mark.parametrize("shape", [(64, 10), (33, 300), (4, 3000), (3, 20000), (17,), (256, 512)])
 def test_multilabel_margin_loss_matches_torch(dtype, reduction, shape):
     dt = getattr(torch, dtype)
     x = _dev(shape, dt, -1, 1)
