@@ -189,9 +189,9 @@ __global__ void __launch_bounds__(kThreads) ctc_kernel(Problem p, bool backward)
       // NaN anywhere: fmax skips it, the sum does not.
       if (lane == 0) parked[0] = m == ninf ? m : m + log(sum);
     }
-    auto chain = [&](int64_t k) {
-      M acc = ninf;
-      for (int64_t j = k; j >= 0; j = next_of(j)) acc = log_add(acc, ab[2 * j + 1]);
+    auto chain = [&](int64_t k) {  // log_add(-inf, x) is x: start from the first position's value
+      M acc = ab[2 * k + 1];
+      for (int64_t j = next_of(k); j >= 0; j = next_of(j)) acc = log_add(acc, ab[2 * j + 1]);
       parked[2 * k + 1] = acc;
     };
     if (first0) chain(tid);
