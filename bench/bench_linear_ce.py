@@ -7,6 +7,7 @@ allocator). The point is speed parity at a fraction of the memory.
 
     python bench/bench_linear_ce.py            # N=8192, H=4096, V=128256, bf16
     python bench/bench_linear_ce.py --quick    # N=4096
+    python bench/bench_linear_ce.py --class-weight   # with cross_entropy class weights [V]
 """
 import argparse
 
@@ -38,6 +39,7 @@ def main():
     parser.add_argument("--chunk-rows", type=int, default=0, help="0: automatic (256 MiB of logits)")
     parser.add_argument("--dtype-weight-grad", action="store_true",
                         help="sum grad_weight across chunks in bf16 (f32_weight_grad=False: less memory)")
+    parser.add_argument("--class-weight", action="store_true", help="class weights [V] (torch's cross_entropy weight)")
     args = parser.parse_args()
     N, H, V = args.n or (4096 if args.quick else 8192), args.h, args.v
     f32_sums = not args.dtype_weight_grad
@@ -47,17 +49,19 @@ def main():
     w = (torch.randn(V, H, device="cuda") / H ** 0.5).to(dtype)
     t = torch.randint(0, V, (N,), device="cuda")
     t[::17] = -100
+    c = (torch.rand(V, device="cuda") + 0.5).to(dtype) if args.class_weight else None
 
     def ours():
-        return F.linear_cross_entropy_fused(x, w, t, chunk_rows=args.chunk_rows, f32_weight_grad=f32_sums)
+        return F.linear_cross_entropy_fused(x, w, t, chunk_rows=args.chunk_rows, f32_weight_grad=f32_sums,
+                                            class_weight=c)
 
     def theirs():
         xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
-        loss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(xr, wr), t)
+        loss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(xr, wr), t, weight=c)
         gx, gw = torch.autograd.grad(loss, (xr, wr))
         return loss, gx, gw
 
-    specs = [F._spec(a) for a in (x, w, t, F._no_bias(x))]
+    specs = [F._spec(a) for a in (x, w, t, F._no_bias(x), F._no_bias(x) if c is None else c)]
     info = baracuda.plan_info("linear_cross_entropy_fused", specs, {"chunk_rows": float(args.chunk_rows), "f32_weight_grad": float(f32_sums)},
                                         device="cuda")
     a, b = ours(), theirs()
@@ -68,7 +72,8 @@ def main():
     t_ours, t_torch = median_ms(ours, warmup=2, samples=5, reps=2), median_ms(theirs, warmup=2, samples=5, reps=2)
     m_ours, m_torch = peak_bytes(ours, info["workspace_size"]), peak_bytes(theirs)
     flops = 3 * 2 * N * H * V
-    print(f"linear_cross_entropy fwd+bwd bf16 N={N} H={H} V={V} f32_weight_grad={int(f32_sums)}  ({info['sku']}, workspace "
+    print(f"linear_cross_entropy fwd+bwd bf16 N={N} H={H} V={V} f32_weight_grad={int(f32_sums)} "
+          f"class_weight={int(c is not None)}  ({info['sku']}, workspace "
           f"{info['workspace_size'] / 2**20:.0f} MiB)")
     print(f"{'':<8} {'ms':>9} {'TFLOP/s':>9} {'peak GiB':>9}")
     print(f"{'ours':<8} {t_ours:9.3f} {flops / t_ours / 1e9:9.1f} {m_ours / 2**30:9.2f}")

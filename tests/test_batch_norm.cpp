@@ -229,6 +229,8 @@ TEST(BatchNormBackends, LargeAndChannelsLast) {
       {{4, 48, 16, 16}, true, DType::bf16, DType::f32, 2e-2},  {{2, 8, 48, 48}, false, DType::f16, DType::f16, 4e-3},
       {{3, 5, 40, 41}, false, DType::f64, DType::f64, 1e-11}, {{40000, 3, 1, 1}, false, DType::f32, DType::f32, 2e-5},
       {{512, 4, 3, 3}, false, DType::f32, DType::f32, 2e-5},
+      // Channels-last with hundreds of splits per channel (the split merge's batched loads and its tail).
+      {{32, 8, 32, 40}, true, DType::f32, DType::f32, 2e-5},    {{16, 16, 40, 40}, true, DType::bf16, DType::f32, 2e-2},
   };
   for (const Case& k : cases) {
     const int64_t n = numel(k.shape), c = k.shape[1];

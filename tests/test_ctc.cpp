@@ -253,6 +253,45 @@ TEST(CtcBackends, MatchTheHostReference) {
   }
 }
 
+// The CUDA kernel keeps the first 256 target positions' repeat chains and the first 256 classes'
+// log-probabilities in shared memory: targets past 256 positions (chains that cross it), more than
+// 256 classes with the blank past them, and targets long enough that the rolling rows leave shared memory.
+TEST(CtcBackends, LongTargetsManyClasses) {
+  std::mt19937 rng(11);
+  struct Case {
+    int64_t T, N, C, S, blank;
+  };
+  for (const Case& k : {Case{700, 2, 300, 300, 299}, Case{2400, 1, 6, 1600, 0}}) {
+    std::uniform_int_distribution<int> label(k.blank == 0 ? 1 : 0, k.blank == 0 ? int(k.C) - 1 : 11);  // many repeats
+    std::vector<double> tg(k.N * k.S), il(k.N, double(k.T)), tl(k.N);
+    for (int64_t b = 0; b < k.N; ++b) tl[b] = double(k.S - 7 * b);
+    for (auto& v : tg) v = label(rng);
+    const auto lp = normalised(random_log_probs(k.T * k.N * k.C, rng), k.C);
+    const Attrs attrs = reduction(0, double(k.blank));
+    const std::vector<Operand> in64{f64(lp, {k.T, k.N, k.C}), ints(tg, {k.N, k.S}), ints(il, {k.N}), ints(tl, {k.N})};
+    std::vector<Operand> gin64 = in64;
+    gin64.insert(gin64.begin(), f64(std::vector<double>(k.N, 1.0), {k.N}));
+    const auto want = must(exec(Backend::host_reference, "ctc_loss", in64, attrs));
+    const auto gwant = must(exec(Backend::host_reference, "ctc_loss_backward", gin64, attrs));
+    for (DType dt : {DType::f32, DType::f64}) {
+      const double tol = dt == DType::f64 ? 1e-9 : k.S > 1000 ? 1e-2 : 2e-3;
+      std::vector<Operand> in = in64, gin = gin64;
+      in[0].dtype = gin[0].dtype = gin[1].dtype = dt;
+      for (Backend backend : host_and_cuda_backends()) {
+        const auto got = must(exec(backend, "ctc_loss", in, attrs));
+        const auto ggot = must(exec(backend, "ctc_loss_backward", gin, attrs));
+        if (got.empty() || ggot.empty()) continue;
+        for (size_t i = 0; i < want[0].size(); ++i)
+          EXPECT_NEAR(got[0][i], want[0][i], tol * std::max(1.0, std::abs(want[0][i])))
+              << "S " << k.S << " " << backend_name(backend) << " " << dtype_name(dt) << " loss " << i;
+        for (size_t i = 0; i < gwant[0].size(); ++i)
+          ASSERT_NEAR(ggot[0][i], gwant[0][i], tol) << "S " << k.S << " " << backend_name(backend) << " " << dtype_name(dt)
+                                                    << " grad " << i;
+      }
+    }
+  }
+}
+
 TEST(CtcErrors, BadInputIsNamed) {
   const int64_t T = 4, N = 2, C = 3;
   const std::vector<double> lp(T * N * C, -1.0);

@@ -477,22 +477,24 @@ TEST(LinearCrossEntropy, MatchesLinearThenCrossEntropy) {
   const int64_t N = 5, H = 4, V = 6;
   const auto x = uniform(N * H, -1, 1, 1), w = uniform(V * H, -1, 1, 2), b = uniform(V, -1, 1, 3);
   const std::vector<double> t{2, -100, 0, 5, 3};
-  for (bool biased : {true, false}) {
+  for (bool biased : {true, false})
+    for (bool weighted : {false, true}) {
     const Operand bias = biased ? f64(b, {V}) : f64({}, {0});
+    const Operand cls_w = weighted ? f64(uniform(V, 0.5, 2, 8), {V}) : f64({}, {0});  // torch's class weights
     for (const Attrs& attrs : {Attrs{{"reduction", 1}}, Attrs{{"reduction", 2}, {"label_smoothing", 0.3}},
                                Attrs{{"reduction", 0}, {"label_smoothing", 0.1}}, Attrs{{"reduction", 1}, {"label_smoothing", 0.2}}}) {
       const bool none = attrs.get("reduction", 1) == 0;
       // The composition: logits = linear(x, w, b), then cross_entropy and both backwards.
       auto z = must(host_exec("linear", {f64(x, {N, H}), f64(w, {V, H}), bias}));
-      auto ce = must(host_exec("cross_entropy", {f64(z[0], {N, V}), idx(t, {N}), f64({}, {0})}, attrs));
-      auto ours = must(host_exec("linear_cross_entropy", {f64(x, {N, H}), f64(w, {V, H}), idx(t, {N}), bias}, attrs));
+      auto ce = must(host_exec("cross_entropy", {f64(z[0], {N, V}), idx(t, {N}), cls_w}, attrs));
+      auto ours = must(host_exec("linear_cross_entropy", {f64(x, {N, H}), f64(w, {V, H}), idx(t, {N}), bias, cls_w}, attrs));
       ASSERT_EQ(ours[0].size(), ce[0].size());
       for (size_t i = 0; i < ce[0].size(); ++i) EXPECT_NEAR(ours[0][i], ce[0][i], 1e-12) << i;
       const Operand g = none ? f64(uniform(N, -1, 1, 4), {N}) : f64({0.7}, {});
-      auto dz = must(host_exec("cross_entropy_backward", {g, f64(z[0], {N, V}), idx(t, {N}), f64({}, {0}), f64(ce[1], {N})}, attrs));
+      auto dz = must(host_exec("cross_entropy_backward", {g, f64(z[0], {N, V}), idx(t, {N}), cls_w, f64(ce[1], {N})}, attrs));
       auto lin = must(host_exec("linear_backward", {f64(dz[0], {N, V}), f64(x, {N, H}), f64(w, {V, H})},
                                 biased ? Attrs{} : Attrs{{"bias", 0}}));
-      auto grads = must(host_exec("linear_cross_entropy_backward", {g, f64(x, {N, H}), f64(w, {V, H}), idx(t, {N}), bias}, attrs));
+      auto grads = must(host_exec("linear_cross_entropy_backward", {g, f64(x, {N, H}), f64(w, {V, H}), idx(t, {N}), bias, cls_w}, attrs));
       for (int k = 0; k < 2; ++k)
         for (size_t i = 0; i < lin[k].size(); ++i) EXPECT_NEAR(grads[k][i], lin[k][i], 1e-12) << "grad " << k << " " << i;
       if (biased)  // grad_bias: the column sums of dlogits
@@ -503,7 +505,7 @@ TEST(LinearCrossEntropy, MatchesLinearThenCrossEntropy) {
         }
       if (none) continue;
       // The fused op: the loss and the gradients for grad_output = 1.
-      auto fused = must(host_exec("linear_cross_entropy_fused", {f64(x, {N, H}), f64(w, {V, H}), idx(t, {N}), bias}, attrs));
+      auto fused = must(host_exec("linear_cross_entropy_fused", {f64(x, {N, H}), f64(w, {V, H}), idx(t, {N}), bias, cls_w}, attrs));
       EXPECT_NEAR(fused[0][0], ce[0][0], 1e-12);
       for (int k = 0; k < (biased ? 3 : 2); ++k)
         for (size_t i = 0; i < grads[k].size(); ++i) EXPECT_NEAR(fused[k + 1][i] * 0.7, grads[k][i], 1e-12) << k << " " << i;
@@ -511,7 +513,7 @@ TEST(LinearCrossEntropy, MatchesLinearThenCrossEntropy) {
   }
   // Every row ignored: the mean is 0 / 0 (NaN, as torch) and the gradients 0.
   auto all = must(host_exec("linear_cross_entropy_fused", {f64(x, {N, H}), f64(w, {V, H}), idx(std::vector<double>(N, -100), {N}),
-                                                           f64({}, {0})}));
+                                                           f64({}, {0}), f64({}, {0})}));
   EXPECT_TRUE(std::isnan(all[0][0]));
   for (double v : all[2]) EXPECT_EQ(v, 0.0);
 }
@@ -520,17 +522,20 @@ TEST(LinearCrossEntropy, FiniteDifferences) {
   const int64_t N = 3, H = 2, V = 4;
   auto x = uniform(N * H, -1, 1, 5), w = uniform(V * H, -1, 1, 6), b = uniform(V, -1, 1, 7);
   const std::vector<double> t{1, 3, -1};
+  const Operand cls = f64({0.5, 1.5, 0.8, 2.0}, {V});
   for (const Attrs& attrs : {Attrs{{"reduction", 1}, {"ignore_index", -1}, {"label_smoothing", 0.2}},
-                             Attrs{{"reduction", 0}, {"ignore_index", -1}}, Attrs{{"reduction", 2}, {"ignore_index", -1}}}) {
+                             Attrs{{"reduction", 0}, {"ignore_index", -1}}, Attrs{{"reduction", 2}, {"ignore_index", -1}}})
+    for (bool weighted : {false, true}) {
+    const Operand cls_w = weighted ? cls : f64({}, {0});
     const bool none = attrs.get("reduction", 1) == 0;
     const Operand g = none ? f64({0.3, -1.2, 0.8}, {N}) : f64({1.5}, {});
     auto objective = [&](const std::vector<double>& xs, const std::vector<double>& ws, const std::vector<double>& bs) {
-      auto f = must(host_exec("linear_cross_entropy", {f64(xs, {N, H}), f64(ws, {V, H}), idx(t, {N}), f64(bs, {V})}, attrs));
+      auto f = must(host_exec("linear_cross_entropy", {f64(xs, {N, H}), f64(ws, {V, H}), idx(t, {N}), f64(bs, {V}), cls_w}, attrs));
       double l = 0;
       for (size_t i = 0; i < g.values.size(); ++i) l += g.values[i] * f[0][i];
       return l;
     };
-    auto grads = must(host_exec("linear_cross_entropy_backward", {g, f64(x, {N, H}), f64(w, {V, H}), idx(t, {N}), f64(b, {V})}, attrs));
+    auto grads = must(host_exec("linear_cross_entropy_backward", {g, f64(x, {N, H}), f64(w, {V, H}), idx(t, {N}), f64(b, {V}), cls_w}, attrs));
     const double h = 1e-6;
     std::vector<double>* params[3] = {&x, &w, &b};
     for (int k = 0; k < 3; ++k)
@@ -541,7 +546,8 @@ TEST(LinearCrossEntropy, FiniteDifferences) {
         (*params[k])[i] = keep - h;
         const double down = objective(x, w, b);
         (*params[k])[i] = keep;
-        EXPECT_NEAR(grads[k][i], (up - down) / (2 * h), 1e-6) << "reduction " << attrs.get("reduction", 1) << " grad " << k << " i " << i;
+        EXPECT_NEAR(grads[k][i], (up - down) / (2 * h), 1e-6)
+            << "reduction " << attrs.get("reduction", 1) << " weighted " << weighted << " grad " << k << " i " << i;
       }
   }
 }
@@ -550,23 +556,26 @@ TEST(LossErrors, LinearCrossEntropyBadInputIsNamed) {
   auto message = [](Result<OpDesc> r) { return r ? std::string("(no error)") : r.status().message(); };
   auto has = [](const std::string& m, const std::string& part) { return m.find(part) != std::string::npos; };
   const TensorSpec x{DType::bf16, {8, 16}}, w{DType::bf16, {10, 16}}, t{DType::i64, {8}}, b{DType::bf16, {10}};
+  const TensorSpec cw{DType::bf16, {0}};
   const std::string op = "linear_cross_entropy_fused";
-  auto wh = infer(op, {x, TensorSpec{DType::bf16, {10, 15}}, t, b});
+  auto wh = infer(op, {x, TensorSpec{DType::bf16, {10, 15}}, t, b, cw});
   EXPECT_TRUE(has(message(wh), "'weight' must be bf16[V, 16]") && has(message(wh), "[10, 15]")) << message(wh);
-  auto tl = infer(op, {x, w, TensorSpec{DType::i64, {7}}, b});
+  auto tl = infer(op, {x, w, TensorSpec{DType::i64, {7}}, b, cw});
   EXPECT_TRUE(has(message(tl), "'target' shape [7] != [8]")) << message(tl);
-  auto bl = infer(op, {x, w, t, TensorSpec{DType::bf16, {9}}});
+  auto bl = infer(op, {x, w, t, TensorSpec{DType::bf16, {9}}, cw});
   EXPECT_TRUE(has(message(bl), "'bias' must be bf16[10]") && has(message(bl), "bf16[9]")) << message(bl);
-  auto td = infer(op, {x, w, TensorSpec{DType::f32, {8}}, b});
+  auto td = infer(op, {x, w, TensorSpec{DType::f32, {8}}, b, cw});
+  auto cl = infer(op, {x, w, t, b, TensorSpec{DType::bf16, {9}}});
+  EXPECT_TRUE(has(message(cl), "'class_weight' must be bf16[10]") && has(message(cl), "bf16[9]")) << message(cl);
   EXPECT_TRUE(has(message(td), "'target' must hold class indices (i64 or i32), got f32")) << message(td);
-  auto wd = infer(op, {x, TensorSpec{DType::f16, {10, 16}}, t, b});
+  auto wd = infer(op, {x, TensorSpec{DType::f16, {10, 16}}, t, b, cw});
   EXPECT_TRUE(has(message(wd), "'weight' must be bf16")) << message(wd);
-  auto go = infer("linear_cross_entropy_backward", {TensorSpec{DType::bf16, {8}}, x, w, t, b});
+  auto go = infer("linear_cross_entropy_backward", {TensorSpec{DType::bf16, {8}}, x, w, t, b, cw});
   EXPECT_TRUE(has(message(go), "'grad_output' must be bf16[]")) << message(go);
-  auto chunk = infer(op, {x, w, t, b}, Attrs{{"chunk_rows", -2}});
+  auto chunk = infer(op, {x, w, t, b, cw}, Attrs{{"chunk_rows", -2}});
   EXPECT_TRUE(has(message(chunk), "'chunk_rows'")) << message(chunk);
   auto range = host_exec("linear_cross_entropy", {f64(std::vector<double>(4, 0.5), {2, 2}), f64(std::vector<double>(6, 0.1), {3, 2}),
-                                                  idx({1, 3}, {2}), f64({}, {0})});
+                                                  idx({1, 3}, {2}), f64({}, {0}), f64({}, {0})});
   EXPECT_TRUE(!range && has(range.status().message(), "'target' holds class index 3")) << (range ? "" : range.status().message());
 }
 

@@ -1171,8 +1171,9 @@ def _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows, f32_weight_
             "f32_weight_grad": 1.0 if f32_weight_grad else 0.0}
 
 
-def _lce_operands(input, weight, target, bias):
-    return (input, weight, target, _no_bias(input) if bias is None else bias)
+def _lce_operands(input, weight, target, bias, class_weight=None):
+    return (input, weight, target, _no_bias(input) if bias is None else bias,
+            _no_bias(input) if class_weight is None else class_weight)
 
 
 _LCE_AUTOGRAD = None
@@ -1191,11 +1192,11 @@ def _lce_autograd():
 
         class LinearCrossEntropy(torch.autograd.Function):
             @staticmethod
-            def forward(ctx, input, weight, target, bias, attrs):
-                ops = _lce_operands(input, weight, target, bias)
+            def forward(ctx, input, weight, target, bias, class_weight, attrs):
+                ops = _lce_operands(input, weight, target, bias, class_weight)
                 ctx.has_bias, ctx.attrs = bias is not None, attrs
                 if attrs["reduction"] == 0:
-                    ctx.save_for_backward(input, weight, target, bias)
+                    ctx.save_for_backward(input, weight, target, bias, class_weight)
                     return _call("linear_cross_entropy", ops, attrs)
                 loss, *grads = _call("linear_cross_entropy_fused", ops, attrs)
                 ctx.save_for_backward(*grads)
@@ -1204,44 +1205,48 @@ def _lce_autograd():
             @staticmethod
             def backward(ctx, grad_output):
                 if ctx.attrs["reduction"] == 0:
-                    input, weight, target, bias = ctx.saved_tensors
-                    gi, gw, gb = _call("linear_cross_entropy_backward",
-                                       (grad_output.contiguous(),) + _lce_operands(input, weight, target, bias), ctx.attrs)
+                    input, weight, target, bias, class_weight = ctx.saved_tensors
+                    gi, gw, gb = _call("linear_cross_entropy_backward", (grad_output.contiguous(),)
+                                       + _lce_operands(input, weight, target, bias, class_weight), ctx.attrs)
                 else:
                     gi, gw, gb = (g * grad_output for g in ctx.saved_tensors)
-                return gi, gw, None, (gb if ctx.has_bias else None), None
+                return gi, gw, None, (gb if ctx.has_bias else None), None, None
 
         _LCE_AUTOGRAD = LinearCrossEntropy
     return _LCE_AUTOGRAD
 
 
 def linear_cross_entropy(input, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0, reduction="mean",
-                         *, chunk_rows=0, f32_weight_grad=True):
-    """cross_entropy(linear(input, weight, bias), target) without the [N, V] logits in memory: input [N, H],
-    weight [V, H], bias [V], class-index target [N] (i64/i32). The CUDA plan holds `chunk_rows` rows of
+                         *, chunk_rows=0, f32_weight_grad=True, class_weight=None):
+    """cross_entropy(linear(input, weight, bias), target, weight=class_weight) without the [N, V] logits in
+    memory: input [N, H], weight [V, H], bias [V], class-index target [N] (i64/i32), class_weight [V] (torch's
+    cross_entropy `weight`: mean divides by the sum of the weights of the targets not ignored; not
+    differentiated). The CUDA plan holds `chunk_rows` rows of
     logits at a time (0: as many as fit 256 MiB). f16/bf16 gradients of weight and bias sum across chunks
     in f32 (V * H * 4 bytes of workspace, one rounding), or with f32_weight_grad=False in their own dtype
     (one rounding per chunk). Torch tensors that require grad go through a torch.autograd.Function whose
     backward is this op's gradient."""
     attrs = _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows, f32_weight_grad)
     if _builtins.any(getattr(a, "requires_grad", False) for a in (input, weight, bias)):
-        return _lce_autograd().apply(input, weight, target, bias, attrs)
-    return _call("linear_cross_entropy", _lce_operands(input, weight, target, bias), attrs)
+        return _lce_autograd().apply(input, weight, target, bias, class_weight, attrs)
+    return _call("linear_cross_entropy", _lce_operands(input, weight, target, bias, class_weight), attrs)
 
 
 def linear_cross_entropy_backward(grad_output, input, weight, target, bias=None, ignore_index=-100,
-                                  label_smoothing=0.0, reduction="mean", *, chunk_rows=0, f32_weight_grad=True):
+                                  label_smoothing=0.0, reduction="mean", *, chunk_rows=0, f32_weight_grad=True,
+                                  class_weight=None):
     """(grad_input, grad_weight, grad_bias) of linear_cross_entropy; grad_bias is None without bias."""
-    gi, gw, gb = _call("linear_cross_entropy_backward", (grad_output,) + _lce_operands(input, weight, target, bias),
+    gi, gw, gb = _call("linear_cross_entropy_backward",
+                       (grad_output,) + _lce_operands(input, weight, target, bias, class_weight),
                        _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows, f32_weight_grad))
     return gi, gw, (gb if bias is not None else None)
 
 
 def linear_cross_entropy_fused(input, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0,
-                               reduction="mean", *, chunk_rows=0, f32_weight_grad=True):
+                               reduction="mean", *, chunk_rows=0, f32_weight_grad=True, class_weight=None):
     """(loss, grad_input, grad_weight, grad_bias) in one pass over the chunks of logits, the gradients for
     grad_output = 1 (reduction none: for grad_output all ones); grad_bias is None without bias."""
-    loss, gi, gw, gb = _call("linear_cross_entropy_fused", _lce_operands(input, weight, target, bias),
+    loss, gi, gw, gb = _call("linear_cross_entropy_fused", _lce_operands(input, weight, target, bias, class_weight),
                              _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows, f32_weight_grad))
     return loss, gi, gw, (gb if bias is not None else None)
 

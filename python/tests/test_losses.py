@@ -209,6 +209,36 @@ def test_linear_cross_entropy_matches_numpy():
         F.linear_cross_entropy(x, w, t.astype(np.float64))
 
 
+def test_linear_cross_entropy_class_weights_match_numpy():
+    """torch's cross_entropy weights: row r counts c[t] nll + e / V sum_k c[k] (-log p_k); mean divides by sum c[t]."""
+    x, w, b, c = _u((6, 5)), _u((9, 5), -1, 1), _u((9,)), _u((9,), 0.5, 2)
+    t = np.array([0, 8, -100, 3, 3, 1])
+    lp = _log_softmax(x @ w.T + b, 1)
+    keep = t != -100
+    rows = np.arange(6)[keep]
+    e = 0.1
+    per_row = np.zeros(6)
+    per_row[keep] = -(1 - e) * c[t[keep]] * lp[rows, t[keep]] - e / 9 * (c * lp[rows]).sum(1)
+    denom = c[t[keep]].sum()
+    kw = dict(label_smoothing=e, class_weight=c)
+    np.testing.assert_allclose(F.linear_cross_entropy(x, w, t, b, **kw), per_row.sum() / denom, rtol=1e-12)
+    np.testing.assert_allclose(F.linear_cross_entropy(x, w, t, b, reduction="none", **kw), per_row, rtol=1e-12,
+                               atol=1e-15)
+    # dlogits = (c[t] (softmax - one-hot) (1 - e) + e / V (sum(c) softmax - c)) / denom, 0 on ignored rows.
+    onehot = np.zeros((6, 9))
+    onehot[rows, t[keep]] = 1
+    p = np.exp(lp)
+    ct = np.where(keep, c[np.where(keep, t, 0)], 0.0)[:, None]
+    dz = ((1 - e) * ct * (p - onehot) + e / 9 * (c.sum() * p - c)) * keep[:, None] / denom
+    loss, gi, gw, gb = F.linear_cross_entropy_fused(x, w, t, b, chunk_rows=4, **kw)
+    np.testing.assert_allclose(loss, per_row.sum() / denom, rtol=1e-12)
+    np.testing.assert_allclose(gi, dz @ w, rtol=1e-11, atol=1e-14)
+    np.testing.assert_allclose(gw, dz.T @ x, rtol=1e-11, atol=1e-14)
+    np.testing.assert_allclose(gb, dz.sum(0), rtol=1e-11, atol=1e-14)
+    with pytest.raises(ValueError, match="'class_weight' must be"):
+        F.linear_cross_entropy(x, w, t, b, class_weight=c[:4])
+
+
 # ---------------------------------------------------------------- CUDA vs torch
 
 from torch_parity import CUDA, DTYPES, close as _close, gpu, torch  # noqa: E402,F401
@@ -350,7 +380,7 @@ def _parity(name, ours, ours_backward, theirs, ops, grads, dt, scale=16):
         _close(back[k], gx[k].to(dt), dt, scale, f"{name}_backward {k}")
 
 
-ROW_SHAPES = [(64, 10), (33, 1000), (8, 5000), (17,)]
+ROW_SHAPES = [(64, 10), (33, 1000), (8, 5000), (17,), (256, 512)]  # (256, 512): the bench rows (a warp each, 16-byte loads)
 
 
 @gpu
@@ -408,7 +438,7 @@ def test_multi_margin_loss_matches_torch(dtype, reduction, shape, p, margin, wei
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-@pytest.mark.parametrize("shape", [(64, 10), (33, 300), (4, 3000), (3, 20000), (17,)])
+@pytest.mark.parametrize("shape", [(64, 10), (33, 300), (4, 3000), (3, 20000), (17,), (256, 512)])
 def test_multilabel_margin_loss_matches_torch(dtype, reduction, shape):
     dt = getattr(torch, dtype)
     x = _dev(shape, dt, -1, 1)
@@ -448,19 +478,22 @@ def test_row_losses_strided_and_bad_targets_on_cuda():
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-@pytest.mark.parametrize("biased,smoothing,chunk_rows", [(True, 0.0, 0), (False, 0.1, 0), (True, 0.2, 7)])
-def test_linear_cross_entropy_matches_torch(dtype, reduction, biased, smoothing, chunk_rows):
+@pytest.mark.parametrize("biased,smoothing,chunk_rows,weighted", [(True, 0.0, 0, False), (False, 0.1, 0, False),
+                                                                  (True, 0.2, 7, False), (True, 0.0, 0, True),
+                                                                  (False, 0.2, 7, True)])
+def test_linear_cross_entropy_matches_torch(dtype, reduction, biased, smoothing, chunk_rows, weighted):
     dt = getattr(torch, dtype)
     N, H, V = 37, 64, 1000
     x = torch.randn(N, H, device="cuda", dtype=dt)
     w = (torch.randn(V, H, device="cuda") / 8).to(dt)
     b = torch.randn(V, device="cuda", dtype=dt) if biased else None
+    c = (torch.rand(V, device="cuda") * 1.5 + 0.5).to(dt) if weighted else None
     t = torch.randint(0, V, (N,), device="cuda")
     t[3] = -100
     ds = [a.detach().double().requires_grad_() for a in (x, w)] + ([b.detach().double().requires_grad_()] if biased else [])
     want = TF.cross_entropy(TF.linear(ds[0], ds[1], ds[2] if biased else None), t, reduction=reduction,
-                            label_smoothing=smoothing)
-    kw = dict(reduction=reduction, label_smoothing=smoothing, chunk_rows=chunk_rows)
+                            label_smoothing=smoothing, weight=c.double() if weighted else None)
+    kw = dict(reduction=reduction, label_smoothing=smoothing, chunk_rows=chunk_rows, class_weight=c)
     _close(F.linear_cross_entropy(x, w, t, b, **kw), want.detach().to(dt), dt, 16, "linear_cross_entropy")
     gy = torch.randn_like(want)
     grads = torch.autograd.grad(want, ds, gy, retain_graph=True)

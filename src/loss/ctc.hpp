@@ -113,15 +113,19 @@ BCD_HD M neg_inf() {
   return -std::numeric_limits<M>::infinity();
 }
 
-/// log(e^a + e^b + e^c) around the largest term; -inf when all are -inf, NaN propagates.
+/// log(e^a + e^b + e^c) around the largest term m: m + log1p(e^(o1 - m) + e^(o2 - m))
+/// over the other two (two exponentials, not three); -inf when all are -inf, NaN propagates
+/// (a NaN is never taken for m, so it is one of the others).
 template <class M>
 BCD_HD M log_add(M a, M b, M c = neg_inf<M>()) {
   using std::exp;
-  using std::log;
-  M m = a > b ? a : b;
-  m = m > c ? m : c;
+  using std::log1p;
+  M m = a, o1 = b;
+  if (!(a > b)) m = b, o1 = a;
+  M o2 = c;
+  if (!(m > c)) o2 = m, m = c;
   if (m == neg_inf<M>()) return a + b + c;  // -inf, or NaN when one is NaN
-  return m + log(exp(a - m) + exp(b - m) + exp(c - m));
+  return m + log1p(exp(o1 - m) + exp(o2 - m));
 }
 
 /// The log-probability of a sample at (t, c).

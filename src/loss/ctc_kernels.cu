@@ -14,15 +14,20 @@ namespace {
 // Note [CTC on the GPU]
 // Forward: alpha in three rolling rows (shared memory when kRollingRows (2S + 1)
 // values fit, else the workspace), the sample's nll by thread 0; a reduction
-// sums the per-sample terms in one block in a fixed order. Backward: alpha of
-// every t in the workspace, then t from I-1 down: (1) beta_t into a rolling
-// row and alpha_t + beta_t into the fourth row; (2) every class gets
-// the value of a class no position holds; warp 0 takes the lse over the blank positions, the thread
+// sums the per-sample terms in one block in a fixed order. Backward: the same
+// alpha recursion, also writing alpha of every t to the workspace (written,
+// never read back during the recursion), then t from I-1 down: (1) beta_t into a rolling
+// row and alpha_t + beta_t into the fourth row, class tid's lp(t) into s_lp; (2) every class gets
+// the value of a class no position holds; the last warp takes the lse over the blank
+// positions (a max, then a sum of exponentials: one log), the thread
 // of each label's first target position walks the chain of its repeats
-// (next[k]); both park the lse in the row beta_t no longer needs; (3) those
-// threads overwrite their class. Bad lengths or labels give NaN (the host
+// (next[k]; in shared memory for the first kThreads positions); both park the lse in the row beta_t no longer needs; (3) those
+// threads overwrite their class, with lp(t) from s_lp. The per-step critical path is two barriers and
+// shared-memory reads: every global load of a step is issued a step ahead.
+// Bad lengths or labels give NaN (the host
 // reference names them). No float atomics: bitwise deterministic.
 constexpr int kThreads = 256;
+constexpr int kBlankWarp = kThreads / 32 - 1;  ///< the blank's lse (warp 0 also walks the first labels)
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) ctc_kernel(Problem p, bool backward) {
@@ -57,7 +62,12 @@ __global__ void __launch_bounds__(kThreads) ctc_kernel(Problem p, bool backward)
   const int64_t L = sm.L, I = sm.I;
   M* rows = p.rows_in_smem ? reinterpret_cast<M*>(smem_bytes) : static_cast<M*>(p.ws_rows) + kRollingRows * sm.rows;
   M* alpha = backward ? static_cast<M*>(p.ws_alpha) + p.T * sm.rows : nullptr;
-  auto row = [&](int64_t t) { return backward ? alpha + t * L : rows + (t % 3) * L; };
+  auto row = [&](int64_t t) { return rows + (t % 3) * L; };
+  // Backward: alpha of every t kept for the beta pass.
+  auto put = [&](int64_t t, int64_t s, M v) {
+    row(t)[s] = v;
+    if (backward) alpha[t * L + s] = v;
+  };
   auto lp = [&](int64_t t, int64_t c) { return lp_at<T, M>(p, b, t, c); };
 
   // Thread tid's first position s0 keeps its label and skip flags in registers and loads
@@ -76,17 +86,16 @@ __global__ void __launch_bounds__(kThreads) ctc_kernel(Problem p, bool backward)
   // alpha
   M nll = M(NAN);
   if (!bad && I > 0) {
-    for (int64_t s = tid; s < L; s += kThreads) row(0)[s] = s < 2 ? lp(0, extended(p, sm, s)) : ninf;
+    for (int64_t s = tid; s < L; s += kThreads) put(0, s, s < 2 ? lp(0, extended(p, sm, s)) : ninf);
     M lp_next = own && I > 1 ? lp(1, e0) : M(0);
     __syncthreads();
     for (int64_t t = 1; t < I; ++t) {
       const M lp_now = lp_next;
       if (own && t + 1 < I) lp_next = lp(t + 1, e0);
       const M* prev = row(t - 1);
-      M* cur = row(t);
-      if (own) cur[s0] = alpha_at(prev, s0, skip_below0, lp_now);
+      if (own) put(t, s0, alpha_at(prev, s0, skip_below0, lp_now));
       for (int64_t s = s0 + kThreads; s < L; s += kThreads)
-        cur[s] = alpha_at(prev, s, skips_from(p, sm, s), lp(t, extended(p, sm, s)));
+        put(t, s, alpha_at(prev, s, skips_from(p, sm, s), lp(t, extended(p, sm, s))));
       __syncthreads();
     }
     const M* last = row(I - 1);
@@ -124,7 +133,17 @@ __global__ void __launch_bounds__(kThreads) ctc_kernel(Problem p, bool backward)
     next[k] = nk;
     first[k] = is_first;
   }
+  // Thread tid's target position k = tid, loop-invariant: its label, whether it is the label's first, the chain.
+  __shared__ int32_t s_next[kThreads];
+  // lp(t, c) of the classes c < kThreads for the stores of (3); two buffers (t % 2): step t - 1 writes
+  // its own while slower threads may still read step t's.
+  __shared__ M s_lp[2][kThreads];
+  const bool own_label = tid < sm.S;
+  const int64_t lab0 = own_label ? label_at(p, sm, tid) : 0;
   __syncthreads();  // next and first written before their reads
+  const bool first0 = own_label && first[tid];
+  s_next[tid] = own_label ? next[tid] : -1;
+  auto next_of = [&](int64_t j) { return j < kThreads ? int64_t(s_next[j]) : int64_t(next[j]); };
 
   // Prefetched a step ahead: thread tid's position's log-probability and alpha, and class tid's log-probability.
   const bool own_class = tid < p.C;
@@ -147,6 +166,7 @@ __global__ void __launch_bounds__(kThreads) ctc_kernel(Problem p, bool backward)
       cur[s0] = beta;
       ab[s0] = alpha_now + beta;
     }
+    if (own_class) s_lp[t % 2][tid] = lpc_now;
     for (int64_t s = s0 + kThreads; s < L; s += kThreads) {
       const M beta = beta_of(s, s + 2 < L && skips_from(p, sm, s + 2), lp(t, extended(p, sm, s)));
       cur[s] = beta;
@@ -155,21 +175,33 @@ __global__ void __launch_bounds__(kThreads) ctc_kernel(Problem p, bool backward)
     __syncthreads();
     if (own_class) store(t, tid, grad_at(lpc_now, ninf, nll, scale));
     for (int64_t c = tid + kThreads; c < p.C; c += kThreads) store(t, c, grad_at(lp(t, c), ninf, nll, scale));
-    if (tid < 32) {  // the blank: lanes over the even positions, then a butterfly (symmetric, so every lane agrees)
-      M acc = ninf;
-      for (int64_t j = tid; 2 * j < L; j += 32) acc = log_add(acc, ab[2 * j]);
-      for (int o = 16; o > 0; o /= 2) acc = log_add(acc, __shfl_xor_sync(0xffffffffu, acc, o));
-      if (tid == 0) parked[0] = acc;
+    const int lane = tid % 32;
+    if (tid / 32 == kBlankWarp) {
+      // The blank: the lse over the even positions as m + log(sum e^(x - m)); butterflies
+      // (commutative at each level, so every lane agrees) for the max, then the sum.
+      M m = ninf;
+      for (int64_t j = lane; 2 * j < L; j += 32) m = fmax(m, ab[2 * j]);
+      for (int o = 16; o > 0; o /= 2) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, o));
+      M sum = 0;
+      if (m != ninf)
+        for (int64_t j = lane; 2 * j < L; j += 32) sum += exp(ab[2 * j] - m);
+      for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      // NaN anywhere: fmax skips it, the sum does not.
+      if (lane == 0) parked[0] = m == ninf ? m : m + log(sum);
     }
-    for (int64_t k = tid; k < sm.S; k += kThreads) {
-      if (!first[k]) continue;
-      M acc = ninf;
-      for (int64_t j = k; j >= 0; j = next[j]) acc = log_add(acc, ab[2 * j + 1]);
+    auto chain = [&](int64_t k) {  // log_add(-inf, x) is x: start from the first position's value
+      M acc = ab[2 * k + 1];
+      for (int64_t j = next_of(k); j >= 0; j = next_of(j)) acc = log_add(acc, ab[2 * j + 1]);
       parked[2 * k + 1] = acc;
-    }
+    };
+    if (first0) chain(tid);
+    for (int64_t k = tid + kThreads; k < sm.S; k += kThreads)
+      if (first[k]) chain(k);
     __syncthreads();
-    if (tid == 0) store(t, p.blank, grad_at(lp(t, p.blank), parked[0], nll, scale));
-    for (int64_t k = tid; k < sm.S; k += kThreads) {
+    auto lp_of = [&](int64_t c) { return c < kThreads ? s_lp[t % 2][c] : lp(t, c); };
+    if (tid == kBlankWarp * 32) store(t, p.blank, grad_at(lp_of(p.blank), parked[0], nll, scale));
+    if (first0) store(t, lab0, grad_at(lp_of(lab0), parked[2 * tid + 1], nll, scale));
+    for (int64_t k = tid + kThreads; k < sm.S; k += kThreads) {
       if (!first[k]) continue;
       const int64_t c = label_at(p, sm, k);
       store(t, c, grad_at(lp(t, c), parked[2 * k + 1], nll, scale));

@@ -140,6 +140,9 @@ struct HostRow {
   template <class F> void each(F&& f) const {
     for (int64_t c = 0; c < cols; ++c) f(c);
   }
+  template <class U, class F> void each_of(const U* p, int64_t stride, F&& f) const {
+    for (int64_t c = 0; c < cols; ++c) f(c, p[c * stride]);
+  }
   double sum(double v) const { return v; }
   double max(double v) const { return v; }
   void sync() const {}

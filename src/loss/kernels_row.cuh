@@ -20,6 +20,10 @@ struct CudaRow {
   __device__ __forceinline__ void each(F&& f) const {
     for (int64_t c = lane; c < cols; c += TPR) f(c);
   }
+  template <class U, class F>
+  __device__ __forceinline__ void each_of(const U* p, int64_t stride, F&& f) const {
+    rows::for_row<TPR>(p, stride, cols, rows::vector_ok<U>(p, stride, cols), lane, f);
+  }
   __device__ __forceinline__ M sum(M v) const { return rows::row_all_reduce<TPR, RPB>(v, rows::SumOp{}, scratch); }
   __device__ __forceinline__ M max(M v) const { return rows::row_all_reduce<TPR, RPB>(v, rows::MaxOp{}, scratch); }
   __device__ __forceinline__ void sync() const {
@@ -65,8 +69,17 @@ template <class T>
 __global__ void __launch_bounds__(1024) row_finalize_kernel(const row_scratch_t<T>* terms, int64_t n, int reduction, T* out) {
   using W = row_scratch_t<T>;
   __shared__ W scratch[32];
+  constexpr int kLoads = 8;  // independent loads in flight per thread; the sum keeps the thread's order
   W s = 0;
-  for (int64_t r = threadIdx.x; r < n; r += 1024) s += terms[r];
+  int64_t r = threadIdx.x;
+  for (; r + (kLoads - 1) * 1024 < n; r += kLoads * 1024) {
+    W v[kLoads];
+#pragma unroll
+    for (int e = 0; e < kLoads; ++e) v[e] = terms[r + e * 1024];
+#pragma unroll
+    for (int e = 0; e < kLoads; ++e) s += v[e];
+  }
+  for (; r < n; r += 1024) s += terms[r];
   s = rows::row_all_reduce<1024, 1>(s, rows::SumOp{}, scratch);
   if (threadIdx.x == 0) *out = convert<T>(reduction == 1 ? s / W(n) : s);  // a mean of no rows is NaN, as torch
 }

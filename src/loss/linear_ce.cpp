@@ -2,6 +2,9 @@
 // registry entries, shape rules, the host reference (f64, row by row) and the
 // CUDA plan that composes the GEMM plans with the cross_entropy row kernel.
 // Attributes: reduction (0 none, 1 mean, 2 sum), ignore_index, label_smoothing, chunk_rows, f32_weight_grad.
+// Optional class weights (class_weight [V], or [0] for none) follow torch's cross_entropy: row r
+// counts w[t_r] (lse - z_t) (1 - e) + e / V sum_c w_c (lse - z_c), and mean divides by the sum of
+// w[t_r] over the rows not ignored.
 //
 // Note [Linear CE chunks]
 // The CUDA plan never holds the [N, V] logits: it walks chunks of `chunk_rows`
@@ -12,7 +15,7 @@
 //   3. grad_input_c = dlogits @ weight                 (`mm`)
 //      grad_weight (+)= dlogits^T @ input_c           (gemm::ProductStep, beta 0 for the first chunk, then 1)
 //      grad_bias (+)= dlogits^T @ ones                 (the same with a [c, 1] column of ones)
-// The mean's denominator (rows not ignored) is counted before the loop by a
+// The mean's denominator (rows not ignored, or the sum of their class weights) is counted before the loop by a
 // one-block kernel, which writes `scale` (1 / rows kept, times grad_output in
 // the backward of mean or sum) where the row kernel reads it; the loss is the
 // fixed-order sum of the per-row losses (kept in f32, f64 for f64). Chunks run in order on one stream and the GEMMs are cuBLASLt
@@ -53,7 +56,7 @@ enum class Kind : uint8_t { forward, backward, fused };
 constexpr size_t kAutoChunkBytes = size_t(256) << 20;
 
 using Names = std::vector<std::string>;
-const Names kOperands{"input", "weight", "target", "bias"};
+const Names kOperands{"input", "weight", "target", "bias", "class_weight"};
 
 Names input_names(Kind k) {
   Names n = kOperands;
@@ -79,6 +82,7 @@ Result<OpDesc> infer_lce(Kind kind, const OpDesc& partial) {
   const size_t k = kind == Kind::backward ? 1 : 0;
   BARACUDA_TRY(check_inputs(op, d, names, k));
   const TensorSpec &x = d.inputs[k], &w = d.inputs[k + 1], &t = d.inputs[k + 2], &b = d.inputs[k + 3];
+  const TensorSpec& cw = d.inputs[k + 4];
   if (!is_floating(x.dtype) || dtype_size(x.dtype) == 1)
     return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64)");
   if (x.shape.size() != 2) return invalid(op, ": 'input' must be [N, H], got ", shape_str(x.shape));
@@ -93,6 +97,9 @@ Result<OpDesc> infer_lce(Kind kind, const OpDesc& partial) {
   if (b.dtype != x.dtype || b.shape.size() != 1 || (b.shape[0] != V && b.shape[0] != 0))
     return invalid(op, ": 'bias' must be ", dtype_name(x.dtype), "[", V, "] (one per class) or ", dtype_name(x.dtype),
                    "[0] (no bias), got ", dtype_name(b.dtype), shape_str(b.shape));
+  if (cw.dtype != x.dtype || cw.shape.size() != 1 || (cw.shape[0] != V && cw.shape[0] != 0))
+    return invalid(op, ": 'class_weight' must be ", dtype_name(x.dtype), "[", V, "] (one per class) or ", dtype_name(x.dtype),
+                   "[0] (no class weights), got ", dtype_name(cw.dtype), shape_str(cw.shape));
   const double reduction = d.attrs.get("reduction", 1);
   if (reduction != 0 && reduction != 1 && reduction != 2)
     return invalid(op, ": attribute 'reduction' must be 0 (none), 1 (mean) or 2 (sum), got ", reduction);
@@ -132,24 +139,30 @@ Status host_run(Kind kind, const Params& p, const OpArgs& args) {
   using M = double;
   const size_t k = kind == Kind::backward ? 1 : 0;
   const TensorView &x = args.inputs[k], &w = args.inputs[k + 1], &tg = args.inputs[k + 2], &b = args.inputs[k + 3];
+  const TensorView& cw = args.inputs[k + 4];
   const int64_t N = x.shape[0], H = x.shape[1], V = w.shape[0];
   const bool bias = b.shape[0] != 0, grads = kind != Kind::forward;
   const M e = p.smoothing;
+  std::vector<M> cls(V, M(1));  // the class weights (all ones without)
+  if (cw.shape[0] != 0)
+    for (int64_t v = 0; v < V; ++v) cls[v] = convert<M>(*at<const T>(cw, v));
+  M cls_total = 0;
+  for (M c : cls) cls_total += c;
   std::vector<int64_t> target(N);
-  int64_t kept = 0;
+  M kept = 0;  // the sum of the class weights of the rows not ignored
   for (int64_t r = 0; r < N; ++r) {
     target[r] = static_cast<int64_t>(*at<const Index>(tg, r));
     if (target[r] == p.ignore_index) continue;
     if (target[r] < 0 || target[r] >= V)
       return invalid(op_name(kind), ": 'target' holds class index ", target[r], " (row ", r, "), outside [0, ", V,
                      ") and not ignore_index ", p.ignore_index);
-    ++kept;
+    kept += cls[target[r]];
   }
-  // Gradient scale of every row: grad_output, over the rows kept for mean (0 / 0 gives 0 gradients).
-  const M denom = p.reduction == 1 ? M(kept) : M(1);
+  // Gradient scale of every row: grad_output, over the weight kept for mean (0 / 0 gives 0 gradients).
+  const M denom = p.reduction == 1 ? kept : M(1);
   auto row_scale = [&](int64_t r) -> M {
     const M go = kind == Kind::backward ? convert<M>(*at<const T>(args.inputs[0], p.reduction == 0 ? r : 0)) : M(1);
-    return p.reduction == 1 ? (kept > 0 ? go / denom : M(0)) : go;
+    return p.reduction == 1 ? (kept != 0 ? go / denom : M(0)) : go;
   };
   std::vector<M> gw(grads ? size_t(V * H) : 0, 0.0), gb(grads ? size_t(V) : 0, 0.0), z(V), gx(H);
   M total = 0;
@@ -163,10 +176,11 @@ Status host_run(Kind kind, const Params& p, const OpArgs& args) {
       z[v] = acc;
       mx = std::max(mx, acc);
     }
-    M s = 0, zsum = 0;
-    for (int64_t v = 0; v < V; ++v) s += std::exp(z[v] - mx), zsum += z[v];
+    M s = 0, wz = 0;
+    for (int64_t v = 0; v < V; ++v) s += std::exp(z[v] - mx), wz += cls[v] * z[v];
     const M lse = mx + std::log(s);
-    const M loss = ignored ? M(0) : (1 - e) * (lse - z[target[r]]) + e / M(V) * (M(V) * lse - zsum);
+    const M w_t = ignored ? M(0) : cls[target[r]];
+    const M loss = ignored ? M(0) : (1 - e) * w_t * (lse - z[target[r]]) + e / M(V) * (cls_total * lse - wz);
     total += loss;
     if (kind != Kind::backward && p.reduction == 0) *at<T>(args.outputs[0], r) = convert<T>(loss);
     if (!grads) continue;
@@ -174,7 +188,7 @@ Status host_run(Kind kind, const Params& p, const OpArgs& args) {
     std::fill(gx.begin(), gx.end(), M(0));
     for (int64_t v = 0; v < V; ++v) {
       const M pv = std::exp(z[v] - lse);
-      const M dz = g * ((1 - e) * (pv - (v == target[r] ? M(1) : M(0))) + e / M(V) * (M(V) * pv - 1));
+      const M dz = g * ((1 - e) * w_t * (pv - (v == target[r] ? M(1) : M(0))) + e / M(V) * (cls_total * pv - cls[v]));
       for (int64_t h = 0; h < H; ++h) {
         gx[h] += dz * convert<M>(*at<const T>(w, v, h));
         gw[v * H + h] += dz * convert<M>(*at<const T>(x, r, h));
@@ -261,6 +275,7 @@ class LcePlan final : public FamilyPlan {
     p_.smoothing = desc_.attrs.get("label_smoothing", 0);
     N_ = x.shape[0], H_ = x.shape[1], V_ = desc_.inputs[k_ + 1].shape[0];
     bias_ = desc_.inputs[k_ + 3].shape[0] != 0;
+    weighted_ = desc_.inputs[k_ + 4].shape[0] != 0;
     // Where grad_weight and grad_bias sum across chunks: f32 for f16 and bf16
     // (the workspace) unless f32_weight_grad = 0, else the outputs themselves.
     const bool half = x.dtype == DType::f16 || x.dtype == DType::bf16;
@@ -338,6 +353,7 @@ class LcePlan final : public FamilyPlan {
     CUstream_st* s = stream.cuda_stream();
     const DType t = desc_.inputs[k_].dtype, ws_t = stat_dtype(t);
     const TensorView &x = args.inputs[k_], &w = args.inputs[k_ + 1], &tg = args.inputs[k_ + 2], &b = args.inputs[k_ + 3];
+    const TensorView& cw = args.inputs[k_ + 4];
     const TensorView* go = kind_ == Kind::backward ? &args.inputs[0] : nullptr;
     const size_t gi = kind_ == Kind::fused ? 1 : 0;
     const TensorView* gx = kind_ != Kind::forward ? &args.outputs[gi] : nullptr;
@@ -352,6 +368,7 @@ class LcePlan final : public FamilyPlan {
     Helper h;
     h.reduction = p_.reduction, h.ignore_index = p_.ignore_index, h.stats = stats;
     h.target = tg.data, h.target_stride = tg.stride[0], h.rows = N_;
+    if (weighted_) h.class_weight = cw.data, h.class_weight_stride = cw.stride[0], h.classes = V_;
     h.ones = ws + off_ones_, h.ones_count = gb ? chunk_ : 0;
     h.grad_output = go && !none ? go->data : nullptr;
     BARACUDA_TRY(helper_fn_(h, s));
@@ -382,10 +399,10 @@ class LcePlan final : public FamilyPlan {
       const TensorView out_c = to_output ? rows_of(args.outputs[0], r0, c)
                                          : view(row_loss + r0 * int64_t(dtype_size(ws_t)), ws_t, {c}, {1});
       const TensorView lse = view(ws + off_lse_, ws_t, {c}, {1});
-      if (kind_ == Kind::forward || (kind_ == Kind::backward && none)) BARACUDA_TRY(class_step(Mode::forward, logits, tc, out_c, lse, nullptr, stats, s));
+      if (kind_ == Kind::forward || (kind_ == Kind::backward && none)) BARACUDA_TRY(class_step(Mode::forward, logits, tc, cw, out_c, lse, nullptr, stats, s));
       if (kind_ == Kind::forward) continue;
-      if (kind_ == Kind::backward && none) BARACUDA_TRY(class_step(Mode::backward, logits, tc, out_c, lse, &*go, stats, s, r0));
-      else BARACUDA_TRY(class_step(Mode::fused, logits, tc, out_c, lse, nullptr, stats, s));
+      if (kind_ == Kind::backward && none) BARACUDA_TRY(class_step(Mode::backward, logits, tc, cw, out_c, lse, &*go, stats, s, r0));
+      else BARACUDA_TRY(class_step(Mode::fused, logits, tc, cw, out_c, lse, nullptr, stats, s));
       // logits now hold dlogits.
       const TensorView lt = view(logits.data, t, {V_, c}, {1, V_});
       BARACUDA_TRY(st.grad_input.run(stream, sub, {logits, w}, {rows_of(*gx, r0, c)}));
@@ -404,7 +421,7 @@ class LcePlan final : public FamilyPlan {
   }
 
   /// One launch of the cross_entropy row kernel over a chunk's logits (reduction none).
-  Status class_step(Mode mode, const TensorView& logits, const TensorView& target, const TensorView& out,
+  Status class_step(Mode mode, const TensorView& logits, const TensorView& target, const TensorView& class_weight, const TensorView& out,
                     const TensorView& lse, const TensorView* grad_output, void* stats, CUstream_st* s, int64_t r0 = 0) const {
     std::array<TensorView, kSlots> views;
     std::array<rows::Role, kSlots> roles;
@@ -413,10 +430,12 @@ class LcePlan final : public FamilyPlan {
     views[kOut] = out, roles[kOut] = rows::Role::per_row;
     views[kLse] = lse, roles[kLse] = rows::Role::per_row;
     views[kTarget] = target, roles[kTarget] = rows::Role::per_row;
+    if (weighted_) views[kWeight] = class_weight, roles[kWeight] = rows::Role::per_col;
     if (grad_output) views[kGradOutput] = rows_of(*grad_output, r0, logits.shape[0]), roles[kGradOutput] = rows::Role::per_row;
     ClassParams cp;
     cp.mode = mode;
     cp.reduction = Reduction::none;
+    cp.weighted = weighted_;
     cp.ignore_index = p_.ignore_index;
     cp.smoothing = p_.smoothing;
     cp.stat_out = out.dtype != logits.dtype;  // the workspace's per-row losses (f16/bf16)
@@ -433,7 +452,7 @@ class LcePlan final : public FamilyPlan {
   size_t k_ = 0;
   Params p_;
   int64_t N_ = 0, H_ = 0, V_ = 0, chunk_ = 1;
-  bool bias_ = false;
+  bool bias_ = false, weighted_ = false;
   DType sum_dtype_ = DType::f32;
   ClassFn class_fn_ = nullptr;
   HelperFn helper_fn_ = nullptr;
@@ -444,7 +463,8 @@ class LcePlan final : public FamilyPlan {
 
 /// The sweep's cases from its primary shape: [a, b] -> input [a, b] with
 /// 2 + (a + b) % 13 classes; [n] -> [n, 8] with 3 classes; [a, b, c] ->
-/// [a * b, 16] with 80 c classes (a long row: [3, 4, 128] has 10240).
+/// [a * b, 16] with 80 c classes (a long row: [3, 4, 128] has 10240). Class
+/// weights where the attributes ask for reduction none or set chunk_rows.
 std::optional<SampleShapes> lce_samples(Kind kind, const Shape& shape, const Attrs& attrs) {
   int64_t N, H, V;
   if (shape.size() == 2) N = shape[0], H = shape[1], V = 2 + (shape[0] + shape[1]) % 13;
@@ -454,9 +474,10 @@ std::optional<SampleShapes> lce_samples(Kind kind, const Shape& shape, const Att
   V = std::max<int64_t>(V, 3);  // targets are drawn from {-1, 0, 1}
   if (attrs.get("chunk_rows", 0) != 0 && N > 4096) return std::nullopt;  // tens of thousands of chunks: launches only
   const bool biased = attrs.get("reduction", 1) != 2;
+  const bool weighted = attrs.get("reduction", 1) == 0 || attrs.get("chunk_rows", 0) != 0;
   SampleShapes s;
   if (kind == Kind::backward) s.inputs.push_back(attrs.get("reduction", 1) == 0 ? Shape{N} : Shape{});
-  s.inputs.insert(s.inputs.end(), {Shape{N, H}, Shape{V, H}, Shape{N}, Shape{biased ? V : 0}});
+  s.inputs.insert(s.inputs.end(), {Shape{N, H}, Shape{V, H}, Shape{N}, Shape{biased ? V : 0}, Shape{weighted ? V : 0}});
   return s;
 }
 
@@ -470,7 +491,7 @@ void add_lce_op(std::vector<OpInfo>& ops, Kind kind) {
   info.input_names = input_names(kind);
   info.output_names = output_names(kind);
   info.dtypes = dtypes_of<FloatTypes>();
-  info.attrs = {{"reduction", 1, "0 none, 1 mean (over the rows not ignored), 2 sum"},
+  info.attrs = {{"reduction", 1, "0 none, 1 mean (over the class weights of the rows not ignored: their count without), 2 sum"},
                 {"ignore_index", -100, "rows whose target is this index count for nothing"},
                 {"label_smoothing", 0, "mix the target with the uniform distribution"},
                 {"chunk_rows", 0, "rows of logits the CUDA plan holds at once (0: as many as fit 256 MiB)"},
@@ -479,18 +500,18 @@ void add_lce_op(std::vector<OpInfo>& ops, Kind kind) {
                  "rounding); 0 sums them in the outputs (one rounding per chunk)"}};
   info.backends = {Backend::bespoke_cuda, Backend::host_reference};
   info.doc = kind == Kind::forward
-                 ? "cross_entropy(input @ weight^T + bias, target) without materialising the [N, V] logits: input [N, H], "
-                   "weight [V, H], bias [V] or [0], class-index target [N]"
+                 ? "cross_entropy(input @ weight^T + bias, target, class_weight) without materialising the [N, V] logits: "
+                   "input [N, H], weight [V, H], class-index target [N], bias [V] or [0], class_weight [V] or [0] (none)"
              : kind == Kind::backward ? "gradients of linear_cross_entropy (input, weight, bias; grad_bias [0] without bias), "
                                         "recomputing the logits chunk by chunk"
                                       : "linear_cross_entropy and its gradients for grad_output = 1 in one pass over the "
                                         "chunks of logits (scale the gradients by grad_output afterwards)";
   info.input_dtypes = [kind](DType primary) {
-    std::vector<DType> d{primary, primary, DType::i64, primary};
+    std::vector<DType> d{primary, primary, DType::i64, primary, primary};
     if (kind == Kind::backward) d.insert(d.begin(), primary);
     return d;
   };
-  info.domains = {Domain{-1, 1}, Domain{-0.5, 0.5}, Domain{-1, 1, false, false, true}, Domain{-1, 1}};
+  info.domains = {Domain{-1, 1}, Domain{-0.5, 0.5}, Domain{-1, 1, false, false, true}, Domain{-1, 1}, Domain{0.5, 2}};
   if (kind == Kind::backward) info.domains.insert(info.domains.begin(), Domain{-1, 1});
   info.tolerance_scale = 8;
   info.in_place = false;

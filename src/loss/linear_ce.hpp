@@ -15,15 +15,18 @@ struct CUstream_st;
 namespace baracuda::loss::lce {
 
 /// One helper launch. `stats` (W = f32, f64 for f64): [0] the gradient scale
-/// (1 / rows kept for mean, else 1; times grad_output when given), [1] the rows kept.
+/// (1 / kept for mean, else 1; times grad_output when given), [1] kept: the rows not ignored, or with
+/// class weights the sum of their targets' weights.
 struct Helper {
   enum class Stage : uint8_t { prepare, finish, store } stage = Stage::prepare;
   int reduction = 1;  ///< 0 none, 1 mean, 2 sum
   int64_t ignore_index = -100;
   void* stats = nullptr;
-  // prepare: count the targets kept; write `ones` ones (T) for the bias gradient GEMM.
+  // prepare: count the targets kept (or sum their class weights); write `ones` ones (T) for the bias gradient GEMM.
   const void* target = nullptr;
   int64_t target_stride = 0, rows = 0;
+  const void* class_weight = nullptr;  ///< T [classes], or nullptr (none)
+  int64_t class_weight_stride = 0, classes = 0;
   void* ones = nullptr;
   int64_t ones_count = 0;
   const void* grad_output = nullptr;  ///< a T scalar (the backward of mean or sum), or nullptr

@@ -22,14 +22,21 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(Helper h) {
   __shared__ W scratch[32];
   W kept = 0;  // counts below 2^24 are exact in f32; larger counts round like torch's f32 total_weight
   const Index* t = static_cast<const Index*>(h.target);
-  for (int64_t r = threadIdx.x; r < h.rows; r += kThreads) kept += int64_t(t[r * h.target_stride]) != h.ignore_index ? W(1) : W(0);
+  const T* cw = static_cast<const T*>(h.class_weight);
+  for (int64_t r = threadIdx.x; r < h.rows; r += kThreads) {
+    const int64_t c = int64_t(t[r * h.target_stride]);
+    if (c == h.ignore_index) continue;
+    // A class outside [0, classes) adds nothing here: the row kernel makes its loss NaN.
+    if (!cw) kept += W(1);
+    else if (c >= 0 && c < h.classes) kept += convert<W>(cw[c * h.class_weight_stride]);
+  }
   kept = rows::row_all_reduce<kThreads, 1>(kept, rows::SumOp{}, scratch);
   for (int64_t i = threadIdx.x; i < h.ones_count; i += kThreads) static_cast<T*>(h.ones)[i] = convert<T>(1.0f);
   if (threadIdx.x == 0) {
     W* s = static_cast<W*>(h.stats);
     // Every row ignored: the mean is 0 / 0 (NaN, as torch) and the gradients 0.
     const W go = h.grad_output ? convert<W>(*static_cast<const T*>(h.grad_output)) : W(1);
-    s[0] = go * (h.reduction == 1 ? (kept > W(0) ? W(1) / kept : W(0)) : W(1));
+    s[0] = go * (h.reduction == 1 ? (kept != W(0) ? W(1) / kept : W(0)) : W(1));
     s[1] = kept;
   }
 }

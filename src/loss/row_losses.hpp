@@ -3,6 +3,10 @@
 // multi_margin, multilabel_margin). A loss body sees its row through
 // RowOperands and a `ctx` that owns the threads of the row:
 //   ctx.each(f)  calls f(c) for the columns this thread owns,
+//   ctx.each_of(p, stride, f) calls f(c, p[c * stride]) for the columns this
+//                thread owns in a read of one operand (CUDA: whole 16-byte
+//                vectors where the row allows, two in flight; the columns may
+//                differ from each()'s, so a body writes only what it reads),
 //   ctx.sum(v)   the sum over the row (every thread of the row gets it),
 //   ctx.sync()   orders the row's writes to its scratch before later reads,
 //   ctx.leader() one thread of the row.
@@ -237,14 +241,16 @@ struct MultiMarginLoss {
                                     TargetKind::index_per_row, 2,
                                     "weight[y] / C sum over c != y of max(0, margin - x[y] + x[c])^p (p 1 or 2); "
                                     "weight [C] or [0] (none)"};
+  // The row is read in whole vectors (each_of): the target and x[t] are two
+  // dependent loads before it, the only serial steps of a row.
   template <class M, class Ctx, class R>
   static BCD_HD M forward(const Ctx& ctx, const R& r, const RowParams& p) {
     const int64_t t = r.index(0);
     const M xt = r.template at<M>(0, t), margin = p.get<M>(1);
     const bool square = p.v[0] == 2;
     M s = 0;
-    ctx.each([&](int64_t c) {
-      const M z = margin - xt + r.template at<M>(0, c);
+    ctx.each_of(r.x[0], r.sx[0], [&](int64_t c, auto x) {
+      const M z = margin - xt + convert<M>(x);
       if (c != t && z > M(0)) s += square ? z * z : z;
     });
     return r.template weight_at<M>(t) * ctx.sum(s) / M(r.cols);
@@ -256,9 +262,9 @@ struct MultiMarginLoss {
     const M scale = go * r.template weight_at<M>(t) / M(r.cols);
     const bool square = p.v[0] == 2;
     M total = 0;
-    ctx.each([&](int64_t c) {
+    ctx.each_of(r.x[0], r.sx[0], [&](int64_t c, auto x) {
       if (c == t) return;
-      const M z = margin - xt + r.template at<M>(0, c);
+      const M z = margin - xt + convert<M>(x);
       const M g = z > M(0) ? scale * (square ? M(2) * z : M(1)) : M(0);
       total += g;
       r.set_grad(0, c, g);
@@ -280,26 +286,48 @@ struct MultilabelMarginLoss {
   template <class M, class Ctx, class R>
   static BCD_HD int64_t mark(const Ctx& ctx, const R& r) {
     M first = M(r.cols);  // the first -1 (as M: exact up to 2^24 columns in f32)
-    ctx.each([&](int64_t c) {
-      r.mask[c] = 0;
-      if (r.index(c) < 0 && M(c) < first) first = M(c);
+    ctx.each([&](int64_t c) { r.mask[c] = 0; });
+    ctx.each_of(r.target, r.st, [&](int64_t c, auto t) {
+      if (convert<int64_t>(t) < 0 && M(c) < first) first = M(c);
     });
     const int64_t k = int64_t(-ctx.max(-first));
     ctx.sync();  // every row's mask cleared before it is marked
-    ctx.each([&](int64_t c) {
-      if (c < k) r.mask[r.index(c)] = 1;
+    ctx.each_of(r.target, r.st, [&](int64_t c, auto t) {
+      if (c < k) r.mask[convert<int64_t>(t)] = 1;
     });
     ctx.sync();
     return k;
   }
+  /// The first kCached listed targets' values, read once per row (independent loads).
+  static constexpr int kCached = 8;
+  template <class M>
+  struct Listed {
+    M x[kCached];
+    int64_t k;
+  };
+  template <class M, class R>
+  static BCD_HD Listed<M> listed(const R& r, int64_t k) {
+    Listed<M> l;
+    l.k = k;
+    for (int j = 0; j < kCached; ++j) l.x[j] = j < k ? r.template at<M>(0, r.index(j)) : M(0);
+    return l;
+  }
+  /// f(x_j) for every listed target j, in list order.
+  template <class M, class R, class F>
+  static BCD_HD void each_listed(const Listed<M>& l, const R& r, F&& f) {
+    for (int j = 0; j < kCached; ++j)
+      if (j < l.k) f(l.x[j]);
+    for (int64_t j = kCached; j < l.k; ++j) f(r.template at<M>(0, r.index(j)));
+  }
   template <class M, class Ctx, class R>
   static BCD_HD M forward(const Ctx& ctx, const R& r, const RowParams&) {
     const int64_t k = mark<M>(ctx, r);
+    const Listed<M> l = listed<M>(r, k);
     M s = 0;
-    ctx.each([&](int64_t c) {
+    ctx.each_of(r.x[0], r.sx[0], [&](int64_t c, auto v) {
       if (r.mask[c]) return;
-      const M x = r.template at<M>(0, c);
-      for (int64_t j = 0; j < k; ++j) s += relu_(M(1) - r.template at<M>(0, r.index(j)) + x);
+      const M x = convert<M>(v);
+      each_listed(l, r, [&](M xt) { s += relu_(M(1) - xt + x); });
     });
     return ctx.sum(s) / M(r.cols);
   }
@@ -313,18 +341,21 @@ struct MultilabelMarginLoss {
       const int64_t t = r.index(j);
       const M xt = r.template at<M>(0, t);
       M pairs = 0, times = 0;
-      ctx.each([&](int64_t c) {
-        if (!r.mask[c] && M(1) - xt + r.template at<M>(0, c) > M(0)) pairs += M(1);
-        if (c < k && r.index(c) == t) times += M(1);
+      ctx.each_of(r.x[0], r.sx[0], [&](int64_t c, auto x) {
+        if (!r.mask[c] && M(1) - xt + convert<M>(x) > M(0)) pairs += M(1);
+      });
+      ctx.each_of(r.target, r.st, [&](int64_t c, auto i) {
+        if (c < k && convert<int64_t>(i) == t) times += M(1);
       });
       pairs = ctx.sum(pairs), times = ctx.sum(times);
       if (ctx.leader()) r.set_grad(0, t, -scale * times * pairs);
     }
-    ctx.each([&](int64_t c) {
+    const Listed<M> l = listed<M>(r, k);
+    ctx.each_of(r.x[0], r.sx[0], [&](int64_t c, auto v) {
       if (r.mask[c]) return;
-      const M x = r.template at<M>(0, c);
+      const M x = convert<M>(v);
       M pairs = 0;
-      for (int64_t j = 0; j < k; ++j) pairs += M(1) - r.template at<M>(0, r.index(j)) + x > M(0) ? M(1) : M(0);
+      each_listed(l, r, [&](M xt) { pairs += M(1) - xt + x > M(0) ? M(1) : M(0); });
       r.set_grad(0, c, scale * pairs);
     });
   }

@@ -297,12 +297,22 @@ __device__ __forceinline__ U& at(const ChannelVec& v, int64_t c) {
 
 /// The partials of channel c merged in a fixed order: lane j takes splits
 /// j, j + 32, ... in turn, then the warp's tree; lane 0 holds the result.
+/// Loads go kInFlight at a time ahead of the merges (channels-last walks
+/// have up to 1024 splits: 32 partials a lane, one L2 round trip each before).
 template <class Partial, class A>
 __device__ __forceinline__ Partial merge_splits(const BatchNormLaunch& l, int64_t c, int coef) {
-  constexpr int kWidth = sizeof(Partial) / sizeof(A);
+  constexpr int kWidth = sizeof(Partial) / sizeof(A), kInFlight = 8;
   const A* src = partials_of<A>(l, c, kWidth, coef);
   Partial p{};
-  for (int s = threadIdx.x % 32; s < l.splits; s += 32) p = combine(p, load_partial(src + s * kWidth, &p));
+  int s = threadIdx.x % 32;
+  for (; s + (kInFlight - 1) * 32 < l.splits; s += kInFlight * 32) {
+    Partial v[kInFlight];
+#pragma unroll
+    for (int e = 0; e < kInFlight; ++e) v[e] = load_partial(src + (s + e * 32) * kWidth, &p);
+#pragma unroll
+    for (int e = 0; e < kInFlight; ++e) p = combine(p, v[e]);
+  }
+  for (; s < l.splits; s += 32) p = combine(p, load_partial(src + s * kWidth, &p));
   return warp_combine(p);
 }
 
