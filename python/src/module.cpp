@@ -761,9 +761,12 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
   const bool out_given = !out.is_none();
   std::vector<Operand> outs;
   if (out_given) {
-    outs = PyTuple_Check(out.ptr()) || PyList_Check(out.ptr()) ? operands(out) : std::vector<Operand>(1);
-    if (outs.size() == 1 && !(PyTuple_Check(out.ptr()) || PyList_Check(out.ptr())))
+    if (PyTuple_Check(out.ptr()) || PyList_Check(out.ptr())) {
+      outs = operands(out);
+    } else {
+      outs.resize(1);
       outs[0].obj = nb::borrow(out), outs[0].kind = classify(out);
+    }
     for (Operand& o : outs) {
       if (o.kind == Kind::scalar) throw Fallback{};
       view_of(o, true);
