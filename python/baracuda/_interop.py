@@ -85,6 +85,7 @@ class _Numpy:
 
 
 _TORCH_NAME = {}  # torch.dtype -> baracuda name, filled as dtypes are seen
+_TORCH_DTYPE = {}  # baracuda name -> torch.dtype, filled as outputs are allocated
 
 
 def _torch_raw_stream(device):
@@ -109,6 +110,11 @@ def torch_dtype_name(dtype):
     return name
 
 
+def torch_stream(device):
+    """The current torch stream of CUDA device `device`, a cudaStream_t as int."""
+    return _torch_raw_stream(device)
+
+
 class _Torch:
     @staticmethod
     def spec(x):
@@ -117,7 +123,10 @@ class _Torch:
     @staticmethod
     def empty(dtype, shape, like):
         import torch
-        return torch.empty(shape, dtype=getattr(torch, _FRAMEWORK_NAME[dtype]), device=like.device)
+        torch_dtype = _TORCH_DTYPE.get(dtype)
+        if torch_dtype is None:
+            torch_dtype = _TORCH_DTYPE[dtype] = getattr(torch, _FRAMEWORK_NAME[dtype])
+        return torch.empty(shape, dtype=torch_dtype, device=like.device)
 
     @staticmethod
     def scalar(value, like):

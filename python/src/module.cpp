@@ -447,7 +447,7 @@ struct CallHooks {
   nb::object torch_dtype;    ///< torch.dtype -> baracuda dtype name (UnsupportedError when none)
   nb::object torch_empty;    ///< (dtype name, shape, like) -> tensor on like's device
   nb::object torch_scalar;   ///< (value, like) -> 0-d tensor of like's dtype and device
-  nb::object torch_stream;   ///< like -> its current cudaStream_t as int
+  nb::object torch_stream;   ///< CUDA device id -> torch's current cudaStream_t there, as int
   nb::dict types;            ///< type -> True (torch) or False (the Python path), as types are seen
   nb::dict dtypes;           ///< torch.dtype -> DType code
 };
@@ -800,7 +800,7 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
   const bool cacheable = call_key(key, info, ins, outs, out_given, attrs, out_specs, placement, pref.allow_tf32);
   CallCache::EntryRef entry = cacheable ? call_cache().find(key) : nullptr;
   const uintptr_t stream =
-      reference.kind == Kind::torch && placement.cuda ? nb::cast<uintptr_t>(hooks().torch_stream(reference.obj)) : 0;
+      reference.kind == Kind::torch && placement.cuda ? nb::cast<uintptr_t>(hooks().torch_stream(placement.device)) : 0;
   if (!entry) {
     auto fresh = std::make_shared<CallEntry>();
     fresh->desc = {info.name, {}, {}, to_attrs(info, attrs)};

@@ -193,10 +193,10 @@ def fake_torch():
         return F._call_python(*args)
 
     _C._set_call_hooks(python_path, _interop.is_torch_type, _interop.torch_dtype_name, empty, scalar,
-                       _interop.TORCH.stream)
+                       _interop.torch_stream)
     yield fallback
     _C._set_call_hooks(F._call_python, _interop.is_torch_type, _interop.torch_dtype_name, _interop.TORCH.empty,
-                       _interop.TORCH.scalar, _interop.TORCH.stream)
+                       _interop.TORCH.scalar, _interop.torch_stream)
 
 
 def test_torch_reader(fake_torch):
