@@ -85,6 +85,7 @@ class _Numpy:
 
 
 _TORCH_NAME = {}  # torch.dtype -> baracuda name, filled as dtypes are seen
+_TORCH_DTYPE = {}  # baracuda name -> torch.dtype, filled as outputs are allocated
 
 
 def _torch_raw_stream(device):
@@ -101,18 +102,31 @@ def _torch_raw_stream(device):
     return _torch_raw_stream(device)
 
 
+def torch_dtype_name(dtype):
+    """The baracuda name of a torch dtype (UnsupportedError when it has none)."""
+    name = _TORCH_NAME.get(dtype)
+    if name is None:
+        name = _TORCH_NAME[dtype] = _known(str(dtype)[6:], "torch")
+    return name
+
+
+def torch_stream(device):
+    """The current torch stream of CUDA device `device`, a cudaStream_t as int."""
+    return _torch_raw_stream(device)
+
+
 class _Torch:
     @staticmethod
     def spec(x):
-        name = _TORCH_NAME.get(x.dtype)
-        if name is None:
-            name = _TORCH_NAME[x.dtype] = _known(str(x.dtype)[6:], "torch")
-        return name, tuple(x.shape)
+        return torch_dtype_name(x.dtype), tuple(x.shape)
 
     @staticmethod
     def empty(dtype, shape, like):
         import torch
-        return torch.empty(shape, dtype=getattr(torch, _FRAMEWORK_NAME[dtype]), device=like.device)
+        torch_dtype = _TORCH_DTYPE.get(dtype)
+        if torch_dtype is None:
+            torch_dtype = _TORCH_DTYPE[dtype] = getattr(torch, _FRAMEWORK_NAME[dtype])
+        return torch.empty(shape, dtype=torch_dtype, device=like.device)
 
     @staticmethod
     def scalar(value, like):
@@ -171,14 +185,18 @@ class _Cupy:
 NUMPY, TORCH, CUPY = _Numpy(), _Torch(), _Cupy()
 
 
+def is_torch_type(tp):
+    """Whether adapt() takes arrays of type `tp` as torch tensors."""
+    return tp.__module__.partition(".")[0] == "torch" and hasattr(tp, "data_ptr")
+
+
 def adapt(x):
     """(adapter, array) for an array-like; (None, x) for a Python scalar."""
     if isinstance(x, np.ndarray):
         return NUMPY, x
-    root = type(x).__module__.partition(".")[0]
-    if root == "torch" and hasattr(x, "data_ptr"):
+    if is_torch_type(type(x)):
         return TORCH, x
-    if root == "cupy" and hasattr(x, "data"):
+    if type(x).__module__.partition(".")[0] == "cupy" and hasattr(x, "data"):
         return CUPY, x
     if isinstance(x, (bool, int, float, complex)):
         return None, x

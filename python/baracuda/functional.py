@@ -21,6 +21,7 @@ import sys as _sys
 import numpy as _np
 
 from . import _baracuda as _C
+from . import _interop
 from ._interop import NUMPY as _NUMPY, _FRAMEWORK_NAME, adapt as _adapt, dtype_name as _dtype_name
 
 _OPS = {op["name"]: op for op in _C.ops() if op["category"] == "elementwise"}
@@ -38,12 +39,16 @@ def _operand(x):
     return adapter, a, adapter.spec(a) if adapter is not None else None
 
 
-def _call(op, args, attrs, out=None, out_specs=None):
+def _call_python(op, args, attrs, out=None, out_specs=None):
     """Runs registry op `op` on `args` (arrays or Python scalars).
 
     Outputs are allocated like the first non-bool array operand (shapes and
     dtypes from `infer`; `out_specs` gives them for ops that need them) unless
     `out` is given. Returns the output, or a tuple of outputs.
+
+    The reference for `_call` (= _C.call), which does the same natively for
+    numpy arrays, torch tensors and Python scalars and hands everything else
+    to this function (Note [Functional fast path] in python/src/module.cpp).
     """
     ins = [_operand(a) for a in args]
     outs = None if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
@@ -62,6 +67,11 @@ def _call(op, args, attrs, out=None, out_specs=None):
     _C.run(op, [a for a, _ in exported[:len(ins)]], [a for a, _ in exported[len(ins):]], attrs,
            ref_adapter.stream(ref), dtypes if _builtins.any(dtypes) else None)
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+_C._set_call_hooks(_call_python, _interop.is_torch_type, _interop.torch_dtype_name, _interop.TORCH.empty,
+                   _interop.TORCH.scalar, _interop.torch_stream)
+_call = _C.call
 
 
 def _spec(x):

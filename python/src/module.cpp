@@ -18,6 +18,9 @@
 #include <sstream>
 #include <unordered_map>
 
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
 #include "baracuda/registry.hpp"
 #include "core/errors.hpp"  // cat()
 
@@ -190,7 +193,7 @@ TensorView import_raw(const OpInfo& info, const nb::tuple& t, const std::string&
 /// Imports one DLPack array as a view. `dtype` overrides the exported dtype
 /// (same element size) for types a producer cannot export (torch fp8, ...).
 template <class Array>
-TensorView import_array(const OpInfo& info, nb::handle obj, const std::string& name, nb::handle dtype,
+TensorView import_operand(const OpInfo& info, nb::handle obj, const std::string& name, nb::handle dtype,
                         Placement& placement, std::vector<Array>& keep) {
   if (nb::isinstance<nb::tuple>(obj)) return import_raw(info, nb::borrow<nb::tuple>(obj), name, placement);
   Array a;
@@ -321,40 +324,13 @@ std::optional<Backend> backend_arg(const std::optional<std::string>& name) {
 
 // ---------------------------------------------------------------- entry points
 
-void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& outputs, const nb::dict& attrs,
-         uintptr_t stream, const nb::object& dtypes, const std::optional<std::string>& backend,
-         const nb::object& workspace) {
-  const OpInfo& info = op_info(op);
-  const size_t n_in = nb::len(inputs), n_out = nb::len(outputs);
-  if (n_in != info.input_names.size() || n_out != info.output_names.size())
-    throw nb::type_error(cat(op, ": expected ", info.input_names.size(), " inputs and ", info.output_names.size(),
-                             " outputs, got ", n_in, " and ", n_out).c_str());
-  if (!dtypes.is_none() && nb::len(dtypes) != n_in + n_out)
-    throw nb::type_error(cat(op, ": 'dtypes' must have one entry (a dtype name or None) per input and output, got ",
-                             nb::len(dtypes)).c_str());
-  auto override_of = [&](size_t i) -> nb::object { return dtypes.is_none() ? nb::none() : dtypes[i]; };
-
-  OpDesc desc{op, {}, {}, to_attrs(info, attrs)};
-  Placement placement;
-  std::vector<InArray> in_keep;
-  std::vector<OutArray> out_keep;
-  std::vector<TensorView> in_views, out_views;
-  in_keep.reserve(n_in), out_keep.reserve(n_out);
-  for (size_t i = 0; i < n_in; ++i)
-    in_views.push_back(import_array(info, inputs[i], info.input_names[i], override_of(i), placement, in_keep));
-  for (size_t j = 0; j < n_out; ++j)
-    out_views.push_back(
-        import_array(info, outputs[j], info.output_names[j], override_of(n_in + j), placement, out_keep));
-  for (const auto& v : in_views) desc.inputs.push_back({v.dtype, v.shape_vec()});
-  for (const auto& v : out_views) desc.outputs.push_back({v.dtype, v.shape_vec()});
-
-  PlanPreference pref;
-  pref.backend = backend_arg(backend);
-  pref.allow_tf32 = allow_tf32.load();
+/// Runs `plan` (or, when a candidate refuses these strides, the next one
+/// that takes them) on imported views; shared by `run` and `call`.
+void execute(const OpInfo& info, const OpDesc& desc, PlanCache::PlanRef plan, const std::vector<TensorView>& in_views,
+             const std::vector<TensorView>& out_views, Placement& placement, PlanPreference pref, uintptr_t stream,
+             nb::handle workspace) {
   DeviceGuard guard(placement.cuda, placement.device);
   const Stream s = placement.cuda ? Stream::cuda(reinterpret_cast<CUstream_st*>(stream)) : Stream::host();
-  auto plan = plan_cache().get(PlanCache::key(desc, placement, pref), s, desc, pref);
-
   const OpArgs args{in_views, out_views};
   // A candidate that cannot take these strides (a vendor library's layout
   // rules) hands over to the next one, unless a backend was asked for.
@@ -379,7 +355,7 @@ void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& 
     if (placement.cuda) {
 #ifdef BARACUDA_HAS_CUDA
       if (cudaError_t e = cudaMallocAsync(&device_scratch, needed, reinterpret_cast<cudaStream_t>(stream)); e != cudaSuccess)
-        throw Error(Status::backend("cudart", e, cat(op, ": cudaMallocAsync of ", needed, " workspace bytes: ",
+        throw Error(Status::backend("cudart", e, cat(desc.op, ": cudaMallocAsync of ", needed, " workspace bytes: ",
                                                      cudaGetErrorString(e))));
 #endif
       ws = {device_scratch, needed};
@@ -389,13 +365,13 @@ void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& 
     }
   } else if (needed) {
     // A DLPack array or a raw view (which keeps nothing in ws_keep): its bytes from the view.
-    TensorView w = import_array(info, workspace, "workspace", nb::none(), placement, ws_keep);
+    TensorView w = import_operand(info, workspace, "workspace", nb::none(), placement, ws_keep);
     if (!w.is_contiguous())
-      fail(ErrorKind::invalid_problem, op, ": 'workspace' must be contiguous, got shape ", shape_str(w.shape_vec()));
+      fail(ErrorKind::invalid_problem, desc.op, ": 'workspace' must be contiguous, got shape ", shape_str(w.shape_vec()));
     ws = {w.data, size_t(w.numel()) * dtype_size(w.dtype)};
     if (ws.bytes < needed)
       throw Error(Status::too_small(ErrorKind::workspace_too_small, needed, ws.bytes,
-                                    cat(op, ": workspace has ", ws.bytes, " bytes, the plan needs ", needed)));
+                                    cat(desc.op, ": workspace has ", ws.bytes, " bytes, the plan needs ", needed)));
   }
   Status status;
   {
@@ -406,6 +382,469 @@ void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& 
 #endif
   }
   check(status);
+}
+
+void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& outputs, const nb::dict& attrs,
+         uintptr_t stream, const nb::object& dtypes, const std::optional<std::string>& backend,
+         const nb::object& workspace) {
+  const OpInfo& info = op_info(op);
+  const size_t n_in = nb::len(inputs), n_out = nb::len(outputs);
+  if (n_in != info.input_names.size() || n_out != info.output_names.size())
+    throw nb::type_error(cat(op, ": expected ", info.input_names.size(), " inputs and ", info.output_names.size(),
+                             " outputs, got ", n_in, " and ", n_out).c_str());
+  if (!dtypes.is_none() && nb::len(dtypes) != n_in + n_out)
+    throw nb::type_error(cat(op, ": 'dtypes' must have one entry (a dtype name or None) per input and output, got ",
+                             nb::len(dtypes)).c_str());
+  auto override_of = [&](size_t i) -> nb::object { return dtypes.is_none() ? nb::none() : dtypes[i]; };
+
+  OpDesc desc{op, {}, {}, to_attrs(info, attrs)};
+  Placement placement;
+  std::vector<InArray> in_keep;
+  std::vector<OutArray> out_keep;
+  std::vector<TensorView> in_views, out_views;
+  in_keep.reserve(n_in), out_keep.reserve(n_out);
+  for (size_t i = 0; i < n_in; ++i)
+    in_views.push_back(import_operand(info, inputs[i], info.input_names[i], override_of(i), placement, in_keep));
+  for (size_t j = 0; j < n_out; ++j)
+    out_views.push_back(
+        import_operand(info, outputs[j], info.output_names[j], override_of(n_in + j), placement, out_keep));
+  for (const auto& v : in_views) desc.inputs.push_back({v.dtype, v.shape_vec()});
+  for (const auto& v : out_views) desc.outputs.push_back({v.dtype, v.shape_vec()});
+
+  PlanPreference pref;
+  pref.backend = backend_arg(backend);
+  pref.allow_tf32 = allow_tf32.load();
+  const Stream s = placement.cuda ? Stream::cuda(reinterpret_cast<CUstream_st*>(stream)) : Stream::host();
+  PlanCache::PlanRef plan;
+  {
+    DeviceGuard guard(placement.cuda, placement.device);
+    plan = plan_cache().get(PlanCache::key(desc, placement, pref), s, desc, pref);
+  }
+  execute(info, desc, std::move(plan), in_views, out_views, placement, pref, stream, workspace);
+}
+
+// ---------------------------------------------------------------- call: the functional wrappers' path
+
+// Note [Functional fast path]: every baracuda.functional wrapper ends in
+// `call(op, args, attrs, out, out_specs)`. Done in Python, classifying the
+// operands, inferring and allocating the outputs and exporting the views cost
+// 6-10 us per call, several times the run itself on small tensors. Here numpy
+// arrays are read through the numpy C API, torch tensors through a few
+// attribute calls (no DLPack export), and the output specs and the plan are
+// cached per (op, operand dtypes and shapes, attrs, placement); strides are
+// left out of the key as in PlanCache, since can_implement sees them per run.
+// What this path does not take (cupy and other DLPack producers, lists, numpy
+// bf16/fp8 arrays, conjugate or negative torch views, calls with only Python
+// scalars) it hands, before anything has run, to the Python path that keeps
+// every rule (functional._call_python); so do the inputs of error messages.
+
+struct Fallback {};  ///< thrown before any side effect: the Python path takes the call
+
+/// Python callables the fast path needs (set by baracuda.functional on import).
+struct CallHooks {
+  nb::object fallback;       ///< (op, args, attrs, out, out_specs) -> result: the Python path
+  nb::object is_torch_type;  ///< type -> bool
+  nb::object torch_dtype;    ///< torch.dtype -> baracuda dtype name (UnsupportedError when none)
+  nb::object torch_empty;    ///< (dtype name, shape, like) -> tensor on like's device
+  nb::object torch_scalar;   ///< (value, like) -> 0-d tensor of like's dtype and device
+  nb::object torch_stream;   ///< CUDA device id -> torch's current cudaStream_t there, as int
+  nb::dict types;            ///< type -> True (torch) or False (the Python path), as types are seen
+  nb::dict dtypes;           ///< torch.dtype -> DType code
+};
+
+CallHooks& hooks() {
+  static CallHooks* h = new CallHooks();  // leaked: Python objects must not be released after finalisation
+  return *h;
+}
+
+/// An interned attribute name, created once.
+PyObject* interned(const char* name) { return PyUnicode_InternFromString(name); }
+
+nb::object get_attr(nb::handle x, PyObject* name) { return nb::steal(PyObject_GetAttr(x.ptr(), name)); }
+
+nb::object call_method(nb::handle x, PyObject* name) {
+#if PY_VERSION_HEX >= 0x03090000
+  PyObject* self = x.ptr();
+  PyObject* r = PyObject_VectorcallMethod(name, &self, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+#else
+  PyObject* r = PyObject_CallMethodObjArgs(x.ptr(), name, nullptr);
+#endif
+  if (!r) nb::raise_python_error();
+  return nb::steal(r);
+}
+
+nb::object checked(nb::object o) {
+  if (!o.is_valid()) nb::raise_python_error();
+  return o;
+}
+
+std::optional<DType> from_numpy(int type_num) {
+  switch (type_num) {
+    case NPY_FLOAT: return DType::f32;
+    case NPY_HALF: return DType::f16;
+    case NPY_DOUBLE: return DType::f64;
+    case NPY_BYTE: return DType::i8;
+    case NPY_UBYTE: return DType::u8;
+    case NPY_SHORT: return DType::i16;
+    case NPY_INT: return DType::i32;
+    case NPY_LONG: return sizeof(long) == 8 ? DType::i64 : DType::i32;
+    case NPY_LONGLONG: return DType::i64;
+    case NPY_UINT: return DType::u32;
+    case NPY_BOOL: return DType::boolean;
+    case NPY_CFLOAT: return DType::c64;
+    case NPY_CDOUBLE: return DType::c128;
+    default: return std::nullopt;  // numpy's other types and user types (ml_dtypes' bfloat16, float8)
+  }
+}
+
+/// The numpy type number of a dtype numpy holds natively, or -1.
+int to_numpy(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return NPY_FLOAT;
+    case DType::f16: return NPY_HALF;
+    case DType::f64: return NPY_DOUBLE;
+    case DType::i8: return NPY_BYTE;
+    case DType::u8: return NPY_UBYTE;
+    case DType::i16: return NPY_SHORT;
+    case DType::i32: return NPY_INT32;
+    case DType::i64: return NPY_INT64;
+    case DType::u32: return NPY_UINT32;
+    case DType::boolean: return NPY_BOOL;
+    case DType::c64: return NPY_CFLOAT;
+    case DType::c128: return NPY_CDOUBLE;
+    default: return -1;
+  }
+}
+
+enum class Kind : uint8_t { numpy, torch, scalar };
+
+/// One operand of a call: its array (a 0-d one for a scalar once the
+/// reference operand is known), view and device.
+struct Operand {
+  Kind kind = Kind::scalar;
+  nb::object obj;
+  TensorView view;
+  int device_type = nb::device::cpu::value, device_id = 0;
+};
+
+Kind classify(nb::handle x) {
+  PyObject* p = x.ptr();
+  if (PyArray_Check(p)) return Kind::numpy;
+  if (PyLong_Check(p) || PyFloat_Check(p) || PyComplex_Check(p)) return Kind::scalar;  // bool is an int
+  CallHooks& h = hooks();
+  nb::handle type(reinterpret_cast<PyObject*>(Py_TYPE(p)));
+  PyObject* known = PyDict_GetItemWithError(h.types.ptr(), type.ptr());
+  if (!known) {
+    if (PyErr_Occurred()) nb::raise_python_error();
+    nb::object is_torch = h.is_torch_type(type);
+    h.types[type] = is_torch;
+    return nb::cast<bool>(is_torch) ? Kind::torch : throw Fallback{};
+  }
+  if (known == Py_True) return Kind::torch;
+  throw Fallback{};
+}
+
+/// A numpy array's view; Fallback for what numpy cannot describe natively
+/// (user dtypes, byte-swapped data, strides not in whole elements) or an
+/// output that is not writable (the Python path words those errors).
+void view_numpy(Operand& o, bool writable) {
+  auto* a = reinterpret_cast<PyArrayObject*>(o.obj.ptr());
+  const std::optional<DType> dt = from_numpy(PyArray_TYPE(a));
+  if (!dt || !PyArray_ISNOTSWAPPED(a) || (writable && !PyArray_ISWRITEABLE(a)) || PyArray_NDIM(a) > kMaxRank)
+    throw Fallback{};
+  const int64_t item = PyArray_ITEMSIZE(a);
+  TensorView& v = o.view;
+  v.data = PyArray_DATA(a);
+  v.dtype = *dt;
+  v.rank = PyArray_NDIM(a);
+  for (int i = 0; i < v.rank; ++i) {
+    const int64_t stride = PyArray_STRIDE(a, i);
+    if (stride % item) throw Fallback{};
+    v.shape[i] = PyArray_DIM(a, i);
+    v.stride[i] = stride / item;
+  }
+  o.device_type = nb::device::cpu::value, o.device_id = 0;
+}
+
+/// A torch tensor's view from its attributes, as _interop._Torch.export reads
+/// them; Fallback for conjugate/negative views and devices other than cpu/cuda.
+void view_torch(Operand& o) {
+  static PyObject *const kIsConj = interned("is_conj"), *const kIsNeg = interned("is_neg"),
+                  *const kDtype = interned("dtype"), *const kIsCuda = interned("is_cuda"),
+                  *const kIsCpu = interned("is_cpu"), *const kGetDevice = interned("get_device"),
+                  *const kShape = interned("shape"), *const kStride = interned("stride"),
+                  *const kDataPtr = interned("data_ptr");
+  nb::handle t = o.obj;
+  if (call_method(t, kIsConj).is(nb::handle(Py_True)) || call_method(t, kIsNeg).is(nb::handle(Py_True)))
+    throw Fallback{};
+  CallHooks& h = hooks();
+  nb::object dtype = checked(get_attr(t, kDtype));
+  PyObject* code = PyDict_GetItemWithError(h.dtypes.ptr(), dtype.ptr());
+  if (!code) {
+    if (PyErr_Occurred()) nb::raise_python_error();
+    h.dtypes[dtype] = static_cast<int>(dtype_arg(nb::cast<std::string>(h.torch_dtype(dtype))));
+    code = PyDict_GetItem(h.dtypes.ptr(), dtype.ptr());
+  }
+  if (checked(get_attr(t, kIsCuda)).is(nb::handle(Py_True))) {
+    o.device_type = nb::device::cuda::value;
+    o.device_id = nb::cast<int>(call_method(t, kGetDevice));
+  } else if (checked(get_attr(t, kIsCpu)).is(nb::handle(Py_True))) {
+    o.device_type = nb::device::cpu::value, o.device_id = 0;
+  } else {
+    throw Fallback{};
+  }
+  nb::object shape = checked(get_attr(t, kShape)), strides = call_method(t, kStride);
+  const Py_ssize_t rank = PyTuple_Size(shape.ptr());
+  if (rank < 0 || rank > kMaxRank || PyTuple_Size(strides.ptr()) != rank) throw Fallback{};
+  TensorView& v = o.view;
+  v.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(call_method(t, kDataPtr)));
+  v.dtype = static_cast<DType>(PyLong_AsLong(code));
+  v.rank = static_cast<int>(rank);
+  for (Py_ssize_t i = 0; i < rank; ++i) {
+    v.shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), i));
+    v.stride[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides.ptr(), i));
+  }
+}
+
+void view_of(Operand& o, bool writable) {
+  if (o.kind == Kind::numpy)
+    view_numpy(o, writable);
+  else
+    view_torch(o);
+}
+
+/// A 0-d array of `ref`'s dtype and device holding a Python scalar:
+/// np.asarray(value, dtype=ref.dtype) or torch.full((), value, ...).
+Operand materialise(nb::handle value, const Operand& ref) {
+  Operand o;
+  o.kind = ref.kind;
+  if (ref.kind == Kind::numpy) {
+    PyArray_Descr* descr = PyArray_DESCR(reinterpret_cast<PyArrayObject*>(ref.obj.ptr()));
+    Py_INCREF(descr);  // PyArray_FromAny steals it
+    o.obj = nb::steal(PyArray_FromAny(value.ptr(), descr, 0, 0, 0, nullptr));
+    checked(o.obj);
+  } else {
+    o.obj = hooks().torch_scalar(value, ref.obj);
+  }
+  view_of(o, false);
+  return o;
+}
+
+/// An empty output like `ref` (its kind and device), C-contiguous.
+Operand allocate(const TensorSpec& spec, const Operand& ref) {
+  Operand o;
+  o.kind = ref.kind;
+  if (ref.kind == Kind::numpy) {
+    const int type_num = to_numpy(spec.dtype);
+    if (type_num < 0) throw Fallback{};  // bf16/fp8: ml_dtypes through the Python path
+    std::array<npy_intp, kMaxRank> dims{};
+    for (size_t i = 0; i < spec.shape.size(); ++i) dims[i] = static_cast<npy_intp>(spec.shape[i]);
+    o.obj = checked(nb::steal(PyArray_SimpleNew(static_cast<int>(spec.shape.size()), dims.data(), type_num)));
+  } else {
+    nb::tuple shape = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(spec.shape.size())));
+    for (size_t i = 0; i < spec.shape.size(); ++i)
+      PyTuple_SET_ITEM(shape.ptr(), i, PyLong_FromLongLong(spec.shape[i]));
+    o.obj = hooks().torch_empty(dtype_name(spec.dtype), shape, ref.obj);
+  }
+  view_of(o, true);
+  return o;
+}
+
+/// The descriptor and plan of one call key: the outputs inferred (or given).
+struct CallEntry {
+  OpDesc desc;
+  PlanCache::PlanRef plan;
+};
+
+class CallCache {
+ public:
+  using EntryRef = std::shared_ptr<const CallEntry>;
+
+  EntryRef find(const std::string& key) {
+    std::lock_guard lock(mutex_);
+    auto it = entries_.find(key);
+    return it == entries_.end() ? nullptr : it->second;
+  }
+  void put(const std::string& key, EntryRef entry) {
+    std::lock_guard lock(mutex_);
+    if (entries_.size() >= PlanCache::kMaxEntries) entries_.clear();
+    entries_.emplace(key, std::move(entry));
+  }
+  void clear() {
+    std::lock_guard lock(mutex_);
+    entries_.clear();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::string, EntryRef> entries_;
+};
+
+CallCache& call_cache() {
+  static CallCache* cache = new CallCache();  // leaked, as the plan cache
+  return *cache;
+}
+
+/// The cache key of a call, or false when an attribute is not a plain number
+/// or name (such calls go uncached; to_attrs words their errors).
+bool call_key(std::string& k, const OpInfo& info, const std::vector<Operand>& ins, const std::vector<Operand>& outs,
+              bool out_given, const nb::dict& attrs, nb::handle out_specs, const Placement& where, bool tf32) {
+  auto put = [&k](const auto& v) { k.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  k.clear();
+  put(&info);
+  put(where.cuda);
+  put(where.device);
+  put(tf32);
+  put(out_given);
+  for (const auto* list : {&ins, &outs}) {
+    put(list->size());
+    for (const Operand& o : *list) {
+      put(o.view.dtype);
+      put(o.view.rank);
+      k.append(reinterpret_cast<const char*>(o.view.shape.data()), sizeof(int64_t) * o.view.rank);
+    }
+  }
+  for (auto [key, value] : attrs) {
+    Py_ssize_t size = 0;
+    const char* name = PyUnicode_Check(key.ptr()) ? PyUnicode_AsUTF8AndSize(key.ptr(), &size) : nullptr;
+    if (!name || !(PyFloat_Check(value.ptr()) || PyLong_Check(value.ptr()))) {
+      PyErr_Clear();
+      return false;
+    }
+    const double v = PyFloat_AsDouble(value.ptr());
+    if (v == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    put(size);
+    k.append(name, static_cast<size_t>(size));
+    put(v);
+  }
+  if (!out_given && !out_specs.is_none()) {  // out_specs: few ops (where_backward, sum_to); their repr is exact
+    nb::object repr = checked(nb::steal(PyObject_Repr(out_specs.ptr())));
+    k += nb::borrow<nb::str>(repr).c_str();
+  }
+  return true;
+}
+
+const OpInfo& op_info_fast(nb::handle op) {
+  static const auto* by_name = [] {
+    auto* m = new std::unordered_map<std::string_view, const OpInfo*>();  // leaked: registry() is static
+    for (const OpInfo& info : registry()) m->emplace(info.name, &info);
+    return m;
+  }();
+  Py_ssize_t size = 0;
+  const char* name = PyUnicode_Check(op.ptr()) ? PyUnicode_AsUTF8AndSize(op.ptr(), &size) : nullptr;
+  if (!name) throw nb::type_error("op must be a str");
+  auto it = by_name->find(std::string_view(name, static_cast<size_t>(size)));
+  if (it == by_name->end()) return op_info(std::string(name, static_cast<size_t>(size)));  // words the error
+  return *it->second;
+}
+
+/// Operands of a sequence argument (a tuple or list), classified.
+std::vector<Operand> operands(nb::handle seq) {
+  nb::object fast = nb::steal(PySequence_Fast(seq.ptr(), "operands must be a sequence"));
+  checked(fast);
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast.ptr());
+  PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+  std::vector<Operand> out(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    out[i].obj = nb::borrow(items[i]);
+    out[i].kind = classify(items[i]);
+  }
+  return out;
+}
+
+nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::handle out, nb::handle out_specs) {
+  const OpInfo& info = op_info_fast(op);
+  std::vector<Operand> ins = operands(args);
+  const bool out_given = !out.is_none();
+  std::vector<Operand> outs;
+  if (out_given) {
+    if (PyTuple_Check(out.ptr()) || PyList_Check(out.ptr())) {
+      outs = operands(out);
+    } else {
+      outs.resize(1);
+      outs[0].obj = nb::borrow(out), outs[0].kind = classify(out);
+    }
+    for (Operand& o : outs) {
+      if (o.kind == Kind::scalar) throw Fallback{};
+      view_of(o, true);
+    }
+  }
+  if (ins.size() != info.input_names.size() || (out_given && outs.size() != info.output_names.size()))
+    throw Fallback{};  // the Python path words the miscount as it always has
+
+  // The reference operand: the first array that is not bool (else the first array).
+  const Operand* ref = nullptr;
+  for (Operand& o : ins)
+    if (o.kind != Kind::scalar) view_of(o, false);
+  for (const auto* list : {&ins, &outs})
+    for (const Operand& o : *list)
+      if (o.kind != Kind::scalar && (!ref || (ref->view.dtype == DType::boolean && o.view.dtype != DType::boolean)))
+        ref = &o;
+  if (!ref) throw Fallback{};  // only Python scalars: numpy decides their dtypes
+  const Operand reference = *ref;
+  for (Operand& o : ins)
+    if (o.kind == Kind::scalar) o = materialise(o.obj, reference);
+
+  Placement placement;
+  for (size_t i = 0; i < ins.size(); ++i)
+    placement.add(info, info.input_names[i], ins[i].device_type, ins[i].device_id);
+  for (size_t j = 0; j < outs.size(); ++j)
+    placement.add(info, info.output_names[j], outs[j].device_type, outs[j].device_id);
+
+  PlanPreference pref;
+  pref.allow_tf32 = allow_tf32.load();
+  thread_local std::string key;
+  const bool cacheable = call_key(key, info, ins, outs, out_given, attrs, out_specs, placement, pref.allow_tf32);
+  CallCache::EntryRef entry = cacheable ? call_cache().find(key) : nullptr;
+  const uintptr_t stream =
+      reference.kind == Kind::torch && placement.cuda ? nb::cast<uintptr_t>(hooks().torch_stream(placement.device)) : 0;
+  if (!entry) {
+    auto fresh = std::make_shared<CallEntry>();
+    fresh->desc = {info.name, {}, {}, to_attrs(info, attrs)};
+    for (const Operand& o : ins) fresh->desc.inputs.push_back({o.view.dtype, o.view.shape_vec()});
+    if (out_given) {
+      for (const Operand& o : outs) fresh->desc.outputs.push_back({o.view.dtype, o.view.shape_vec()});
+    } else {
+      OpDesc partial{info.name, fresh->desc.inputs, {}, fresh->desc.attrs};
+      if (!out_specs.is_none()) partial.outputs = to_specs(nb::cast<std::vector<Spec>>(out_specs));
+      fresh->desc.outputs = check(info.infer(partial)).outputs;
+    }
+    const Stream s = placement.cuda ? Stream::cuda(reinterpret_cast<CUstream_st*>(stream)) : Stream::host();
+    {
+      DeviceGuard guard(placement.cuda, placement.device);
+      fresh->plan = plan_cache().get(PlanCache::key(fresh->desc, placement, pref), s, fresh->desc, pref);
+    }
+    entry = fresh;
+    if (cacheable) call_cache().put(key, entry);
+  }
+  if (!out_given) {
+    for (const TensorSpec& spec : entry->desc.outputs) outs.push_back(allocate(spec, reference));
+    for (size_t j = 0; j < outs.size(); ++j)
+      placement.add(info, info.output_names[j], outs[j].device_type, outs[j].device_id);
+  }
+
+  std::vector<TensorView> in_views, out_views;
+  in_views.reserve(ins.size()), out_views.reserve(outs.size());
+  for (const Operand& o : ins) in_views.push_back(o.view);
+  for (const Operand& o : outs) out_views.push_back(o.view);
+  execute(info, entry->desc, entry->plan, in_views, out_views, placement, pref, stream, nb::none());
+  if (outs.size() == 1) return outs[0].obj;
+  nb::tuple result = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(outs.size())));
+  for (size_t j = 0; j < outs.size(); ++j) PyTuple_SET_ITEM(result.ptr(), j, outs[j].obj.release().ptr());
+  return result;
+}
+
+/// `call`: the fast path, or the Python path for what it does not take.
+nb::object call(nb::handle op, nb::handle args, const nb::dict& attrs, nb::handle out, nb::handle out_specs) {
+  if (!hooks().fallback.is_valid()) throw std::runtime_error("baracuda: call() before baracuda.functional set its hooks");
+  try {
+    return call_fast(op, args, attrs, out, out_specs);
+  } catch (const Fallback&) {
+    return hooks().fallback(op, args, attrs, out, out_specs);
+  }
 }
 
 std::vector<Spec> infer_specs(const std::string& op, const std::vector<Spec>& inputs, const nb::dict& attrs,
@@ -466,6 +905,7 @@ NB_MODULE(_baracuda, m) {
   using namespace baracuda;
   using namespace baracuda::python;
   m.doc() = "baracuda native bindings: registry, shape inference and a generic op runner";
+  if (_import_array() < 0) throw nb::python_error();
 
   nb::object bases = nb::make_tuple(nb::handle(PyExc_NotImplementedError), nb::handle(PyExc_TypeError));
   g_unsupported_error = PyErr_NewExceptionWithDoc(
@@ -496,7 +936,23 @@ NB_MODULE(_baracuda, m) {
   m.def("plan_info", &plan_info, "op"_a, "inputs"_a, "attrs"_a = nb::dict(), "outputs"_a = nb::none(),
         "device"_a = "cpu", "backend"_a = nb::none(),
         "The plan `select` picks for these specs on 'cpu' or 'cuda': sku, backend, workspace_size, precision.");
-  m.def("clear_plan_cache", [] { plan_cache().clear(); }, "Drops every cached plan.");
+  m.def("clear_plan_cache", [] {
+    plan_cache().clear();
+    call_cache().clear();
+  }, "Drops every cached plan.");
+  m.def("call", &call, "op"_a, "args"_a, "attrs"_a, "out"_a = nb::none(), "out_specs"_a = nb::none(),
+        "What baracuda.functional's wrappers run: op on `args` (arrays or Python scalars, which take the "
+        "dtype of the first non-bool array), writing into `out` or into outputs allocated like that array "
+        "(specs inferred, or given by `out_specs`). Returns the output or a tuple of outputs.");
+  m.def("_set_call_hooks", [](nb::object fallback, nb::object is_torch_type, nb::object torch_dtype,
+                              nb::object torch_empty, nb::object torch_scalar, nb::object torch_stream) {
+    CallHooks& h = hooks();
+    h.fallback = std::move(fallback), h.is_torch_type = std::move(is_torch_type);
+    h.torch_dtype = std::move(torch_dtype), h.torch_empty = std::move(torch_empty);
+    h.torch_scalar = std::move(torch_scalar), h.torch_stream = std::move(torch_stream);
+    h.types.clear(), h.dtypes.clear();
+  }, "fallback"_a, "is_torch_type"_a, "torch_dtype"_a, "torch_empty"_a, "torch_scalar"_a, "torch_stream"_a,
+        "The Python callables `call` uses (set by baracuda.functional).");
   m.def("set_allow_tf32", [](bool allow) { allow_tf32.store(allow); },
         "Whether f32 GEMMs may multiply in TF32 (torch.backends.cuda.matmul.allow_tf32); off by default.");
   m.def("get_allow_tf32", [] { return allow_tf32.load(); });

@@ -1,0 +1,84 @@
+"""Per-call overhead of the Python wrappers on tiny operands, where the
+kernel costs nothing and what a caller sees is the binding's own work:
+operand classification, shape inference, plan lookup, output allocation.
+
+    PYTHONPATH=build-py/python python3 bench/bench_overhead.py
+
+Prints microseconds per call (best of several timeit repeats). Rows on torch
+tensors need torch; CUDA rows need a GPU and measure launch cost too (no
+synchronisation inside the loop, one at the end), as torch.add's row does.
+"""
+import argparse
+import timeit
+
+import numpy as np
+
+import baracuda
+import baracuda.functional as F
+
+
+def us_per_call(fn, number, repeat, sync=None):
+    """Best of `repeat` timings of `number` calls, in microseconds per call."""
+    fn()
+    if sync:
+        sync()
+    best = float("inf")
+    for _ in range(repeat):
+        start = timeit.default_timer()
+        for _ in range(number):
+            fn()
+        if sync:
+            sync()
+        best = min(best, timeit.default_timer() - start)
+    return best / number * 1e6
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--number", type=int, default=20000, help="calls per timing")
+    parser.add_argument("--repeat", type=int, default=7, help="timings per row (the best is kept)")
+    args = parser.parse_args()
+    timed = lambda fn, sync=None: us_per_call(fn, args.number, args.repeat, sync)  # noqa: E731
+
+    rows = []
+    x = np.arange(4, dtype=np.float32)
+    y = np.ones(4, dtype=np.float32)
+    o = np.empty(4, dtype=np.float32)
+    rows.append(("numpy f32[4]: F.add(x, y)", timed(lambda: F.add(x, y))))
+    rows.append(("numpy f32[4]: F.add(x, y, out=o)", timed(lambda: F.add(x, y, out=o))))
+    rows.append(("numpy f32[4]: F.add(x, 2.0)", timed(lambda: F.add(x, 2.0))))
+    rows.append(("numpy f32[4]: F.relu(x)", timed(lambda: F.relu(x))))
+    rows.append(("numpy f32[4]: F.sum(x)", timed(lambda: F.sum(x))))
+    rows.append(("numpy f32[4]: _C.run('add', ...)", timed(lambda: baracuda.run("add", [x, y], [o]))))
+    rows.append(("numpy f32[4]: np.add(x, y) (reference)", timed(lambda: np.add(x, y))))
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        a, b = torch.arange(4, dtype=torch.float32), torch.ones(4)
+        rows.append(("torch cpu f32[4]: F.add(a, b)", timed(lambda: F.add(a, b))))
+        rows.append(("torch cpu f32[4]: torch.add(a, b) (reference)", timed(lambda: torch.add(a, b))))
+        if torch.cuda.is_available():
+            a, b = a.cuda(), b.cuda()
+            c = torch.empty_like(a)
+            sync = torch.cuda.synchronize
+            rows.append(("torch cuda f32[4]: F.add(a, b)", timed(lambda: F.add(a, b), sync)))
+            rows.append(("torch cuda f32[4]: F.add(a, b, out=c)", timed(lambda: F.add(a, b, out=c), sync)))
+            rows.append(("torch cuda f32[4]: F.add(a, 2.0)", timed(lambda: F.add(a, 2.0), sync)))
+            rows.append(("torch cuda f32[4]: torch.add(a, b) (reference)", timed(lambda: torch.add(a, b), sync)))
+            rows.append(("torch cuda f32[4]: torch.add(a, b, out=c) (ref.)",
+                         timed(lambda: torch.add(a, b, out=c), sync)))
+        else:
+            print("(no CUDA device: torch CUDA rows skipped)")
+    else:
+        print("(torch not installed: torch rows skipped)")
+
+    print(f"{'call':<50} {'us/call':>8}")
+    for name, us in rows:
+        print(f"{name:<50} {us:8.2f}")
+
+
+if __name__ == "__main__":
+    main()

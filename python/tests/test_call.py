@@ -1,0 +1,226 @@
+"""The native call path (`_C.call`, what baracuda.functional's wrappers run)
+against the Python reference path (`functional._call_python`): same outputs,
+same errors, same hand-over for what the native path does not take (Note
+[Functional fast path] in python/src/module.cpp). A stand-in torch tensor
+type over numpy memory exercises the torch reader on machines without torch.
+
+Run: PYTHONPATH=<build>/python python3 -m pytest python/tests/test_call.py -q
+"""
+import numpy as np
+import pytest
+
+import baracuda
+import baracuda.functional as F
+from baracuda import _C, _interop
+
+rng = np.random.default_rng(7)
+
+
+def both(op, args, attrs=None, out=None, out_specs=None):
+    """Runs op through both paths; returns the two results (or raised exceptions)."""
+    results = []
+    for call in (F._call, F._call_python):
+        try:
+            results.append(call(op, args, dict(attrs or {}), out, out_specs))
+        except Exception as e:  # noqa: BLE001 (compared below)
+            results.append(e)
+    return results
+
+
+def assert_same(fast, slow):
+    if isinstance(slow, Exception):
+        assert type(fast) is type(slow), (fast, slow)
+        assert str(fast) == str(slow)
+        return
+    assert not isinstance(fast, Exception), fast
+    fast, slow = (fast, slow) if isinstance(slow, tuple) else ((fast,), (slow,))
+    assert len(fast) == len(slow)
+    for f, s in zip(fast, slow):
+        assert type(f) is type(s) and f.dtype == s.dtype and f.shape == s.shape
+        np.testing.assert_array_equal(f, s)
+
+
+def arr(shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+CASES = {
+    "broadcast": ("add", lambda: (arr((3, 1, 5)), arr((4, 1))), {}),
+    "float scalar": ("add", lambda: (arr((4,)), 2.5), {}),
+    "scalar first": ("sub", lambda: (2.5, arr((4,))), {}),
+    "int scalar into f16": ("mul", lambda: (arr((4,), np.float16), 3), {}),
+    "float scalar into int": ("add", lambda: (np.arange(4, dtype=np.int32), 2.7), {}),
+    "int scalar overflows i8": ("add", lambda: (np.arange(4, dtype=np.int8), 300), {}),
+    "bool scalar": ("add", lambda: (arr((4,)), True), {}),
+    "bool operand is not the reference": ("where", lambda: (arr((4,)) > 0, 1.5, arr((4,), np.float64)), {}),
+    "only bools": ("logical_and", lambda: (np.array([True, False]), True), {}),
+    "only scalars": ("add", lambda: (2, 3.5), {}),
+    "list operand": ("add", lambda: ([1.0, 2.0], np.ones(2)), {}),
+    "strided": ("mul", lambda: (arr((6, 8))[:, ::2], arr((8, 6)).T[::2]), {}),
+    "negative strides": ("exp", lambda: (arr((7,))[::-1],), {}),
+    "zero-d": ("neg", lambda: (np.array(3.0),), {}),
+    "empty": ("add", lambda: (arr((0, 3)), arr((3,))), {}),
+    "attrs": ("leaky_relu", lambda: (arr((5,)),), {"negative_slope": 0.3}),
+    "int attr": ("sum", lambda: (arr((3, 4)),), {"dims": 1, "keepdim": 1}),
+    "bool attr": ("sum", lambda: (arr((3, 4)),), {"dims": 1, "keepdim": True}),
+    "two outputs": ("mul_backward", lambda: (arr((3, 4)), arr((3, 4)), arr((4,))), {}),
+    "byte-swapped": ("exp", lambda: (arr((4,)).astype(">f4"),), {}),
+    "bf16 numpy": ("add", lambda: (np.ones(3, _interop.numpy_dtype("bf16")), 1.0), {}),
+    "cast to bf16": ("cast", lambda: (arr((3,)),), {"dtype": _C.dtype_code("bf16")}),
+    "uint16": ("exp", lambda: (np.ones(3, np.uint16),), {}),
+    "uint64": ("add", lambda: (np.ones(3, np.uint64), np.ones(3, np.uint64)), {}),
+    "dtype mismatch": ("mul", lambda: (arr((4,)), np.ones(4)), {}),
+    "shape mismatch": ("add", lambda: (arr((3, 4)), arr((5,))), {}),
+    "unsupported dtype": ("sin", lambda: (np.ones(3, np.int32),), {}),
+    "rank 9": ("exp", lambda: (np.ones((1,) * 9),), {}),
+    "unknown attribute": ("exp", lambda: (arr((3,)),), {"alpha": 1.0}),
+    "attribute not a number": ("leaky_relu", lambda: (arr((3,)),), {"negative_slope": "x"}),
+    "wrong operand count": ("add", lambda: (arr((3,)),), {}),
+    "not an array": ("exp", lambda: (object(),), {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_same_as_python_path(name):
+    op, make, attrs = CASES[name]
+    if "bf16" in name:
+        pytest.importorskip("ml_dtypes")
+    args = make()
+    assert_same(*both(op, args, attrs))
+    assert_same(*both(op, args, attrs))  # a cache hit behaves as the miss did
+
+
+def test_unknown_op():
+    with pytest.raises(ValueError, match="unknown op 'no_such_op'"):
+        F._call("no_such_op", (np.ones(3),), {})
+
+
+def test_out_given():
+    a, b = arr((3, 4)), arr((4,))
+    o1, o2 = np.empty((3, 4), np.float32), np.empty((3, 4), np.float32)
+    assert F._call("add", (a, b), {}, o1) is o1
+    F._call_python("add", (a, b), {}, o2)
+    np.testing.assert_array_equal(o1, o2)
+    g1, g2 = np.empty((3, 4), np.float32), np.empty((4,), np.float32)
+    got = F._call("mul_backward", (a, a, b), {}, [g1, g2])
+    assert got[0] is g1 and got[1] is g2
+    want = F._call_python("mul_backward", (a, a, b), {})
+    np.testing.assert_array_equal(g1, want[0])
+    np.testing.assert_array_equal(g2, want[1])
+    ro = np.empty((3, 4), np.float32)
+    ro.flags.writeable = False
+    assert_same(*both("exp", (a,), {}, ro))
+    assert_same(*both("exp", (a,), {}, np.empty((3, 5), np.float32)))
+    assert_same(*both("exp", (a,), {}, 1.0))
+
+
+def test_in_place_and_out_specs():
+    x = arr((5,))
+    want = np.exp(x.astype(np.float64)).astype(np.float32)
+    assert F.exp(x, inplace=True) is x
+    np.testing.assert_allclose(x, want, rtol=1e-6)
+    g, c = arr((3, 4)), arr((3, 4)) > 0
+    for shapes in (((3, 4), (4,)), ((1, 4), (3, 1))):
+        specs = tuple(("f32", s) for s in shapes)
+        assert_same(*both("where_backward", (g, c), {}, None, specs))
+
+
+def test_cache_keys_separate_attrs_and_strides():
+    x = arr((4, 6))
+    a = F.leaky_relu(x, 0.1)
+    b = F.leaky_relu(x, 0.2)
+    assert not np.array_equal(a, b)
+    np.testing.assert_array_equal(F.exp(x[:, ::2]), F._call_python("exp", (x[:, ::2],), {}))
+    np.testing.assert_array_equal(F.exp(x[:, :3]), F._call_python("exp", (x[:, :3],), {}))
+    baracuda.clear_plan_cache()
+    np.testing.assert_array_equal(F.leaky_relu(x, 0.2), b)
+
+
+# ---------------------------------------------------------------- the torch reader, with a stand-in type
+
+class _FakeDtype:
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return "torch." + self.name
+
+
+_FAKE_DTYPES = {name: _FakeDtype(name) for name in ("float32", "float64", "int32", "bool", "uint16")}
+
+
+class FakeTensor:
+    """What the torch reader asks of a tensor, over numpy memory (a CPU tensor)."""
+    __module__ = "torch"
+    is_cuda, is_cpu = False, True
+
+    def __init__(self, a, conj=False):
+        self.a, self.conj = a, conj
+
+    @property
+    def dtype(self):
+        return _FAKE_DTYPES[self.a.dtype.name]
+
+    @property
+    def shape(self):
+        return tuple(self.a.shape)
+
+    def stride(self):
+        return tuple(s // self.a.itemsize for s in self.a.strides)
+
+    def data_ptr(self):
+        return self.a.ctypes.data
+
+    def get_device(self):
+        return -1
+
+    def is_conj(self):
+        return self.conj
+
+    def is_neg(self):
+        return False
+
+
+@pytest.fixture
+def fake_torch():
+    """Hooks that allocate stand-in tensors (baracuda's own call torch)."""
+    empty = lambda dtype, shape, like: FakeTensor(np.empty(shape, _interop.numpy_dtype(dtype)))  # noqa: E731
+    scalar = lambda value, like: FakeTensor(np.asarray(value, like.a.dtype))  # noqa: E731
+    fallback = []
+
+    def python_path(*args):
+        fallback.append(args[0])
+        return F._call_python(*args)
+
+    _C._set_call_hooks(python_path, _interop.is_torch_type, _interop.torch_dtype_name, empty, scalar,
+                       _interop.torch_stream)
+    yield fallback
+    _C._set_call_hooks(F._call_python, _interop.is_torch_type, _interop.torch_dtype_name, _interop.TORCH.empty,
+                       _interop.TORCH.scalar, _interop.torch_stream)
+
+
+def test_torch_reader(fake_torch):
+    x, y = arr((3, 4)), arr((4, 3)).T
+    got = F.add(FakeTensor(x), FakeTensor(y))
+    assert isinstance(got, FakeTensor) and got.a.dtype == np.float32
+    np.testing.assert_array_equal(got.a, x + y)
+    got = F.mul(FakeTensor(x), 2.0)
+    np.testing.assert_array_equal(got.a, x * 2)
+    o = FakeTensor(np.empty((3, 4), np.float32))
+    assert F.sub(FakeTensor(x), FakeTensor(y[:, ::-1]), out=o) is o
+    np.testing.assert_array_equal(o.a, x - y[:, ::-1])
+    got = F.where(FakeTensor(x > 0), FakeTensor(x), 0.0)
+    np.testing.assert_array_equal(got.a, np.where(x > 0, x, 0))
+    assert fake_torch == []
+    with pytest.raises(baracuda.UnsupportedError, match="torch dtype uint16"):
+        F.exp(FakeTensor(np.ones(3, np.uint16)))
+    np.testing.assert_array_equal(F.add(FakeTensor(x), x).a, x + x)  # a numpy operand on the same host
+    with pytest.raises(ValueError, match="'other' has dtype f64"):
+        F.add(FakeTensor(x), FakeTensor(x.astype(np.float64)))
+
+
+def test_torch_conj_takes_python_path(fake_torch):
+    x = arr((3,))
+    with pytest.raises(AttributeError, match="resolve_conj"):  # the Python path resolves it (the stand-in cannot)
+        F.neg(FakeTensor(x, conj=True), out=FakeTensor(np.empty(3, np.float32)))
+    assert fake_torch == ["neg"]
