@@ -393,7 +393,7 @@ TEST(ScaledMm, BadInputIsNamed) {
 }
 
 /// Row-wise and block-wise scales: small integers times power-of-two scales
-/// keep every sum exact in f32. K = 272 and 300 span three 128-blocks (the
+/// keep every sum exact in f32 (bf16 outputs: one rounding). K = 272 and 300 span three 128-blocks (the
 /// last partial), N = 160 and 45 one or two; the first shape is cuBLASLt's
 /// (row-wise only: block-wise runs on the bespoke kernel).
 TEST(ScaledMm, ExactRowwiseAndBlockwiseScales) {
@@ -415,34 +415,38 @@ TEST(ScaledMm, ExactRowwiseAndBlockwiseScales) {
       auto scale_b = [&](int64_t k, int64_t n) { return block ? sb[(k / 128) * nb + n / 128] : sb[n]; };
       for (Backend backend : backends()) {
         for (bool b_col_major : {true, false}) {
-          // scale_a column-major: cuBLASLt still sees a contiguous vector (row-wise), the others any strides.
-          const std::vector<Operand> in = {{a, {M, K}, DType::fp8_e4m3},
-                                           {b, {K, N}, DType::fp8_e4m3, b_col_major ? Shape{1, K} : Shape{}},
-                                           {sa, sa_shape, DType::f32, Shape{1, M}},
-                                           {sb, sb_shape, DType::f32},
-                                           {{}, {0}, DType::bf16},
-                                           {{}, {0}, DType::f32}};
-          auto r = exec(backend, "scaled_mm", in, {{"out_dtype", double(int(DType::f32))}});
-          const std::string what = cat(backend_name(backend), block ? " block-wise " : " row-wise ", M, "x", N, "x", K,
-                                       b_col_major ? " b col-major" : "");
-          if (backend == Backend::cublaslt && (block || M % 16 || !b_col_major)) {
-            ASSERT_FALSE(r) << what << ": cuBLASLt cannot take this";
-            EXPECT_EQ(r.status().kind(), ErrorKind::unsupported) << what << ": " << r.status().to_string();
-            continue;
-          }
-          if (!r && backend == Backend::cublaslt && r.status().kind() == ErrorKind::unsupported) {
-            // Row-wise scales need cuBLAS 12.9 on sm_90; the lead's H100 run must see it run (lt_runs below).
-            ADD_FAILURE() << what << ": " << r.status().to_string();
-            continue;
-          }
-          ASSERT_TRUE(r) << what << ": " << r.status().to_string();
-          for (int64_t m = 0; m < M; ++m)
-            for (int64_t n = 0; n < N; ++n) {
-              double want = 0;
-              for (int64_t k = 0; k < K; ++k) want += a[m * K + k] * scale_a(m, k) * b[k * N + n] * scale_b(k, n);
-              ASSERT_EQ((*r)[0][m * N + n], want) << what << " at " << m << ", " << n;
+          // bf16 out: torch's row-wise form, the one cuBLASLt surely takes; its sums round once.
+          for (DType out : {DType::f32, DType::bf16}) {
+            // scale_a column-major: cuBLASLt still sees a contiguous vector (row-wise), the others any strides.
+            const std::vector<Operand> in = {{a, {M, K}, DType::fp8_e4m3},
+                                             {b, {K, N}, DType::fp8_e4m3, b_col_major ? Shape{1, K} : Shape{}},
+                                             {sa, sa_shape, DType::f32, Shape{1, M}},
+                                             {sb, sb_shape, DType::f32},
+                                             {{}, {0}, DType::bf16},
+                                             {{}, {0}, DType::f32}};
+            auto r = exec(backend, "scaled_mm", in, {{"out_dtype", double(int(out))}});
+            const std::string what = cat(backend_name(backend), block ? " block-wise " : " row-wise ", M, "x", N, "x",
+                                         K, b_col_major ? " b col-major -> " : " -> ", dtype_name(out));
+            if (backend == Backend::cublaslt && (block || M % 16 || !b_col_major)) {
+              ASSERT_FALSE(r) << what << ": cuBLASLt cannot take this";
+              EXPECT_EQ(r.status().kind(), ErrorKind::unsupported) << what << ": " << r.status().to_string();
+              continue;
             }
-          if (backend == Backend::cublaslt) ++lt_runs;
+            if (!r && backend == Backend::cublaslt && r.status().kind() == ErrorKind::unsupported) {
+              std::printf("%s: %s\n", what.c_str(), r.status().message().c_str());  // lt_runs below needs one to run
+              continue;
+            }
+            ASSERT_TRUE(r) << what << ": " << r.status().to_string();
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = 0; n < N; ++n) {
+                double want = 0;
+                for (int64_t k = 0; k < K; ++k) want += a[m * K + k] * scale_a(m, k) * b[k * N + n] * scale_b(k, n);
+                char rounded[8];
+                store_double(rounded, out, 0, want);
+                ASSERT_EQ((*r)[0][m * N + n], load_double(rounded, out, 0)) << what << " at " << m << ", " << n;
+              }
+            if (backend == Backend::cublaslt) ++lt_runs;
+          }
         }
       }
     }
