@@ -76,7 +76,7 @@ def main():
             row(f"scaled_mm e4m3 {m}^3 -> e4m3 (scale_result)", e4m3, ours, theirs, 2 * m * n * k,
                 check=lambda: close(ours(), theirs(), 0.13))
         # Block-wise scales (1 x 128 for a, 128 x 128 for b): the bespoke kernel; torch where it takes them.
-        ba = torch.rand(k // 128, m, device="cuda").t() + 0.5  # M-major, as torch wants
+        ba = (torch.rand(k // 128, m, device="cuda") + 0.5).t()  # M-major, as torch wants
         bb = torch.rand(k // 128, n // 128, device="cuda") + 0.5
         ours = lambda: F.scaled_mm(a, b, ba, bb, out_dtype=bf16, out=o1)  # noqa: E731
         theirs = lambda: torch._scaled_mm(a, b, ba, bb, out_dtype=bf16)  # noqa: E731
