@@ -37,8 +37,8 @@ const char* form_name(ScaleForm f) {
 
 int64_t blocks(int64_t n) { return (n + kScaleBlock - 1) / kScaleBlock; }
 
-/// Whether scale_a's shape fits the form, and the shape scale_b must have
-/// then, for a [M, K] @ b [K, N] (Note [scaled_mm scales]).
+/// Whether scale_a's (b_fits: scale_b's) shape has the form for a [M, K] @
+/// b [K, N], and what scale_b must be for it (Note [scaled_mm scales]).
 bool a_fits(ScaleForm f, const Shape& sa, int64_t m, int64_t k) {
   int64_t numel = 1;
   for (int64_t s : sa) numel *= s;
