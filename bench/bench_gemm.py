@@ -20,6 +20,16 @@ def row(name, dtype, ours, theirs, work, unit="TFLOP/s", check=None):
           f" {unit:<8} {t_torch / t_ours:6.2f}{ok}", flush=True)
 
 
+def _torch_takes(fn):
+    """Whether this torch build and GPU run a scaled_mm form (row-wise needs sm_90 and CUDA 12.9+)."""
+    try:
+        fn()
+        return True
+    except (RuntimeError, ValueError) as e:
+        print(f"# torch._scaled_mm refuses: {str(e).splitlines()[0]}")
+        return False
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="", help="comma-separated substrings of the row groups to run")
@@ -50,7 +60,33 @@ def main():
             row(name, e4m3, ours, theirs, 2 * m * n * k, check=lambda: close(ours(), theirs(), 2e-2 * k ** 0.5))
         row(f"scaled_mm e4m3 {m}^3 vs torch bf16 mm", e4m3, lambda: F.scaled_mm(a, b, sa, sb, out_dtype=bf16, out=o1),
             lambda: torch.mm(a16, b16, out=o2), 2 * m * n * k)
-        del a, b, a16, b16, o1, o2
+        # Row-wise scales (scale_a [M, 1], scale_b [1, N]), bf16 out: torch's row-wise form.
+        ra, rb = torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
+        ours = lambda: F.scaled_mm(a, b, ra, rb, out_dtype=bf16, out=o1)  # noqa: E731
+        theirs = lambda: torch._scaled_mm(a, b, ra, rb, out_dtype=bf16)  # noqa: E731
+        if _torch_takes(theirs):
+            row(f"scaled_mm e4m3 {m}^3 row-wise -> bf16", e4m3, ours, theirs, 2 * m * n * k,
+                check=lambda: close(ours(), theirs(), 2e-2 * k ** 0.5))
+        # fp8 out with scale_result (cuBLASLt's D scale), saturated.
+        sr = torch.tensor(1 / 64, device="cuda")
+        f1 = torch.empty(m, n, device="cuda", dtype=e4m3)
+        ours = lambda: F.scaled_mm(a, b, sa, sb, scale_result=sr, out_dtype=e4m3, out=f1)  # noqa: E731
+        theirs = lambda: torch._scaled_mm(a, b, sa, sb, scale_result=sr, out_dtype=e4m3)  # noqa: E731
+        if _torch_takes(theirs):
+            row(f"scaled_mm e4m3 {m}^3 -> e4m3 (scale_result)", e4m3, ours, theirs, 2 * m * n * k,
+                check=lambda: close(ours(), theirs(), 0.13))
+        # Block-wise scales (1 x 128 for a, 128 x 128 for b): the bespoke kernel; torch where it takes them.
+        ba = (torch.rand(k // 128, m, device="cuda") + 0.5).t()  # M-major, as torch wants
+        bb = torch.rand(k // 128, n // 128, device="cuda") + 0.5
+        ours = lambda: F.scaled_mm(a, b, ba, bb, out_dtype=bf16, out=o1)  # noqa: E731
+        theirs = lambda: torch._scaled_mm(a, b, ba, bb, out_dtype=bf16)  # noqa: E731
+        if _torch_takes(theirs):
+            row(f"scaled_mm e4m3 {m}^3 block-wise -> bf16", e4m3, ours, theirs, 2 * m * n * k,
+                check=lambda: close(ours(), theirs(), 2e-2 * k ** 0.5))
+        else:
+            row(f"scaled_mm e4m3 {m}^3 block-wise vs torch bf16 mm", e4m3, ours, lambda: torch.mm(a16, b16, out=o2),
+                2 * m * n * k)
+        del a, b, a16, b16, o1, o2, f1
     m, n, k = 4096, 14336, 4096
     x = torch.randn(m, k, device="cuda", dtype=bf16)
     w = torch.randn(n, k, device="cuda", dtype=bf16) * 0.02

@@ -279,7 +279,8 @@ TEST(ScaledMm, ExactSmallIntegerProducts) {
                                                {b, {K, N}, tb, b_col_major ? Shape{1, K} : Shape{}},
                                                {{scale_a}, {}, DType::f32},
                                                {{scale_b}, {1}, DType::f32},
-                                               {with_bias ? bias : std::vector<double>{}, {with_bias ? N : 0}, bias_t}};
+                                               {with_bias ? bias : std::vector<double>{}, {with_bias ? N : 0}, bias_t},
+                                               {{}, {0}, DType::f32}};
               auto r = exec(backend, "scaled_mm", in, {{"out_dtype", double(int(out))}});
               const std::string what = cat(backend_name(backend), " ", dtype_name(ta), " x ", dtype_name(tb), " -> ",
                                            dtype_name(out), with_bias ? " bias" : "", b_col_major ? " b col-major" : "");
@@ -320,8 +321,9 @@ TEST(ScaledMm, CublasLtNamesTheOperandItCannotTake) {
   const int64_t M = 32, N = 32, K = 32;
   const std::vector<double> a = small_ints(M * K, rng), b = small_ints(K * N, rng);
   const Operand sa{{1}, {}, DType::f32}, sb{{1}, {}, DType::f32}, no_bias{{}, {0}, DType::bf16};
+  const Operand no_scale{{}, {0}, DType::f32};
   auto message = [&](const Operand& oa, const Operand& ob) {
-    auto r = exec(Backend::cublaslt, "scaled_mm", {oa, ob, sa, sb, no_bias});
+    auto r = exec(Backend::cublaslt, "scaled_mm", {oa, ob, sa, sb, no_bias, no_scale});
     return r ? std::string("(no error)") : r.status().message();
   };
   const DType e4 = DType::fp8_e4m3, e5 = DType::fp8_e5m2;
@@ -342,35 +344,157 @@ TEST(ScaledMm, BadInputIsNamed) {
   };
   auto has = [](const std::string& m, const std::string& part) { return m.find(part) != std::string::npos; };
   const DType e4 = DType::fp8_e4m3, f = DType::f32, bf = DType::bf16;
-  const TensorSpec scale{f, {}}, no_bias{bf, {0}};
-  std::string m = message({{f, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias});
+  const TensorSpec scale{f, {}}, no_bias{bf, {0}}, none{f, {0}};
+  const Attrs fp8_out{{"out_dtype", double(int(e4))}};
+  std::string m = message({{f, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias, none});
   EXPECT_TRUE(has(m, "'a' dtype f32 is not supported")) << m;
-  m = message({{e4, {4, 8}}, {DType::f16, {8, 4}}, scale, scale, no_bias});
+  m = message({{e4, {4, 8}}, {DType::f16, {8, 4}}, scale, scale, no_bias, none});
   EXPECT_TRUE(has(m, "'b' dtype f16, expected fp8_e4m3 or fp8_e5m2")) << m;
-  m = message({{e4, {4, 8}}, {e4, {8, 4}}, {f, {2}}, scale, no_bias});
-  EXPECT_TRUE(has(m, "'scale_a' must be a f32 scalar ([] or [1]: per-tensor scaling), got f32[2]")) << m;
-  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, {bf, {}}, no_bias});
-  EXPECT_TRUE(has(m, "'scale_b' must be a f32 scalar")) << m;
-  m = message({{e4, {4, 8}}, {e4, {7, 4}}, scale, scale, no_bias});
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, {f, {2}}, scale, no_bias, none});
+  EXPECT_TRUE(has(m, "'scale_a' must be [] or [1] (per tensor), [4, 1] (row-wise) or [4, 1] (block-wise, 1 x 128), "
+                     "got [2]")) << m;
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, {bf, {}}, no_bias, none});
+  EXPECT_TRUE(has(m, "'scale_b' dtype bf16, expected f32")) << m;
+  // Row-wise a with a per-tensor b (torch takes both row-wise), block-wise with the wrong block count.
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, {f, {4, 1}}, scale, no_bias, none});
+  EXPECT_TRUE(has(m, "'scale_b' must be [1, 4] for row-wise 'scale_a' [4, 1], got []")) << m;
+  m = message({{e4, {4, 300}}, {e4, {300, 200}}, {f, {4, 3}}, {f, {3, 1}}, no_bias, none});
+  EXPECT_TRUE(has(m, "'scale_b' must be [3, 2] for block-wise 'scale_a' [4, 3], got [3, 1]")) << m;
+  m = message({{e4, {4, 300}}, {e4, {300, 200}}, {f, {4, 2}}, {f, {2, 2}}, no_bias, none});
+  EXPECT_TRUE(has(m, "(block-wise, 1 x 128), got [4, 2]")) << m;
+  m = message({{e4, {4, 8}}, {e4, {7, 4}}, scale, scale, no_bias, none});
   EXPECT_TRUE(has(m, "'a' [4, 8] and 'b' [7, 4] cannot be multiplied (8 != 7)")) << m;
-  m = message({{e4, {2, 4, 8}}, {e4, {8, 4}}, scale, scale, no_bias});
+  m = message({{e4, {2, 4, 8}}, {e4, {8, 4}}, scale, scale, no_bias, none});
   EXPECT_TRUE(has(m, "'a' must be a matrix [M, K]")) << m;
-  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, {bf, {3}}});
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, {bf, {3}}, none});
   EXPECT_TRUE(has(m, "'bias' must be [4] or [0]")) << m;
-  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, {f, {4}}});
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, {f, {4}}, none});
   EXPECT_TRUE(has(m, "'bias' dtype f32, expected bf16 or f16")) << m;
-  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias}, {{"out_dtype", double(int(DType::i32))}});
-  EXPECT_TRUE(has(m, "out dtype i32 is not supported (bf16, f16, f32)")) << m;
-  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias}, {{"use_fast_accum", 2}});
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias, none}, {{"out_dtype", double(int(DType::i32))}});
+  EXPECT_TRUE(has(m, "out dtype i32 is not supported (bf16, f16, f32, fp8_e4m3, fp8_e5m2)")) << m;
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias, none}, {{"use_fast_accum", 2}});
   EXPECT_TRUE(has(m, "'use_fast_accum' must be 0 or 1")) << m;
+  // scale_result: a scalar, and only over an fp8 output (cuBLASLt's D scale).
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias, scale});
+  EXPECT_TRUE(has(m, "'scale_result' scales an fp8 output only (cuBLASLt's D scale), but out is bf16")) << m;
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias, {f, {2}}}, fp8_out);
+  EXPECT_TRUE(has(m, "'scale_result' must be a scalar ([] or [1]) or [0] (none), got [2]")) << m;
+  m = message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias, {DType::f16, {}}}, fp8_out);
+  EXPECT_TRUE(has(m, "'scale_result' dtype f16, expected f32")) << m;
+  EXPECT_EQ(message({{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, {DType::f16, {4}}, scale}, fp8_out), "(no error)");
   // The output's dtype stands for out_dtype when given.
-  auto given = baracuda::infer("scaled_mm", {{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias});
+  auto given = baracuda::infer("scaled_mm", {{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias, none});
   ASSERT_TRUE(given) << given.status().to_string();
   EXPECT_EQ(given->outputs[0].dtype, DType::bf16);
-  OpDesc d{"scaled_mm", {{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias}, {{DType::f16, {4, 4}}}, {}};
+  OpDesc d{"scaled_mm", {{e4, {4, 8}}, {e4, {8, 4}}, scale, scale, no_bias, none}, {{DType::f16, {4, 4}}}, {}};
   auto f16_out = find_op("scaled_mm")->infer(d);
   ASSERT_TRUE(f16_out) << f16_out.status().to_string();
   EXPECT_EQ(f16_out->outputs[0].dtype, DType::f16);
+}
+
+/// Row-wise and block-wise scales: small integers times power-of-two scales
+/// keep every sum exact in f32 (bf16 outputs: one rounding). K = 272 and 300 span three 128-blocks (the
+/// last partial), N = 160 and 45 one or two; the first shape is cuBLASLt's
+/// (row-wise only: block-wise runs on the bespoke kernel).
+TEST(ScaledMm, ExactRowwiseAndBlockwiseScales) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> exponent(-2, 1);
+  auto powers = [&](int64_t n) {
+    std::vector<double> v(n);
+    for (double& x : v) x = std::ldexp(1.0, exponent(rng));
+    return v;
+  };
+  int lt_runs = 0;
+  for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{48, 160, 272}, {37, 45, 300}}) {
+    const std::vector<double> a = small_ints(M * K, rng), b = small_ints(K * N, rng);
+    const int64_t kb = (K + 127) / 128, nb = (N + 127) / 128;
+    for (bool block : {false, true}) {
+      const Shape sa_shape = block ? Shape{M, kb} : Shape{M, 1}, sb_shape = block ? Shape{kb, nb} : Shape{1, N};
+      const std::vector<double> sa = powers(numel(sa_shape)), sb = powers(numel(sb_shape));
+      auto scale_a = [&](int64_t m, int64_t k) { return block ? sa[m * kb + k / 128] : sa[m]; };
+      auto scale_b = [&](int64_t k, int64_t n) { return block ? sb[(k / 128) * nb + n / 128] : sb[n]; };
+      for (Backend backend : backends()) {
+        for (bool b_col_major : {true, false}) {
+          // bf16 out: torch's row-wise form, the one cuBLASLt surely takes; its sums round once.
+          for (DType out : {DType::f32, DType::bf16}) {
+            // scale_a column-major: cuBLASLt still sees a contiguous vector (row-wise), the others any strides.
+            const std::vector<Operand> in = {{a, {M, K}, DType::fp8_e4m3},
+                                             {b, {K, N}, DType::fp8_e4m3, b_col_major ? Shape{1, K} : Shape{}},
+                                             {sa, sa_shape, DType::f32, Shape{1, M}},
+                                             {sb, sb_shape, DType::f32},
+                                             {{}, {0}, DType::bf16},
+                                             {{}, {0}, DType::f32}};
+            auto r = exec(backend, "scaled_mm", in, {{"out_dtype", double(int(out))}});
+            const std::string what = cat(backend_name(backend), block ? " block-wise " : " row-wise ", M, "x", N, "x",
+                                         K, b_col_major ? " b col-major -> " : " -> ", dtype_name(out));
+            if (backend == Backend::cublaslt && (block || M % 16 || !b_col_major)) {
+              ASSERT_FALSE(r) << what << ": cuBLASLt cannot take this";
+              EXPECT_EQ(r.status().kind(), ErrorKind::unsupported) << what << ": " << r.status().to_string();
+              continue;
+            }
+            if (!r && backend == Backend::cublaslt && r.status().kind() == ErrorKind::unsupported) {
+              std::printf("%s: %s\n", what.c_str(), r.status().message().c_str());  // lt_runs below needs one to run
+              continue;
+            }
+            ASSERT_TRUE(r) << what << ": " << r.status().to_string();
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = 0; n < N; ++n) {
+                double want = 0;
+                for (int64_t k = 0; k < K; ++k) want += a[m * K + k] * scale_a(m, k) * b[k * N + n] * scale_b(k, n);
+                char rounded[8];
+                store_double(rounded, out, 0, want);
+                ASSERT_EQ((*r)[0][m * N + n], load_double(rounded, out, 0)) << what << " at " << m << ", " << n;
+              }
+            if (backend == Backend::cublaslt) ++lt_runs;
+          }
+        }
+      }
+    }
+  }
+  if (cuda_available() && current_sm() >= 90) {
+    EXPECT_GT(lt_runs, 0) << "cuBLASLt ran no row-wise fp8 product";
+  }
+}
+
+/// fp8 outputs: out = scale_result * (sums + bias), saturated to the largest
+/// finite value (+-448 e4m3, +-57344 e5m2) as cuBLASLt and torch do; NaN stays
+/// NaN. The bias (16) adds before the scale: (16 + 16) * 0.5 = 16, not 16 * 0.5 + 16.
+TEST(ScaledMm, Fp8OutputSaturatesAndKeepsNaN) {
+  const int64_t M = 16, N = 16, K = 16;
+  std::vector<double> a(M * K, 0), b(K * N, 8);
+  for (int64_t k = 0; k < K; ++k) a[0 * K + k] = 8, a[1 * K + k] = -8, a[2 * K + k] = k == 0 ? NAN : 1, a[3 * K + k] = 0.125;
+  int lt_runs = 0;
+  for (DType out : {DType::fp8_e4m3, DType::fp8_e5m2}) {
+    const bool e4 = out == DType::fp8_e4m3;
+    const double scale_result = e4 ? 0.5 : 64, top = e4 ? 448 : 57344;
+    for (Backend backend : backends()) {
+      for (bool with_bias : {false, true}) {
+        const std::vector<Operand> in = {{a, {M, K}, DType::fp8_e4m3},
+                                         {b, {K, N}, DType::fp8_e4m3, Shape{1, K}},
+                                         {{1}, {}, DType::f32},
+                                         {{1}, {1}, DType::f32},
+                                         {with_bias ? std::vector<double>(N, 16) : std::vector<double>{}, {with_bias ? N : 0}, DType::bf16},
+                                         {{scale_result}, {}, DType::f32}};
+        auto r = exec(backend, "scaled_mm", in, {{"out_dtype", double(int(out))}});
+        const std::string what = cat(backend_name(backend), " -> ", dtype_name(out), with_bias ? " bias" : "");
+        if (!r && backend == Backend::cublaslt && r.status().kind() == ErrorKind::unsupported && current_sm() < 89)
+          continue;
+        ASSERT_TRUE(r) << what << ": " << r.status().to_string();
+        const double bias = with_bias ? 16 : 0;
+        for (int64_t n = 0; n < N; ++n) {
+          EXPECT_EQ((*r)[0][0 * N + n], top) << what << " (saturated) at " << n;
+          EXPECT_EQ((*r)[0][1 * N + n], -top) << what << " (saturated) at " << n;
+          EXPECT_TRUE(std::isnan((*r)[0][2 * N + n])) << what << " (NaN) at " << n << ": " << (*r)[0][2 * N + n];
+          EXPECT_EQ((*r)[0][3 * N + n], (16 + bias) * scale_result) << what << " at " << n;
+          EXPECT_EQ((*r)[0][4 * N + n], bias * scale_result) << what << " at " << n;
+        }
+        if (backend == Backend::cublaslt) ++lt_runs;
+      }
+    }
+  }
+  if (cuda_available() && current_sm() >= 89) {
+    EXPECT_GT(lt_runs, 0) << "cuBLASLt ran no fp8-output product";
+  }
 }
 
 // ---------------------------------------------------------------- cuBLASLt plans

@@ -1155,24 +1155,29 @@ def grouped_mm(a, b, offs=None, *, out=None):
 
 def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False, *,
               out=None):
-    """torch._scaled_mm with per-tensor scales: scale_a * scale_b * (a @ b) + bias.
+    """torch._scaled_mm: scale_result * ((a * scale_a) @ (b * scale_b) + bias), accumulated in f32.
 
     a [M, K] and b [K, N] are fp8 (e4m3/e5m2; on cuBLASLt not both e5m2, a
     row-major, b column-major as b = w.t() of a row-major w, K and the
-    leading dims multiples of 16; other views run on the bespoke kernel);
-    scale_a, scale_b are f32 scalars ([] or [1]); bias [N] is bf16 (f16 for
-    an f16 output). out_dtype: bf16, f16 or f32, or None to take out's;
-    fp8 outputs (torch's default, and scale_result) are not supported."""
-    if scale_result is not None:
-        raise ValueError("scaled_mm: scale_result (fp8 outputs) is not supported")
-    if out_dtype is None and out is None:
-        raise ValueError("scaled_mm: out_dtype must be bf16, f16 or f32 (fp8 outputs are not supported)")
-    result = _dtype_name(out_dtype) if out_dtype is not None else _spec(out)[0]
+    leading dims multiples of 16; other views run on the bespoke kernel).
+    Scales are f32: per tensor (scalars [] or [1]), row-wise (scale_a [M, 1],
+    scale_b [1, N]) or block-wise (scale_a [M, ceil(K/128)] per 1 x 128,
+    scale_b [ceil(K/128), ceil(N/128)] per 128 x 128; the bespoke kernel runs
+    these). bias [N] is bf16 (f16 for an f16 output; either for fp8).
+    out_dtype: bf16, f16, f32, or fp8 e4m3/e5m2 (saturated to the largest
+    finite value); None takes out's dtype, else a's (torch's default, fp8).
+    scale_result (an f32 scalar) multiplies an fp8 output only."""
+    if out_dtype is not None:
+        result = _dtype_name(out_dtype)
+    else:
+        result = _spec(out if out is not None else a)[0]
     attrs = {"use_fast_accum": 1 if use_fast_accum else 0, "out_dtype": _C.dtype_code(result)}
+    adapter, x, _ = _operand(a)
     if bias is None:
-        adapter, x, _ = _operand(a)
         bias = adapter.empty("f16" if result == "f16" else "bf16", (0,), x)
-    return _call("scaled_mm", (a, b, scale_a, scale_b, bias), attrs, out)
+    if scale_result is None:
+        scale_result = adapter.empty("f32", (0,), x)
+    return _call("scaled_mm", (a, b, scale_a, scale_b, bias, scale_result), attrs, out)
 
 
 def _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows, f32_weight_grad=True):

@@ -151,8 +151,38 @@ def test_scaled_mm_host_is_exact_on_small_integers():
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(F.scaled_mm(a, b, sa, sb, bias, out_dtype="f32"), want + bias.astype(np.float64))
-    with pytest.raises(ValueError, match="out_dtype"):
-        F.scaled_mm(a, b, sa, sb)  # torch would give an fp8 output
+    assert F.scaled_mm(a, b, sa, sb).dtype == ml_dtypes.float8_e4m3fn  # torch's default: a's dtype
+
+
+def test_scaled_mm_host_rowwise_and_blockwise_scales():
+    """Power-of-two scales keep the small-integer sums exact; K = 300 spans three 128-blocks."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    m, k, n = 5, 300, 150
+    a = RNG.integers(-2, 3, (m, k)).astype(ml_dtypes.float8_e4m3fn)
+    b = RNG.integers(-2, 3, (k, n)).astype(ml_dtypes.float8_e4m3fn)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    pow2 = lambda *shape: np.exp2(RNG.integers(-2, 2, shape)).astype(np.float32)
+    sa, sb = pow2(m, 1), pow2(1, n)
+    np.testing.assert_array_equal(F.scaled_mm(a, b, sa, sb, out_dtype="f32"), (a64 * sa) @ (b64 * sb))
+    sa, sb = pow2(m, 3), pow2(3, 2)
+    want = (a64 * np.repeat(sa, 128, axis=1)[:, :k]) @ (b64 * np.repeat(np.repeat(sb, 128, axis=0), 128, axis=1)[:k, :n])
+    np.testing.assert_array_equal(F.scaled_mm(a, b, sa, sb, out_dtype="f32"), want)
+    with pytest.raises(Exception, match="'scale_b' must be \\[3, 2\\] for block-wise 'scale_a' \\[5, 3\\]"):
+        F.scaled_mm(a, b, sa, sb[:, :1], out_dtype="f32")
+
+
+def test_scaled_mm_host_fp8_output_saturates():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = np.array([[8.0] * 16, [-8.0] * 16, [np.nan] + [1.0] * 15, [0.125] * 16]).astype(ml_dtypes.float8_e4m3fn)
+    b = np.full((16, 4), 8.0).astype(ml_dtypes.float8_e4m3fn)
+    one, half = np.array(1.0, np.float32), np.array(0.5, np.float32)
+    got = F.scaled_mm(a, b, one, one, scale_result=half).astype(np.float64)  # e4m3 out, torch's default
+    np.testing.assert_array_equal(got[[0, 1, 3]], [[448.0] * 4, [-448.0] * 4, [8.0] * 4])
+    assert np.isnan(got[2]).all()
+    got = F.scaled_mm(a, b, one, one, scale_result=np.array(64.0, np.float32), out_dtype="fp8_e5m2").astype(np.float64)
+    np.testing.assert_array_equal(got[[0, 1, 3]], [[57344.0] * 4, [-57344.0] * 4, [1024.0] * 4])
+    with pytest.raises(Exception, match="'scale_result' scales an fp8 output only"):
+        F.scaled_mm(a, b, one, one, scale_result=half, out_dtype="bf16")
 
 
 def _fp8(shape, dtype):
@@ -201,5 +231,77 @@ def test_scaled_mm_every_candidate(backend):
         sa, sb = torch.tensor(2.0, device="cuda"), torch.tensor(0.25, device="cuda")
         bias = _t((n,), "bfloat16")
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        _run("scaled_mm", [a, b, sa, sb, bias], [out], {"out_dtype": baracuda._baracuda.dtype_code("bf16")}, backend)
+        none = torch.empty(0, device="cuda")
+        _run("scaled_mm", [a, b, sa, sb, bias, none], [out], {"out_dtype": baracuda._baracuda.dtype_code("bf16")}, backend)
         close(out, (a.double() @ b.double()) * 0.5 + bias.double(), "bfloat16", scale=8, msg=f"{backend} {m}x{k}x{n}")
+
+
+def _torch_scaled_mm(*args, **kwargs):
+    try:
+        return torch._scaled_mm(*args, **kwargs)
+    except (RuntimeError, ValueError) as e:  # a form this torch build or GPU does not take
+        pytest.skip(f"torch._scaled_mm: {e}")
+
+
+@gpu
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("m,k,n", [(64, 96, 80), (128, 512, 256)])
+def test_scaled_mm_rowwise_matches_torch(m, k, n, with_bias):
+    """torch's row-wise form: scale_a [M, 1], scale_b [1, N], bf16 out (cuBLASLt's OUTER_VEC_32F)."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("row-wise fp8 scales need sm_90")
+    a, b = _fp8((m, k), "float8_e4m3fn"), _fp8((n, k), "float8_e4m3fn").t()
+    sa = torch.rand(m, 1, device="cuda") + 0.5
+    sb = torch.rand(1, n, device="cuda") + 0.5
+    bias = _t((n,), "bfloat16") if with_bias else None
+    got = F.scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16)
+    want = (a.double() * sa.double()) @ (b.double() * sb.double()) + (bias.double() if with_bias else 0)
+    close(got, want, "bfloat16", scale=8, msg="vs f64")
+    close(got, _torch_scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16), "bfloat16", scale=8,
+          msg="vs torch._scaled_mm")
+
+
+@gpu
+@pytest.mark.parametrize("out_dtype", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_scaled_mm_fp8_output_matches_torch(out_dtype, with_bias):
+    """fp8 out: scale_result * (product + bias), saturated; large sums saturate alike in both."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 GEMMs need sm_89 or newer")
+    m, k, n = 64, 128, 96
+    a, b = _fp8((m, k), "float8_e4m3fn"), _fp8((n, k), "float8_e4m3fn").t()
+    sa, sb = torch.tensor(2.0, device="cuda"), torch.tensor(1.5, device="cuda")
+    sr = torch.tensor(4.0 if out_dtype == "float8_e4m3fn" else 2048.0, device="cuda")  # some sums saturate
+    od = getattr(torch, out_dtype)
+    bias = _t((n,), "bfloat16") if with_bias else None
+    got = F.scaled_mm(a, b, sa, sb, bias=bias, scale_result=sr, out_dtype=od)
+    assert got.dtype == od
+    top = torch.finfo(od).max
+    want = (((a.double() @ b.double()) * 3 + (bias.double() if with_bias else 0)) * sr.double()).clamp(-top, top)
+    _close_fp8(got, want, out_dtype, "vs f64")
+    assert (got.double().abs() == top).any(), "no sum saturated: the test lost its point"
+    theirs = _torch_scaled_mm(a, b, sa, sb, bias=bias, scale_result=sr, out_dtype=od)
+    _close_fp8(got, theirs, out_dtype, "vs torch._scaled_mm")
+
+
+def _close_fp8(got, want, dtype, msg):
+    """Within one fp8 rounding (3 mantissa bits e4m3, 2 e5m2) of each other."""
+    tol = 0.13 if dtype == "float8_e4m3fn" else 0.26
+    torch.testing.assert_close(got.double(), want.double(), rtol=tol, atol=tol, msg=msg)
+
+
+@gpu
+def test_scaled_mm_blockwise_matches_torch():
+    """DeepSeek's block-wise form (1 x 128 for a, 128 x 128 for b); torch where it takes it (sm_90, CUDA 12.9+)."""
+    m, k, n = 96, 384, 256
+    a, b = _fp8((m, k), "float8_e4m3fn"), _fp8((n, k), "float8_e4m3fn").t()
+    sa = torch.rand(m, k // 128, device="cuda") + 0.5
+    sb = torch.rand(k // 128, n // 128, device="cuda") + 0.5
+    want = (a.double() * sa.double().repeat_interleave(128, 1)) @ (
+        b.double() * sb.double().repeat_interleave(128, 0).repeat_interleave(128, 1))
+    got = F.scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)  # cuBLASLt refuses block-wise: the bespoke kernel
+    close(got, want, "bfloat16", scale=8, msg="vs f64")
+    # torch wants a's scales M-major (the transpose of a contiguous [K/128, M]); the values are the same.
+    sa_t = sa.t().contiguous().t()
+    close(got, _torch_scaled_mm(a, b, sa_t, sb, out_dtype=torch.bfloat16), "bfloat16", scale=8,
+          msg="vs torch._scaled_mm")

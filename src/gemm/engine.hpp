@@ -37,6 +37,8 @@ struct LtRequest {
   DType in = DType::f32, out = DType::f32;
   DType in_b = DType::f32;            ///< B's dtype; differs from `in` only when scaled
   bool scaled = false;                ///< scaled_mm: fp8 A and B with per-tensor scales
+  bool outer_scales = false;          ///< scaled_mm: row-wise scales (cuBLASLt's OUTER_VEC_32F)
+  bool result_scale = false;          ///< scaled_mm: an fp8 D scaled by scale_result (D_SCALE_POINTER)
   bool fast_accum = false;            ///< fp8: cuBLASLt's fast accumulation (torch's use_fast_accum)
   bool tf32 = false;                  ///< f32 inputs multiplied in TF32
   Activation act = Activation::none;  ///< relu and gelu_tanh fuse; gelu and silu run after, in place

@@ -36,13 +36,20 @@ BCD_HD Acc activate(Activation act, Acc x) {
 template <class T>
 using scale_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-/// alpha times the per-tensor scales the problem carries.
+/// Factor `i` (a row of A, a column of B) of a scale in K block `kb`; 1 without one.
 template <class Acc, class Scale>
-BCD_HD Acc scaled_alpha(const Problem& p) {
-  Acc alpha = convert<Acc>(p.alpha);
-  if (p.scale_a) alpha *= convert<Acc>(*static_cast<const Scale*>(p.scale_a));
-  if (p.scale_b) alpha *= convert<Acc>(*static_cast<const Scale*>(p.scale_b));
-  return alpha;
+BCD_HD Acc scale_at(const ScaleOperand& s, int64_t i, int64_t kb) {
+  if (!s.data) return Acc(1);
+  return convert<Acc>(static_cast<const Scale*>(s.data)[(i / s.block) * s.stride + kb * s.k_stride]);
+}
+
+/// What multiplies the sum of element (m, n): alpha times scaled_mm's
+/// scales unless the kernel applies them inside the sum (scales_in_k).
+template <class Acc, class Scale>
+BCD_HD Acc sum_scale(const Problem& p, int64_t m, int64_t n) {
+  Acc s = convert<Acc>(p.alpha);
+  if (!p.scales_in_k()) s *= scale_at<Acc, Scale>(p.scale_a, m, 0) * scale_at<Acc, Scale>(p.scale_b, n, 0);
+  return s;
 }
 
 /// The bias of column n: of the output's dtype, or bf16/f16 over a float
@@ -57,14 +64,47 @@ BCD_HD Acc bias_at(const Problem& p, int64_t n) {
   return convert<Acc>(reinterpret_cast<const Out*>(p.bias.data)[i]);
 }
 
-/// The output value of element (., n) from its accumulated product; `c`
-/// points at the element's addend or is null; `alpha` is scaled_alpha.
+template <class T>
+inline constexpr bool is_fp8_v = std::is_same_v<T, __nv_fp8_e4m3> || std::is_same_v<T, __nv_fp8_e5m2>;
+
+/// The stored output: an fp8 output saturates to its largest finite value
+/// (+-448 e4m3, +-57344 e5m2; NaN stays NaN), as cuBLASLt and
+/// torch._scaled_mm do; other dtypes convert as everywhere.
 template <class Out, class Acc>
-BCD_HD Out finish(const Problem& p, Acc alpha, Acc acc, const Out* c, int64_t n) {
-  Acc v = alpha * acc;
+BCD_HD Out to_output(Acc v) {
+  if constexpr (is_fp8_v<Out>) {
+    constexpr auto kind = std::is_same_v<Out, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+    Out out;
+    if constexpr (std::is_same_v<Acc, double>) out.__x = __nv_cvt_double_to_fp8(v, __NV_SATFINITE, kind);
+    else out.__x = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, kind);
+    return out;
+  } else {
+    return convert<Out>(v);
+  }
+}
+
+/// The output value of element (., n) from its accumulated product; `c`
+/// points at the element's addend or is null; `scale` is sum_scale. Scale
+/// is the type of scale_result.
+template <class Out, class Acc, class Scale = float>
+BCD_HD Out finish(const Problem& p, Acc scale, Acc acc, const Out* c, int64_t n) {
+  Acc v = scale * acc;
   if (c) v += convert<Acc>(p.beta) * convert<Acc>(*c);
   if (p.bias.data) v += bias_at<Acc, Out>(p, n);
-  return convert<Out>(activate(p.act, v));
+  v = activate(p.act, v);
+  if (p.scale_result) v *= convert<Acc>(*static_cast<const Scale*>(p.scale_result));
+  return to_output<Out>(v);
 }
+
+// Note [scaled_mm scales]
+// torch._scaled_mm's three scale forms bind to one ScaleOperand per operand:
+// per tensor (a scalar each), row-wise (scale_a [M, 1] per row of a,
+// scale_b [1, N] per column of b) and block-wise (DeepSeek's: scale_a
+// [M, ceil(K/128)] per row and 128 K, scale_b [ceil(K/128), ceil(N/128)] per
+// 128 x 128 block of b). Scales constant along K multiply each finished sum
+// (sum_scale); block-wise ones change along K, so the kernels multiply each
+// operand element by its factor as they load it (scales_in_k), and the sums
+// add scaled products. scale_result multiplies last, after the bias (cuBLASLt's
+// D = scale_D * (alpha * scale_A * scale_B * A B + bias)).
 
 }  // namespace baracuda::gemm

@@ -26,14 +26,26 @@ struct Operand {
   int64_t red_stride[kMaxRank] = {};
 };
 
-/// D[b, m, n] = act(alpha * scale_a * scale_b * sum_{r, k} A[b, r, m, k] * B[b, r, k, n] + beta * C[b, m, n] + bias[n])
+/// scaled_mm's scale of A or B, in the run's memory (f32; f64 for f64
+/// operands): the factor of A's row m (B's column n) in K block kb is
+/// data[(m / block) * stride + kb * k_stride], kb = k / kScaleBlock.
+/// Per tensor: both strides 0; row-wise: k_stride 0; block-wise: both set
+/// (Note [scaled_mm scales]).
+struct ScaleOperand {
+  const void* data = nullptr;  ///< null: 1
+  int64_t stride = 0, k_stride = 0;
+  int64_t block = 1;  ///< rows of A (columns of B) that share a factor: 1 or kScaleBlock
+};
+inline constexpr int64_t kScaleBlock = 128;
+
+/// D[b, m, n] = act(alpha * sum_{r, k} sa(m, k) * A[b, r, m, k] * B[b, r, k, n] * sb(k, n) + beta * C[b, m, n] + bias[n])
 ///
 /// `b` runs over the batch dims (D has them), `r` over the reduction dims (a
 /// broadcast batch dim summed by a gradient: D lacks it). Dims are stored
 /// outermost first. C is read only when beta != 0, as torch's addmm.
-/// scaled_mm's per-tensor scales are scalars in the run's memory (f32; f64
-/// for f64 operands), read by the kernel; its bias may be bf16 or f16 over
-/// any output dtype (torch._scaled_mm's rule).
+/// sa and sb are scaled_mm's scales (ScaleOperand); its bias may be bf16 or
+/// f16 over any output dtype (torch._scaled_mm's rule), and its fp8 output
+/// is scale_result * (the above), saturated to the largest finite value.
 struct Problem {
   DType in_dtype = DType::f32, out_dtype = DType::f32;  ///< in_dtype: A's (B's is the same except in scaled_mm)
   int64_t m = 0, n = 0, k = 0;
@@ -42,8 +54,8 @@ struct Problem {
   Operand a, b, c, d;
   Operand bias;  ///< over n only (row and batch strides 0); data null: none
   DType bias_dtype = DType::f32;
-  const void* scale_a = nullptr;  ///< null: 1
-  const void* scale_b = nullptr;
+  ScaleOperand scale_a, scale_b;
+  const void* scale_result = nullptr;  ///< null: 1 (of the scales' type)
   /// linear_backward's grad_bias, summed over K by cuBLASLt's bias-gradient
   /// epilogue when the engine fuses it (contiguous, length M); null: none.
   char* bias_grad = nullptr;
@@ -54,6 +66,9 @@ struct Problem {
   BCD_HD int64_t batch_count() const { return count(batch_rank, batch_shape); }
   BCD_HD int64_t red_count() const { return count(red_rank, red_shape); }
   BCD_HD bool reads_c() const { return has_c && beta != 0; }
+  /// Block-wise scales vary along K: the kernels apply them to the operands
+  /// as they load them; the others are applied to the sums.
+  BCD_HD bool scales_in_k() const { return k > kScaleBlock && (scale_a.k_stride != 0 || scale_b.k_stride != 0); }
 
  private:
   BCD_HD static int64_t count(int rank, const int64_t* shape) {

@@ -19,7 +19,7 @@ using GemmPairs = TypeList<Pair<float, float>, Pair<__half, __half>, Pair<__nv_b
                            Pair<double, double>, Pair<int8_t, int32_t>, Pair<int32_t, int32_t>, Pair<int64_t, int64_t>,
                            Pair<__half, float>, Pair<__nv_bfloat16, float>>;
 /// scaled_mm's output dtypes (its oracle, f64 x f64 -> f64, is registered apart).
-using ScaledOutTypes = TypeList<__nv_bfloat16, __half, float>;
+using ScaledOutTypes = TypeList<__nv_bfloat16, __half, float, __nv_fp8_e4m3, __nv_fp8_e5m2>;
 
 /// `Launch<In, In, Out>::run` for every pair.
 template <template <class, class, class> class Launch>

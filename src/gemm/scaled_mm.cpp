@@ -1,8 +1,10 @@
-// scaled_mm: torch._scaled_mm's fp8 matrix product with per-tensor scales,
-// out = scale_a * scale_b * (a @ b) + bias, accumulated in f32. It binds to
-// gemm::Problem like the rest of the family; the candidates are cuBLASLt
-// (Hopper fp8, "TN" layout only), the bespoke CUDA kernel (any strides) and
-// the host reference.
+// scaled_mm: torch._scaled_mm's fp8 matrix product, out = scale_result *
+// ((a * scale_a) @ (b * scale_b) + bias), accumulated in f32, with scales per
+// tensor, per row/column or per block (Note [scaled_mm scales]) and a
+// bf16/f16/f32 or saturated fp8 output. It binds to gemm::Problem like the
+// rest of the family; the candidates are cuBLASLt (Hopper fp8, "TN" layout
+// only; per-tensor and row-wise scales), the bespoke CUDA kernel (any strides,
+// every form) and the host reference.
 #include <cmath>
 
 #include "core/errors.hpp"
@@ -17,7 +19,7 @@ namespace {
 
 constexpr const char* kName = "scaled_mm";
 const std::vector<std::string>& input_names() {
-  static const std::vector<std::string> names = {"a", "b", "scale_a", "scale_b", "bias"};
+  static const std::vector<std::string> names = {"a", "b", "scale_a", "scale_b", "bias", "scale_result"};
   return names;
 }
 const std::vector<std::string>& output_names() {
@@ -26,7 +28,49 @@ const std::vector<std::string>& output_names() {
 }
 
 bool is_fp8(DType t) { return t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
-bool is_out(DType t) { return t == DType::bf16 || t == DType::f16 || t == DType::f32; }
+bool is_out(DType t) { return t == DType::bf16 || t == DType::f16 || t == DType::f32 || is_fp8(t); }
+
+enum class ScaleForm { tensor, row, block };
+const char* form_name(ScaleForm f) {
+  return f == ScaleForm::tensor ? "per-tensor" : f == ScaleForm::row ? "row-wise" : "block-wise";
+}
+
+int64_t blocks(int64_t n) { return (n + kScaleBlock - 1) / kScaleBlock; }
+
+/// Whether scale_a's (b_fits: scale_b's) shape has the form for a [M, K] @
+/// b [K, N], and what scale_b must be for it (Note [scaled_mm scales]).
+bool a_fits(ScaleForm f, const Shape& sa, int64_t m, int64_t k) {
+  int64_t numel = 1;
+  for (int64_t s : sa) numel *= s;
+  switch (f) {
+    case ScaleForm::tensor: return sa.size() <= 2 && numel == 1;
+    case ScaleForm::row: return sa == Shape{m, 1};
+    case ScaleForm::block: return sa == Shape{m, blocks(k)};
+  }
+  return false;
+}
+bool b_fits(ScaleForm f, const Shape& sb, int64_t k, int64_t n) {
+  if (f == ScaleForm::tensor) return a_fits(f, sb, 1, 1);
+  return sb == (f == ScaleForm::row ? Shape{1, n} : Shape{blocks(k), blocks(n)});
+}
+std::string b_wants(ScaleForm f, int64_t k, int64_t n) {
+  if (f == ScaleForm::tensor) return "a scalar ([] or [1])";
+  return shape_str(f == ScaleForm::row ? Shape{1, n} : Shape{blocks(k), blocks(n)});
+}
+
+/// The form of the scales of a [M, K] @ b [K, N], or an error naming the
+/// operand that fits none.
+Result<ScaleForm> scale_form(const Shape& sa, const Shape& sb, int64_t m, int64_t k, int64_t n) {
+  constexpr ScaleForm kForms[] = {ScaleForm::tensor, ScaleForm::row, ScaleForm::block};
+  for (ScaleForm f : kForms)
+    if (a_fits(f, sa, m, k) && b_fits(f, sb, k, n)) return f;
+  for (ScaleForm f : kForms)
+    if (a_fits(f, sa, m, k))
+      return invalid(kName, ": 'scale_b' must be ", b_wants(f, k, n), " for ", form_name(f), " 'scale_a' ",
+                     shape_str(sa), ", got ", shape_str(sb));
+  return invalid(kName, ": 'scale_a' must be [] or [1] (per tensor), ", shape_str(Shape{m, 1}), " (row-wise) or ",
+                 shape_str(Shape{m, blocks(k)}), " (block-wise, 1 x 128), got ", shape_str(sa));
+}
 
 // Note [scaled_mm's oracle]
 // The test driver's reference runs every floating operand in f64, so
@@ -44,10 +88,9 @@ Result<OpDesc> infer(const OpDesc& partial) {
   if (oracle ? tb != DType::f64 : !is_fp8(tb))
     return invalid(kName, ": 'b' dtype ", dtype_name(tb), ", expected ", oracle ? "f64 (as 'a')" : "fp8_e4m3 or fp8_e5m2");
   const DType scale_t = oracle ? DType::f64 : DType::f32;
-  for (size_t i : {2, 3}) {
-    if (in[i].dtype != scale_t || in[i].shape.size() > 1 || in[i].numel() != 1)
-      return invalid(kName, ": '", input_names()[i], "' must be a ", dtype_name(scale_t),
-                     " scalar ([] or [1]: per-tensor scaling), got ", dtype_name(in[i].dtype), shape_str(in[i].shape));
+  for (size_t i : {2, 3, 5}) {
+    if (in[i].dtype != scale_t)
+      return invalid(kName, ": '", input_names()[i], "' dtype ", dtype_name(in[i].dtype), ", expected ", dtype_name(scale_t));
   }
   DType out = DType::f64;
   if (!oracle) {
@@ -59,7 +102,8 @@ Result<OpDesc> infer(const OpDesc& partial) {
         return invalid(kName, ": 'out_dtype' must be a dtype code or -1, got ", code);
       out = static_cast<DType>(int(code));
     }
-    if (!is_out(out)) return unsupported(kName, ": out dtype ", dtype_name(out), " is not supported (bf16, f16, f32)");
+    if (!is_out(out))
+      return unsupported(kName, ": out dtype ", dtype_name(out), " is not supported (bf16, f16, f32, fp8_e4m3, fp8_e5m2)");
   }
   if (in[0].shape.size() != 2) return invalid(kName, ": 'a' must be a matrix [M, K], got ", shape_str(in[0].shape));
   if (in[1].shape.size() != 2) return invalid(kName, ": 'b' must be a matrix [K, N], got ", shape_str(in[1].shape));
@@ -67,6 +111,12 @@ Result<OpDesc> infer(const OpDesc& partial) {
   if (in[1].shape[0] != k)
     return invalid(kName, ": 'a' ", shape_str(in[0].shape), " and 'b' ", shape_str(in[1].shape), " cannot be multiplied (",
                    k, " != ", in[1].shape[0], ")");
+  if (auto form = scale_form(in[2].shape, in[3].shape, m, k, n); !form) return form.status();
+  const TensorSpec& result_scale = in[5];
+  if (result_scale.shape.size() > 1 || (result_scale.numel() != 1 && result_scale.shape != Shape{0}))
+    return invalid(kName, ": 'scale_result' must be a scalar ([] or [1]) or [0] (none), got ", shape_str(result_scale.shape));
+  if (result_scale.numel() == 1 && !oracle && !is_fp8(out))
+    return invalid(kName, ": 'scale_result' scales an fp8 output only (cuBLASLt's D scale), but out is ", dtype_name(out));
   const TensorSpec& bias = in[4];
   if (bias.shape != Shape{n} && bias.shape != Shape{0})
     return invalid(kName, ": 'bias' must be [", n, "] or [0] (no bias), got ", shape_str(bias.shape));
@@ -83,9 +133,24 @@ Result<Problem> bind(const OpArgs& args) {
   const auto& in = args.inputs;
   auto p = bind_product(args.outputs[0], in[0], in[1]);
   if (!p) return p.status();
-  p->scale_a = in[2].data;
-  p->scale_b = in[3].data;
+  const TensorView &sa = in[2], &sb = in[3];
+  auto form = scale_form(sa.shape_vec(), sb.shape_vec(), p->m, p->k, p->n);
+  if (!form) return form.status();
+  // A size-1 dim takes stride 0: index 0 is all it is read at.
+  auto step = [](const TensorView& v, int d) { return v.rank > d && v.shape[d] > 1 ? v.stride[d] : int64_t(0); };
+  p->scale_a.data = sa.data;
+  p->scale_b.data = sb.data;
+  if (*form != ScaleForm::tensor) {
+    p->scale_a.stride = step(sa, 0);
+    p->scale_b.stride = step(sb, 1);
+  }
+  if (*form == ScaleForm::block) {
+    p->scale_a.k_stride = step(sa, 1);
+    p->scale_b.k_stride = step(sb, 0);
+    p->scale_b.block = kScaleBlock;
+  }
   if (in[4].numel() > 0) bind_bias(*p, in[4]);
+  if (in[5].numel() > 0) p->scale_result = in[5].data;
   return p;
 }
 
@@ -123,21 +188,43 @@ class ScaledPlan final : public FamilyPlan {
   std::unique_ptr<const Engine> engine_;
 };
 
+// Note [scaled_mm on cuBLASLt]
+// cuBLASLt (12.9 and newer: CUDA 13.0 here) runs Hopper fp8 GEMMs with scales
+// per tensor (SCALAR_32F), per row of A and column of B (OUTER_VEC_32F:
+// contiguous vectors of M and N floats) and per block (VEC128_32F for A's
+// 1 x 128, BLK128x128_32F for B's 128 x 128). Per-tensor and row-wise scales
+// are wired in; block-wise ones run on the bespoke kernel, which scales each
+// fp8 element as it loads it. An fp8 D is scale_result * the product
+// (D_SCALE_POINTER), saturated; its C (never read) takes the bias's type, f16
+// without a bias, as torch does. cuBLASLt can also write amax(|D|)
+// (AMAX_D_POINTER): scaled_mm does not offer it (torch._scaled_mm returns
+// none; the bespoke kernel would need a cross-block max).
+
 Result<PlanPtr> make_plan(const OpInfo& info, Backend backend, const OpDesc& desc,
                           [[maybe_unused]] const PlanPreference& pref) {
   auto full = infer(desc);
   if (!full) return full.status();
   const DType a = full->inputs[0].dtype, b = full->inputs[1].dtype, out = full->outputs[0].dtype;
   const bool bias = full->inputs[4].numel() > 0;
+  const Shape& a_shape = full->inputs[0].shape;
+  const int64_t n_cols = full->inputs[1].shape[1];
+  const ScaleForm form = *scale_form(full->inputs[2].shape, full->inputs[3].shape, a_shape[0], a_shape[1], n_cols);
   KernelSku sku = bespoke_sku(OpCategory::gemm, info.name.c_str(), a, backend);
   sku.aux_element = out;
   sku.epilogue = bias ? Epilogue::bias : Epilogue::none;
+  if (form != ScaleForm::tensor) sku.kernel = form == ScaleForm::row ? "rowwise_scales" : "blockwise_scales";
   std::unique_ptr<const Engine> engine;
   if (backend == Backend::cublaslt) {
 #ifdef BARACUDA_HAS_CUDA
+    // Note [scaled_mm on cuBLASLt]
+    if (form == ScaleForm::block)
+      return unsupported("block-wise scales run on the bespoke kernel (cuBLASLt's VEC128_32F / BLK128x128_32F "
+                         "modes are not wired in)");
     LtRequest request;
     request.in = a, request.in_b = b, request.out = out;
     request.scaled = true;
+    request.outer_scales = form == ScaleForm::row;
+    request.result_scale = full->inputs[5].numel() > 0;
     request.fast_accum = full->attrs.get("use_fast_accum", 0) != 0;
     request.bias = bias;
     request.bias_dtype = full->inputs[4].dtype;
@@ -164,13 +251,21 @@ Result<PlanPtr> make_plan(const OpInfo& info, Backend backend, const OpDesc& des
   return PlanPtr(std::make_unique<ScaledPlan>(info, std::move(*full), std::move(engine), sku));
 }
 
-std::optional<SampleShapes> sample_shapes(const Shape& shape) {
+std::optional<SampleShapes> sample_shapes(const Shape& shape, const Attrs& attrs) {
   if (shape.size() != 2) return std::nullopt;
   const int64_t m = shape[0], n = shape[1];
   int64_t k = 1;  // 1 to 97, at most 5 for large outputs (the sweep's reference stays fast)
   for (int64_t s : shape) k = k * 31 + s;
   k = 1 + k % (m * n > 4096 ? 5 : 97);
-  return SampleShapes{{{m, k}, {k, n}, {}, {1}, n % 4 == 0 ? Shape{0} : Shape{n}}, {}};
+  // The scale form cycles with the shape: per tensor, row-wise, block-wise
+  // (K up to 97 is one block along K: the sums scale as row-wise ones do).
+  const int64_t form = (m + 2 * n) % 3;
+  const Shape sa = form == 0 ? Shape{} : form == 1 ? Shape{m, 1} : Shape{m, blocks(k)};
+  const Shape sb = form == 0 ? Shape{1} : form == 1 ? Shape{1, n} : Shape{blocks(k), blocks(n)};
+  const int out = int(attrs.get("out_dtype", -1));
+  const bool fp8_out = out == int(DType::fp8_e4m3) || out == int(DType::fp8_e5m2);
+  const Shape result_scale = fp8_out && n % 2 == 1 ? Shape{} : Shape{0};
+  return SampleShapes{{{m, k}, {k, n}, sa, sb, n % 4 == 0 ? Shape{0} : Shape{n}, result_scale}, {}};
 }
 
 }  // namespace
@@ -185,23 +280,30 @@ void register_scaled_mm_ops(std::vector<OpInfo>& ops) {
   info.input_names = input_names();
   info.output_names = output_names();
   info.dtypes = {DType::fp8_e4m3, DType::fp8_e5m2};
-  info.attrs = {{"out_dtype", -1, "dtype code of out: bf16, f16 or f32; -1: the given out's dtype, else bf16"},
+  info.attrs = {{"out_dtype", -1,
+                 "dtype code of out: bf16, f16, f32, fp8_e4m3 or fp8_e5m2 (saturated); -1: the given out's dtype, "
+                 "else bf16"},
                 {"use_fast_accum", 0, "1: cuBLASLt's fp8 fast accumulation (fewer f32 promotions; other backends ignore it)"}};
   info.backends = {Backend::cublaslt, Backend::bespoke_cuda, Backend::host_reference};
   info.doc =
-      "torch._scaled_mm: scale_a * scale_b * (a @ b) + bias with fp8 a [M, K] and b [K, N] (e4m3/e5m2; cuBLASLt "
-      "takes no e5m2 x e5m2 and needs a row-major, b column-major, leading dims multiple of 16), f32 scalar scales "
-      "[] or [1], bias [N] bf16/f16 or [0] (none), f32 accumulation";
+      "torch._scaled_mm: scale_result * ((a * scale_a) @ (b * scale_b) + bias) with fp8 a [M, K] and b [K, N] "
+      "(e4m3/e5m2; cuBLASLt takes no e5m2 x e5m2 and needs a row-major, b column-major, leading dims multiple of "
+      "16), f32 scales per tensor ([] or [1] each), row-wise (scale_a [M, 1], scale_b [1, N]) or block-wise "
+      "(scale_a [M, ceil(K/128)] per 1 x 128, scale_b [ceil(K/128), ceil(N/128)] per 128 x 128), bias [N] "
+      "bf16/f16 or [0] (none), scale_result an f32 scalar (fp8 out only) or [0] (none), f32 accumulation; fp8 "
+      "outputs saturate to the largest finite value";
   // b: e4m3 (cuBLASLt's e5m2 x e4m3 pair) for e5m2 a.
   info.input_dtypes = [](DType a) {
-    return std::vector<DType>{a, DType::fp8_e4m3, DType::f32, DType::f32, DType::bf16};
+    return std::vector<DType>{a, DType::fp8_e4m3, DType::f32, DType::f32, DType::bf16, DType::f32};
   };
-  info.domains = {Domain{}, Domain{}, Domain{0.25, 2, true}, Domain{0.25, 2, true}, Domain{}};
+  // scale_result at most 1: an fp8 out of the sweep's sums stays far from saturation.
+  info.domains = {Domain{}, Domain{}, Domain{0.25, 2, true}, Domain{0.25, 2, true}, Domain{}, Domain{0.25, 1, true}};
   info.tolerance_scale = 8;
   info.in_place = false;
   info.sample_attrs = {Attrs{}, Attrs{{"out_dtype", double(int(DType::f16))}},
-                       Attrs{{"out_dtype", double(int(DType::f32))}, {"use_fast_accum", 1}}};
-  info.sample_shapes = [](DType, const Shape& shape, const Attrs&) { return sample_shapes(shape); };
+                       Attrs{{"out_dtype", double(int(DType::f32))}, {"use_fast_accum", 1}},
+                       Attrs{{"out_dtype", double(int(DType::fp8_e4m3))}}, Attrs{{"out_dtype", double(int(DType::fp8_e5m2))}}};
+  info.sample_shapes = [](DType, const Shape& shape, const Attrs& attrs) { return sample_shapes(shape, attrs); };
   info.infer = [](const OpDesc& partial) { return infer(partial); };
   const size_t index = ops.size();
   info.make_plan = [index](Backend backend, const Stream&, const OpDesc& desc, const PlanPreference& pref) {

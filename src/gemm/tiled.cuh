@@ -17,9 +17,10 @@ constexpr int kFlushTiles = 16;
 /// Loads a kRows x kCols tile (rows along M or N, cols along K) of `src`
 /// into shared memory as sTile[k][row]; out-of-range elements read as 0. The
 /// thread-to-element map follows the operand's contiguous direction.
-template <int kRows, class T, class Acc>
+/// kScaled: each element times its block-wise scale (Note [scaled_mm scales]).
+template <int kRows, bool kScaled, class T, class Acc, class Scale>
 __device__ void load_tile(Acc (*sTile)[kRows + 1], const T* src, int64_t row0, int64_t k0, int64_t rows, int64_t ks,
-                          int64_t row_stride, int64_t k_stride) {
+                          int64_t row_stride, int64_t k_stride, const ScaleOperand& scale) {
   const bool rows_fast = (row_stride < 0 ? -row_stride : row_stride) <= (k_stride < 0 ? -k_stride : k_stride);
 #pragma unroll
   for (int q = 0; q < kRows * kTileK / kThreads; ++q) {
@@ -27,13 +28,18 @@ __device__ void load_tile(Acc (*sTile)[kRows + 1], const T* src, int64_t row0, i
     const int r = rows_fast ? e % kRows : e / kTileK;
     const int k = rows_fast ? e / kRows : e % kTileK;
     const int64_t gr = row0 + r, gk = k0 + k;
-    sTile[k][r] = gr < rows && gk < ks ? convert<Acc>(src[gr * row_stride + gk * k_stride]) : Acc(0);
+    Acc v = gr < rows && gk < ks ? convert<Acc>(src[gr * row_stride + gk * k_stride]) : Acc(0);
+    if constexpr (kScaled) {
+      if (gr < rows && gk < ks) v *= scale_at<Acc, Scale>(scale, gr, gk / kScaleBlock);
+    }
+    sTile[k][r] = v;
   }
 }
 
-template <class TA, class TB, class Out>
+template <class TA, class TB, class Out, bool kScaled>
 __global__ void __launch_bounds__(kThreads) gemm_tiled(const Problem p, int64_t batch0, int64_t tiles_n) {
   using Acc = acc_t<TA, false>;
+  using Scale = scale_t<TA>;
   __shared__ Acc sA[kTileK][kTileM + 1];  // [k][m]
   __shared__ Acc sB[kTileK][kTileN + 1];  // [k][n]
   const int64_t batch = batch0 + blockIdx.y;
@@ -58,8 +64,8 @@ __global__ void __launch_bounds__(kThreads) gemm_tiled(const Problem p, int64_t 
     const TA* gAr = gA + offset_of(r, p.red_rank, p.red_shape, p.a.red_stride);
     const TB* gBr = gB + offset_of(r, p.red_rank, p.red_shape, p.b.red_stride);
     for (int64_t k0 = 0; k0 < p.k; k0 += kTileK) {
-      load_tile<kTileM>(sA, gAr, m0, k0, p.m, p.k, p.a.row_stride, p.a.col_stride);
-      load_tile<kTileN>(sB, gBr, n0, k0, p.n, p.k, p.b.col_stride, p.b.row_stride);
+      load_tile<kTileM, kScaled, TA, Acc, Scale>(sA, gAr, m0, k0, p.m, p.k, p.a.row_stride, p.a.col_stride, p.scale_a);
+      load_tile<kTileN, kScaled, TB, Acc, Scale>(sB, gBr, n0, k0, p.n, p.k, p.b.col_stride, p.b.row_stride, p.scale_b);
       __syncthreads();
 #pragma unroll
       for (int k = 0; k < kTileK; ++k) {
@@ -80,7 +86,6 @@ __global__ void __launch_bounds__(kThreads) gemm_tiled(const Problem p, int64_t 
   const Out* gC = p.reads_c() ? reinterpret_cast<const Out*>(p.c.data) +
                                     offset_of(batch, p.batch_rank, p.batch_shape, p.c.batch_stride)
                               : nullptr;
-  const Acc alpha = scaled_alpha<Acc, scale_t<TA>>(p);
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int64_t m = m0 + ty + 16 * i;
@@ -90,7 +95,8 @@ __global__ void __launch_bounds__(kThreads) gemm_tiled(const Problem p, int64_t 
       const int64_t n = n0 + tx + 16 * j;
       if (n >= p.n) break;
       gD[m * p.d.row_stride + n * p.d.col_stride] =
-          finish<Out, Acc>(p, alpha, acc[i][j], gC ? gC + m * p.c.row_stride + n * p.c.col_stride : nullptr, n);
+          finish<Out, Acc, Scale>(p, sum_scale<Acc, Scale>(p, m, n), acc[i][j],
+                                  gC ? gC + m * p.c.row_stride + n * p.c.col_stride : nullptr, n);
     }
   }
 }
@@ -106,7 +112,12 @@ struct CudaGemm {
     constexpr int64_t kMaxGridY = 65535;
     for (int64_t b0 = 0; b0 < batches; b0 += kMaxGridY) {
       const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(kMaxGridY, batches - b0)));
-      gemm_tiled<TA, TB, Out><<<grid, kThreads, 0, stream>>>(p, b0, tiles_n);
+      if constexpr (is_fp8_v<TA> || std::is_same_v<TA, double>) {  // scaled_mm and its oracle
+        if (p.scales_in_k()) gemm_tiled<TA, TB, Out, true><<<grid, kThreads, 0, stream>>>(p, b0, tiles_n);
+        else gemm_tiled<TA, TB, Out, false><<<grid, kThreads, 0, stream>>>(p, b0, tiles_n);
+      } else {
+        gemm_tiled<TA, TB, Out, false><<<grid, kThreads, 0, stream>>>(p, b0, tiles_n);
+      }
       BARACUDA_CUDA_TRY(cudaGetLastError());
     }
     return Status::ok();

@@ -6,8 +6,8 @@
 // with beta = 1, the epilogue on the last step). Algorithms come from the
 // heuristics and are cached per layout and alignment; the plan's workspace
 // is what the algorithms of its descriptor's contiguous layout need.
-// scaled_mm's fp8 product (Hopper) takes per-tensor scales as device
-// pointers and only the "TN" layout: A and B with K contiguous.
+// scaled_mm's fp8 product (Hopper) takes per-tensor or row-wise scales as
+// device pointers and only the "TN" layout: A and B with K contiguous.
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -27,7 +27,7 @@ namespace {
 using namespace vendor;
 
 struct LtTypes {
-  cudaDataType_t a, b, cd;  // our A's, our B's, C's and D's
+  cudaDataType_t a, b, c, d;  // our A's, our B's, C's and D's
   cublasComputeType_t compute;
   cudaDataType_t scale;
 };
@@ -50,9 +50,13 @@ bool is_fp8(DType t) { return t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
 
 std::optional<LtTypes> lt_types(const LtRequest& r) {
   if (r.scaled) {
-    if (!is_fp8(r.in) || !is_fp8(r.in_b) || (r.out != DType::bf16 && r.out != DType::f16 && r.out != DType::f32))
+    if (!is_fp8(r.in) || !is_fp8(r.in_b) ||
+        (r.out != DType::bf16 && r.out != DType::f16 && r.out != DType::f32 && !is_fp8(r.out)))
       return std::nullopt;
-    return LtTypes{*lt_data_type(r.in), *lt_data_type(r.in_b), *lt_data_type(r.out), CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    // An fp8 D takes C of the bias's type, f16 without one (torch's choice; C is not read).
+    const cudaDataType_t d = *lt_data_type(r.out);
+    const cudaDataType_t c = !is_fp8(r.out) ? d : r.bias ? *lt_data_type(r.bias_dtype) : CUDA_R_16F;
+    return LtTypes{*lt_data_type(r.in), *lt_data_type(r.in_b), c, d, CUBLAS_COMPUTE_32F, CUDA_R_32F};
   }
   if (r.in != r.out && !(r.in == DType::i8 && r.out == DType::i32)) {
     // Half products into f32 (ProductStep), without an epilogue.
@@ -60,22 +64,23 @@ std::optional<LtTypes> lt_types(const LtRequest& r) {
         r.act != Activation::none)
       return std::nullopt;
     const cudaDataType_t in = r.in == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
-    return LtTypes{in, in, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    return LtTypes{in, in, CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
   }
   switch (r.in) {
     case DType::f32:
-      return LtTypes{CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, r.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F};
-    case DType::f16: return LtTypes{CUDA_R_16F, CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
-    case DType::bf16: return LtTypes{CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F};
-    case DType::f64: return LtTypes{CUDA_R_64F, CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F};
-    case DType::i8: return LtTypes{CUDA_R_8I, CUDA_R_8I, CUDA_R_32I, CUBLAS_COMPUTE_32I, CUDA_R_32I};
+      return LtTypes{CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, CUDA_R_32F,
+                     r.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::f16: return LtTypes{CUDA_R_16F, CUDA_R_16F, CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::bf16: return LtTypes{CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::f64: return LtTypes{CUDA_R_64F, CUDA_R_64F, CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F};
+    case DType::i8: return LtTypes{CUDA_R_8I, CUDA_R_8I, CUDA_R_32I, CUDA_R_32I, CUBLAS_COMPUTE_32I, CUDA_R_32I};
     default: return std::nullopt;
   }
 }
 
 /// scaled_mm's fp8 product: cuBLASLt takes only A and B with K contiguous
 /// ("TN"), leading dims and addresses on 16 bytes.
-Status check_fp8_layout(const Problem& p) {
+Status check_fp8_layout(const Problem& p, bool outer_scales) {
   auto operand = [&](const char* name, const Operand& o, int64_t k_stride, int64_t ld, int64_t others, const char* want) {
     if (p.k > 1 && k_stride != 1)
       return unsupported("cuBLASLt's fp8 GEMM needs '", name, "' with K contiguous (", want, "), got strides [",
@@ -88,7 +93,13 @@ Status check_fp8_layout(const Problem& p) {
     return Status::ok();
   };
   BARACUDA_TRY(operand("a", p.a, p.a.col_stride, p.a.row_stride, p.m, "a row-major [M, K]"));
-  return operand("b", p.b, p.b.row_stride, p.b.col_stride, p.n, "a column-major [K, N]: the transpose of a row-major [N, K]");
+  BARACUDA_TRY(
+      operand("b", p.b, p.b.row_stride, p.b.col_stride, p.n, "a column-major [K, N]: the transpose of a row-major [N, K]"));
+  // Row-wise scales are vectors of M and N floats to cuBLASLt (size-1 dims bind with stride 0).
+  if (outer_scales && ((p.m > 1 && p.scale_a.stride != 1) || (p.n > 1 && p.scale_b.stride != 1)))
+    return unsupported("cuBLASLt's row-wise fp8 scales must be contiguous ('scale_a' stride ", p.scale_a.stride,
+                       ", 'scale_b' stride ", p.scale_b.stride, ")");
+  return Status::ok();
 }
 
 /// A logical r x c operand (element (i, j) at i * rs + j * cs) as cuBLASLt
@@ -195,7 +206,7 @@ class LtEngine final : public Engine {
   /// or alignment cuBLASLt has no algorithm for is refused here, not in run.
   Status supports(const Problem& p) const override {
     if (p.m == 0 || p.n == 0 || p.k == 0 || p.batch_count() == 0 || p.red_count() == 0) return Status::ok();
-    if (request_.scaled) BARACUDA_TRY(check_fp8_layout(p));
+    if (request_.scaled) BARACUDA_TRY(check_fp8_layout(p, request_.outer_scales));
     if (p.bias_grad && !lt_can_fuse_bias_grad(p))
       return internal_error("cuBLASLt: a bias gradient over batch or reduction loops cannot be fused");
     auto f = formulate(p);
@@ -281,6 +292,13 @@ Status LtEngine::describe(const Problem& p, const Formulation& f, bool last, Cal
       BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, type));
     }
   }
+  if (request_.outer_scales) {
+    const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode));
+    BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode));
+  }
+  if (request_.result_scale)  // the heuristics see the D scale; each run sets its own pointer
+    BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, p.scale_result));
   if (request_.fast_accum) {
     const int8_t fast = 1;
     BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast));
@@ -289,7 +307,7 @@ Status LtEngine::describe(const Problem& p, const Formulation& f, bool last, Cal
   for (int r = 0; r < kRoles; ++r) {
     const LtMatrix& m = f.mat[r];
     // cuBLASLt's A is our B when swapped.
-    const cudaDataType_t type = r == kC || r == kD ? types_.cd : (r == kA) != f.swapped ? types_.a : types_.b;
+    const cudaDataType_t type = r == kC ? types_.c : r == kD ? types_.d : (r == kA) != f.swapped ? types_.a : types_.b;
     cublasLtMatrixLayout_t layout = nullptr;
     BARACUDA_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&layout, type, uint64_t(m.rows), uint64_t(m.cols), m.ld));
     d.layout[r].reset(layout);
@@ -415,10 +433,12 @@ Status LtEngine::run(const Problem& p, const Workspace& workspace, CUstream_st* 
       BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ptr));
     }
     if (request_.scaled) {  // cuBLASLt's A is our B when swapped
-      const void* scale_a = f.swapped ? p.scale_b : p.scale_a;
-      const void* scale_b = f.swapped ? p.scale_a : p.scale_b;
+      const void* scale_a = f.swapped ? p.scale_b.data : p.scale_a.data;
+      const void* scale_b = f.swapped ? p.scale_a.data : p.scale_b.data;
       BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, scale_a));
       BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, scale_b));
+      if (request_.result_scale)
+        BARACUDA_CUBLAS_TRY(set_attr(cublasLtMatmulDescSetAttribute, op, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, p.scale_result));
     }
     for (int64_t bi = 0; bi < loop_batches; ++bi) {
       auto at = [&](const Operand& o, size_t size) {
@@ -447,14 +467,16 @@ Status LtEngine::run(const Problem& p, const Workspace& workspace, CUstream_st* 
 Result<std::unique_ptr<Engine>> make_lt_engine(const LtRequest& request, std::span<const Problem> probes) {
   auto types = lt_types(request);
   if (!types && request.scaled)
-    return unsupported("cuBLASLt's fp8 GEMM takes fp8_e4m3/fp8_e5m2 operands to bf16, f16 or f32, not ",
+    return unsupported("cuBLASLt's fp8 GEMM takes fp8_e4m3/fp8_e5m2 operands to bf16, f16, f32 or fp8, not ",
                        dtype_name(request.in), " x ", dtype_name(request.in_b), " -> ", dtype_name(request.out));
   if (!types)
     return unsupported("cuBLASLt serves f32 f16 bf16 f64, f16/bf16 -> f32 (no epilogue) and i8 -> i32, not ", dtype_name(request.in), " -> ",
                        dtype_name(request.out));
   if (request.scaled && request.in == DType::fp8_e5m2 && request.in_b == DType::fp8_e5m2)
     return unsupported("cuBLASLt has no fp8_e5m2 x fp8_e5m2 GEMM: 'a' or 'b' must be fp8_e4m3");
-  if (request.scaled && request.bias && request.bias_dtype != (request.out == DType::f16 ? DType::f16 : DType::bf16))
+  // fp8 outputs take either (C is of the bias's type then).
+  if (request.scaled && request.bias && !is_fp8(request.out) &&
+      request.bias_dtype != (request.out == DType::f16 ? DType::f16 : DType::bf16))
     return unsupported("cuBLASLt's fp8 GEMM needs 'bias' ", request.out == DType::f16 ? "f16" : "bf16", " for ",
                        dtype_name(request.out), " output, got ", dtype_name(request.bias_dtype));
   if (request.in == DType::i8 && (request.bias || request.act != Activation::none))
