@@ -1,4 +1,4 @@
-// The bespoke CUDA attention forward, two kernels that never materialise the
+// The bespoke CUDA attention forward, kernels that never materialise the
 // score matrix:
 // - f16/bf16 with head dims 64 or 128 and 16-byte friendly rows on sm_90:
 //   the warpgroup-MMA kernel of kernels_fwd_sm90.cu.
@@ -11,7 +11,7 @@
 // - everything else (f32, f64, other head dims, any strides): one block per
 //   16 query rows, 32-key tiles, a lane per key for the scores and a lane
 //   per 32nd dim for the output, on CUDA cores.
-// Both apply the whole score rule (mask, window, ALiBi, softcap, dropout).
+// All apply the whole score rule (mask, window, ALiBi, softcap, dropout).
 #include "attention/tensor_core.cuh"
 
 namespace baracuda::attn {
