@@ -77,16 +77,20 @@ def main():
         # The bespoke kernels serve what cuDNN refuses (dropout, softcap, ALiBi, boolean masks, f32/f64...),
         # forced here through the backend preference: on tensor cores for f16/bf16 at head dims 64 and 128,
         # on CUDA cores otherwise (the D96 row).
-        b, h, s, d = 4, 32, 4096, 128
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=bf16) for _ in range(3))
-        out, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
+        # The forward on tensor cores: the warpgroup-MMA kernel on sm_90 (kernels_fwd_sm90.cu), mma.sync elsewhere.
         m, sl = torch.empty(0, device="cuda", dtype=bf16), torch.empty(0, device="cuda")
-        row(f"bespoke CUDA fwd B{b} H{h} S{s} D{d}",
-            lambda: run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out, lse], ATTRS, "cuda"),
-            lambda: TF.scaled_dot_product_attention(q, k, v), 4 * b * h * s * s * d,
-            check=lambda: close(run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out, lse], ATTRS,
-                                            "cuda")[0], TF.scaled_dot_product_attention(q, k, v), 3e-2))
-        del q, k, v, out, lse
+        fwd_kernel = "wgmma" if torch.cuda.get_device_capability() == (9, 0) else "mma.sync"
+        for b, h, s, d, causal in ((4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (4, 32, 4096, 64, False),
+                                   (1, 8, 1024, 128, False)):
+            attrs = dict(ATTRS, causal=int(causal))
+            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=bf16) for _ in range(3))
+            out, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
+            ours = lambda: run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out, lse], attrs,  # noqa: E731
+                                       "cuda")[0]
+            theirs = lambda: TF.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+            row(f"bespoke CUDA fwd B{b} H{h} S{s} D{d}{' causal' if causal else ''} ({fwd_kernel})", ours, theirs,
+                4 * b * h * s * s * d // (2 if causal else 1), check=lambda: close(ours(), theirs(), 3e-2))
+            del q, k, v, out, lse
         for b, h, s, d, causal in ((4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (4, 32, 4096, 64, False),
                                    (1, 8, 1024, 96, False)):
             attrs = dict(ATTRS, causal=int(causal))

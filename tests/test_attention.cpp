@@ -8,8 +8,12 @@
 #include <cmath>
 #include <random>
 
+#include "attention/engine.hpp"
 #include "baracuda/registry.hpp"
 #include "core/errors.hpp"
+#ifdef BARACUDA_HAS_CUDA
+#include "core/cuda_check.hpp"
+#endif
 #include "exec.hpp"
 #include "harness.hpp"
 #include "sweep.hpp"
@@ -39,6 +43,15 @@ TEST_P(Attention, CudnnMatchesReference) {
   sweep(halves, Backend::cudnn);
 }
 INSTANTIATE_TEST_SUITE_P(Ops, Attention, testing::ValuesIn(dense_ops()), param_name);
+
+/// Whether the bespoke forward runs the Hopper warpgroup-MMA kernel here.
+bool hopper_forward() {
+#if defined(BARACUDA_HAS_CUDA) && defined(BARACUDA_HAS_SM90A)
+  return cuda_available() && current_sm_version() == 90;
+#else
+  return false;
+#endif
+}
 
 std::vector<double> uniform(int64_t n, std::mt19937& rng, double lo = -1, double hi = 1) {
   std::uniform_real_distribution<double> dist(lo, hi);
@@ -410,8 +423,60 @@ TEST(AttentionCuda, BackwardIsDeterministic) {
   }
 }
 
+/// The Hopper warpgroup-MMA products alone, on small integers where every
+/// sum is exact: a failure here is a descriptor, swizzle or fragment bug,
+/// not the softmax's.
+TEST(AttentionCuda, WgmmaProductsAreExact) {
+  if (!hopper_forward()) GTEST_SKIP() << "no sm_90 device or no sm_90a code";
+#ifdef BARACUDA_HAS_CUDA
+  for (DType t : {DType::bf16, DType::f16})
+    for (int d : {64, 128}) {
+      auto check = attn::wgmma_self_test(t, d);
+      ASSERT_TRUE(check) << check.status().to_string();
+      EXPECT_EQ(check->scores, 0) << dtype_name(t) << " d=" << d << ": S = Q K^T (shared-memory descriptors)";
+      EXPECT_EQ(check->output, 0) << dtype_name(t) << " d=" << d << ": O = P V (register A, N-major B)";
+    }
+#endif
+}
+
+/// The Hopper forward over several key tiles (the K/V ring wraps), lengths
+/// off its 128-row and 128-key tiles both ways, GQA 4/1, contiguous
+/// operands, every option of the score rule; forward only (the backward has
+/// no Hopper kernel). Any device: elsewhere this runs the mma.sync kernel.
+TEST(AttentionCuda, LongSequencesAgainstReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(33);
+  const int64_t b = 1, hq = 4, hkv = 1;
+  const std::vector<Attrs> options = {Attrs{},
+                                      Attrs{{"causal", 1}},
+                                      Attrs{{"causal", 1}, {"bottom_right", 1}},
+                                      Attrs{{"window_left", 100}, {"window_right", 20}, {"softcap", 5}},
+                                      Attrs{},  // ALiBi and a boolean mask
+                                      Attrs{{"dropout_p", 0.15}, {"seed", 3}, {"offset", 2}}};
+  for (const auto& [sq, skv] : {std::pair<int64_t, int64_t>{300, 520}, {520, 300}})
+    for (int64_t d : {64, 128})
+      for (size_t o = 0; o < options.size(); ++o)
+        for (DType t : {DType::bf16, DType::f16}) {
+          const bool masked = o == 4;
+          std::vector<double> mask(size_t(sq * skv)), slopes{0.3, 0.1, 0.05, 0.01};
+          for (auto& x : mask) x = rng() % 5 ? 1 : 0;
+          const std::vector<Operand> in{{uniform(b * hq * sq * d, rng), {b, hq, sq, d}, t},
+                                        {uniform(b * hkv * skv * d, rng), {b, hkv, skv, d}, t},
+                                        {uniform(b * hkv * skv * d, rng), {b, hkv, skv, d}, t},
+                                        masked ? Operand{mask, {sq, skv}, DType::boolean} : Operand{{}, {0}, t},
+                                        masked ? Operand{slopes, {hq}, DType::f32} : Operand{{}, {0}, DType::f32}};
+          const std::string what = cat(dtype_name(t), " sq=", sq, " skv=", skv, " d=", d, " options ", o);
+          auto host = exec(Backend::host_reference, "scaled_dot_product_attention", in, options[o]);
+          auto cuda = exec(Backend::bespoke_cuda, "scaled_dot_product_attention", in, options[o]);
+          ASSERT_TRUE(host && cuda) << what;
+          for (size_t e = 0; e < (*host)[0].size(); ++e) ASSERT_NEAR((*cuda)[0][e], (*host)[0][e], 2e-2) << what << " out " << e;
+          for (size_t e = 0; e < (*host)[1].size(); ++e) ASSERT_NEAR((*cuda)[1][e], (*host)[1][e], 1e-4) << what << " lse " << e;
+        }
+}
+
 /// The bespoke sku names the tensor-core kernels where they serve (halves,
-/// head dims 64 and 128) and nothing for the CUDA-core ones.
+/// head dims 64 and 128; the forward on sm_90: wgmma) and nothing for the
+/// CUDA-core ones.
 TEST(AttentionCuda, SkuNamesTensorCoreKernel) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   PlanPreference pref;
@@ -425,7 +490,9 @@ TEST(AttentionCuda, SkuNamesTensorCoreKernel) {
         auto plan = select(Stream::cuda(), OpDesc{op, in, {}, {}}, pref);
         ASSERT_TRUE(plan) << plan.status().to_string();
         const bool tc = t != DType::f32 && d != 96 && (*plan)->sku().arch >= 80;
-        EXPECT_EQ(std::string((*plan)->sku().kernel), tc ? "tensor_cores" : "") << op << " " << dtype_name(t) << " d=" << d;
+        const bool hopper = tc && hopper_forward() && !op.ends_with("backward");
+        EXPECT_EQ(std::string((*plan)->sku().kernel), hopper ? "wgmma" : tc ? "tensor_cores" : "")
+            << op << " " << dtype_name(t) << " d=" << d;
       }
 }
 

@@ -144,6 +144,24 @@ def test_functional_sdpa_default_candidate_with_torch_views():
 
 
 @gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_functional_bespoke_forward_over_many_key_tiles(dtype, d, causal):
+    # A boolean mask: cuDNN refuses it, so the default candidate is the bespoke
+    # kernel (on sm_90 the warpgroup-MMA one); lengths off its 128-row and
+    # 128-key tiles, five key tiles (its K/V ring wraps), GQA 4:1.
+    b, hq, hkv, sq, skv = 2, 8, 2, 300, 520
+    q, k, v = _t((b, hq, sq, d), dtype), _t((b, hkv, skv, d), dtype), _t((b, hkv, skv, d), dtype)
+    mask = torch.rand((b, 1, sq, skv), device="cuda") > 0.2
+    mask[..., 0] = True
+    got = F.scaled_dot_product_attention(q, k, v, mask, is_causal=causal, enable_gqa=True)
+    full = mask & torch.ones(sq, skv, device="cuda", dtype=torch.bool).tril() if causal else mask
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), full, enable_gqa=True)
+    close(got, want, dtype, scale=4)
+
+
+@gpu
 def test_dropout_is_reproducible_on_the_gpu():
     q, k, v = (_t((1, 2, 64, 32), "float16") for _ in range(3))
     a = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, seed=5, offset=2)

@@ -30,6 +30,17 @@ AttentionTable& cuda_attention();
 /// Scratch bytes of the bespoke CUDA launchers: the backward's per-row dO . O.
 size_t cuda_attention_workspace(const Problem& p);
 
+/// Largest absolute errors of the Hopper forward's two warpgroup products
+/// against exact sums on small integers (0 when right): S = A B^T (shared
+/// memory descriptors, K-major) and O = P C (P from registers, C N-major).
+struct WgmmaCheck {
+  double scores = 0, output = 0;
+};
+/// Runs that check on the current device (sm_90, a build with sm_90a code),
+/// so that a descriptor or fragment bug shows apart from the softmax.
+/// Defined only in CUDA builds.
+Result<WgmmaCheck> wgmma_self_test(DType dtype, int head_dim);
+
 /// cuDNN's fused flash attention through the cuDNN frontend graph API
 /// (f16/bf16), forward or backward, or why it cannot serve. `deterministic`:
 /// the backward must be bitwise reproducible run to run. Defined only in CUDA builds.

@@ -1,6 +1,8 @@
-// The bespoke CUDA attention forward, two kernels that never materialise the
+// The bespoke CUDA attention forward, kernels that never materialise the
 // score matrix:
-// - f16/bf16 with head dims 64 or 128 and 16-byte friendly rows (sm_80+):
+// - f16/bf16 with head dims 64 or 128 and 16-byte friendly rows on sm_90:
+//   the warpgroup-MMA kernel of kernels_fwd_sm90.cu.
+// - the same layouts on other archs (sm_80+):
 //   flash attention on tensor cores (mma.sync m16n8k16, f32 accumulators):
 //   a block per 64 query rows (16 per warp), 64-key tiles of K and V
 //   double-buffered in shared memory by cp.async, S = Q K^T and O += P V
@@ -9,7 +11,7 @@
 // - everything else (f32, f64, other head dims, any strides): one block per
 //   16 query rows, 32-key tiles, a lane per key for the scores and a lane
 //   per 32nd dim for the output, on CUDA cores.
-// Both apply the whole score rule (mask, window, ALiBi, softcap, dropout).
+// All apply the whole score rule (mask, window, ALiBi, softcap, dropout).
 #include "attention/tensor_core.cuh"
 
 namespace baracuda::attn {
@@ -146,14 +148,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
   __syncthreads();  // stage 1 is free for the next tile
 
   // This thread's rows: g and g + 8 of the warp's 16.
-  int64_t row[2], lo[2], hi[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row[r] = row0 + warp * 16 + lane / 4 + 8 * r;
-    lo[r] = hi[r] = 0;
-    if (row[r] < v.len_q) key_range(p, row[r], v.len_q, v.len_kv, lo[r], hi[r]);
-  }
-  // Scores are kept in log2 units (times log2 e): exp becomes one ex2.
+  const FragRows f(p, v, row0 + warp * 16 + lane / 4);
   const float scale_log2 = float(p.scale * 1.4426950408889634);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
   float o[kDimTiles][4] = {};
@@ -174,62 +169,9 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
       }
     // The score rule (only scale where the whole tile is visible), then the
     // online softmax over this tile.
-    float tile_max[2] = {-INFINITY, -INFINITY};
-    if (tile_plain(p, v, row0, row_last, k0, kTcKeys)) {
-#pragma unroll
-      for (int nt = 0; nt < kKeyTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[nt][e] *= scale_log2;
-          tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
-        }
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < kKeyTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e / 2;
-          const int64_t j = k0 + nt * 8 + 2 * quad + (e & 1);
-          float x = -INFINITY, capped;
-          if (j >= lo[r] && j < hi[r]) x = score<float>(p, v, s[nt][e], row[r], j, capped) * kLog2e;
-          s[nt][e] = x;
-          tile_max[r] = fmaxf(tile_max[r], x);
-        }
-    }
-    float corr[2], m_new[2], m_ref[2], sum[2] = {0, 0};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      m_new[r] = fmaxf(m[r], tile_max[r]);
-      corr[r] = m_new[r] == -INFINITY ? 1.f : fast_exp2(m[r] - m_new[r]);
-      m_ref[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];  // all -inf so far: exp2(-inf - 0) = 0, no NaN
-    }
-#pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        const float pr = fast_exp2(s[nt][e] - m_ref[r]);
-        sum[r] += pr;
-        s[nt][e] = pr;
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-      l[r] = l[r] * corr[r] + sum[r];
-      m[r] = m_new[r];
-    }
-#pragma unroll
-    for (int dt = 0; dt < kDimTiles; ++dt) o[dt][0] *= corr[0], o[dt][1] *= corr[0], o[dt][2] *= corr[1], o[dt][3] *= corr[1];
-    if (p.dropout_p > 0)
-#pragma unroll
-      for (int nt = 0; nt < kKeyTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (s[nt][e] > 0)
-            s[nt][e] *= dropout_factor<float>(p, v, row[e / 2], k0 + nt * 8 + 2 * quad + (e & 1));
+    float tile_max[2];
+    tile_scores(s, tile_max, p, v, f, k0, quad, tile_plain(p, v, row0, row_last, k0, kTcKeys), scale_log2);
+    online_softmax(s, o, m, l, tile_max, p, v, f, k0, quad);
     // O += P V: the probabilities of two key tiles form one A fragment.
 #pragma unroll
     for (int kk = 0; kk < kTcKeys / 16; ++kk) {
@@ -246,21 +188,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
     __syncthreads();  // this stage is refilled two tiles on
   }
   cp_async_wait<0>();
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (row[r] >= v.len_q) continue;
-    const float inv = l[r] > 0 ? 1.f / l[r] : 0.f;
-    T* out = reinterpret_cast<T*>(p.out.data) + p.out.at(v.b, v.h, v.tok_q + row[r]);
-#pragma unroll
-    for (int dt = 0; dt < kDimTiles; ++dt) {
-      const int d = dt * 8 + 2 * quad;
-      out[d * p.out.dim] = convert<T>(o[dt][2 * r] * inv);
-      out[(d + 1) * p.out.dim] = convert<T>(o[dt][2 * r + 1] * inv);
-    }
-    if (quad == 0)
-      reinterpret_cast<float*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + row[r])] =
-          l[r] > 0 ? (m[r] + log2f(l[r])) * 0.6931471805599453f : -INFINITY;
-  }
+  write_rows<T>(p, v, f, o, m, l, quad);
 }
 
 template <class T, int kD>
@@ -280,7 +208,9 @@ struct CudaForward {
   static Status run(const Problem& p, const Workspace&, CUstream_st* stream) {
     if (p.batch == 0 || p.heads_q == 0 || p.seq_q == 0) return Status::ok();
     if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
-      if (tensor_core_layout(p, current_sm_version()))
+      const int sm = current_sm_version();
+      if (wgmma_layout(p, sm, current_optin_smem())) return attention_forward_wgmma<T>(p, stream);
+      if (tensor_core_layout(p, sm))
         return p.head_dim == 64 ? launch_tc<T, 64>(p, stream) : launch_tc<T, 128>(p, stream);
     }
     const size_t smem = forward_smem(p.head_dim, p.value_dim, sizeof(acc_of<T>));

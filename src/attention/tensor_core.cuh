@@ -56,6 +56,130 @@ __device__ __forceinline__ bool tile_plain(const Problem& p, const HeadView& v, 
   return k0 >= lo_last && k0 + keys <= hi_first;
 }
 
+// ---------------------------------------------------------------- forward steps
+// The tensor-core forwards (mma.sync in kernels_fwd.cu, wgmma in
+// kernels_fwd_sm90.cu) share the accumulator layout of a thread: s[n][e] is
+// row row[e / 2] (g and g + 8 of its warp's 16) and key k0 + 8 n + 2 quad +
+// (e % 2); o[n][e] the same rows and dim 8 n + 2 quad + (e % 2). Scores are
+// kept in log2 units (times log2 e) so each exponential is one ex2.
+
+/// The rows of one thread's fragments and the key range of each.
+struct FragRows {
+  int64_t row[2], lo[2], hi[2];
+  __device__ FragRows(const Problem& p, const HeadView& v, int64_t first) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row[r] = first + 8 * r;
+      lo[r] = hi[r] = 0;
+      if (row[r] < v.len_q) key_range(p, row[r], v.len_q, v.len_kv, lo[r], hi[r]);
+    }
+  }
+};
+
+/// Turns the raw products q.k of a key tile into scores in log2 units: the
+/// scale alone where `plain` (tile_plain), else the whole score rule element
+/// by element (-inf outside each row's key range); the row maxima of the
+/// tile into `tile_max` (over the 4 lanes of a row).
+template <int kN>
+__device__ __forceinline__ void tile_scores(float (&s)[kN][4], float (&tile_max)[2], const Problem& p,
+                                            const HeadView& v, const FragRows& f, int64_t k0, int quad, bool plain,
+                                            float scale_log2) {
+  tile_max[0] = tile_max[1] = -INFINITY;
+  if (plain) {
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] *= scale_log2;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
+      }
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        const int64_t j = k0 + nt * 8 + 2 * quad + (e & 1);
+        float x = -INFINITY, capped;
+        if (j >= f.lo[r] && j < f.hi[r]) x = score<float>(p, v, s[nt][e], f.row[r], j, capped) * kLog2e;
+        s[nt][e] = x;
+        tile_max[r] = fmaxf(tile_max[r], x);
+      }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+  }
+}
+
+/// One online-softmax step over a key tile of scores (log2 units) with row
+/// maxima `tile_max`: updates the running max `m` and sum `l`, rescales the
+/// output accumulators `o`, and leaves in `s` the probabilities times
+/// dropout's factor (the sum counts them before dropout).
+template <int kN, int kDimTiles>
+__device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDimTiles][4], float (&m)[2],
+                                               float (&l)[2], const float (&tile_max)[2], const Problem& p,
+                                               const HeadView& v, const FragRows& f, int64_t k0, int quad) {
+  float corr[2], m_new[2], m_ref[2], sum[2] = {0, 0};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    m_new[r] = fmaxf(m[r], tile_max[r]);
+    corr[r] = m_new[r] == -INFINITY ? 1.f : fast_exp2(m[r] - m_new[r]);
+    m_ref[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];  // all -inf so far: exp2(-inf - 0) = 0, no NaN
+  }
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float pr = fast_exp2(s[nt][e] - m_ref[e / 2]);
+      sum[e / 2] += pr;
+      s[nt][e] = pr;
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+    sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+    l[r] = l[r] * corr[r] + sum[r];
+    m[r] = m_new[r];
+  }
+#pragma unroll
+  for (int dt = 0; dt < kDimTiles; ++dt) o[dt][0] *= corr[0], o[dt][1] *= corr[0], o[dt][2] *= corr[1], o[dt][3] *= corr[1];
+  if (p.dropout_p > 0)
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (s[nt][e] > 0) s[nt][e] *= dropout_factor<float>(p, v, f.row[e / 2], k0 + nt * 8 + 2 * quad + (e & 1));
+}
+
+/// Writes a thread's rows of out (o / l) and lse (natural log; -inf for a row that saw no key).
+template <class T, int kDimTiles>
+__device__ __forceinline__ void write_rows(const Problem& p, const HeadView& v, const FragRows& f,
+                                           const float (&o)[kDimTiles][4], const float (&m)[2], const float (&l)[2],
+                                           int quad) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (f.row[r] >= v.len_q) continue;
+    const float inv = l[r] > 0 ? 1.f / l[r] : 0.f;
+    T* out = reinterpret_cast<T*>(p.out.data) + p.out.at(v.b, v.h, v.tok_q + f.row[r]);
+#pragma unroll
+    for (int dt = 0; dt < kDimTiles; ++dt) {
+      const int d = dt * 8 + 2 * quad;
+      out[d * p.out.dim] = convert<T>(o[dt][2 * r] * inv);
+      out[(d + 1) * p.out.dim] = convert<T>(o[dt][2 * r + 1] * inv);
+    }
+    if (quad == 0)
+      reinterpret_cast<float*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + f.row[r])] =
+          l[r] > 0 ? (m[r] + log2f(l[r])) * 0.6931471805599453f : -INFINITY;
+  }
+}
+
+/// The forward on Hopper's warpgroup MMA (kernels_fwd_sm90.cu) for a problem
+/// wgmma_layout takes.
+template <class T>
+Status attention_forward_wgmma(const Problem& p, CUstream_st* stream);
+
 /// The backward on tensor cores (kernels_bwd_tc.cu) for a problem
 /// tensor_core_layout takes, after the per-row dO . O in `ws`.
 template <class T>

@@ -49,4 +49,26 @@ inline bool tensor_core_layout(const Problem& p, int sm) {
   return true;
 }
 
+/// The Hopper forward (kernels_fwd_sm90.cu, warpgroup MMA): 128 query rows
+/// a block (two warpgroups of 64 rows), 128-key tiles, a ring of K/V stages
+/// (3 at head dim 64, 2 at 128) in the 128-byte swizzled layout, 1024-byte aligned.
+constexpr int kWgRows = 128, kWgKeys = 128, kWgThreads = 256;
+constexpr int wgmma_stages(int64_t d) { return d == 64 ? 3 : 2; }
+constexpr size_t wgmma_forward_smem(int64_t d) {
+  return size_t(kWgRows * d + wgmma_stages(d) * 2 * kWgKeys * d) * 2 + 1024;
+}
+
+/// Whether the Hopper forward takes a problem on a device of compute
+/// capability `sm` with `max_smem` bytes of opt-in shared memory: a forward
+/// tensor_core_layout takes, on sm_90 (its sm_90a code runs nowhere else),
+/// in a build with sm_90a code.
+inline bool wgmma_layout(const Problem& p, int sm, size_t max_smem) {
+#ifdef BARACUDA_HAS_SM90A
+  return !p.backward && sm == 90 && tensor_core_layout(p, sm) && wgmma_forward_smem(p.head_dim) <= max_smem;
+#else
+  (void)p, (void)sm, (void)max_smem;
+  return false;
+#endif
+}
+
 }  // namespace baracuda::attn::tiles

@@ -1,0 +1,210 @@
+// Hopper warpgroup MMA (wgmma.mma_async, sm_90a) for the attention forward
+// (kernels_fwd_sm90.cu): tiles of 16-byte chunks copied by cp.async into the
+// 128-byte swizzled shared-memory layout, the matrix descriptors that
+// describe it, and the three products the kernel issues: S = Q K^T with both
+// operands in shared memory (m64n128k16) and O += P V with P in registers
+// (m64n64k16 / m64n128k16, V read N-major).
+//
+// Note [Swizzled tiles and descriptors]
+// A tile of R rows by kD halves is stored as kD / 64 column blocks of R
+// rows of 128 bytes (64 halves); in each 1024-byte group of 8 rows the
+// 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the 128-byte swizzle,
+// Swizzle<3,4,3>: address bits [4:6] ^= bits [7:9]); tiles start on 1024
+// bytes so the matrix base offset is 0. One layout serves every operand:
+// - K-major (Q as A, K as B, transpose 0): rows are M or N, 16 halves of K
+//   a step are 32 bytes on within the 128-byte row (the hardware swizzles
+//   the absolute address), the next 64 halves of K are the next column
+//   block; SBO = 1024 (8 rows to the next 8), LBO unused (1).
+// - N-major (V as B, transpose 1): rows are K (keys), the 64 halves of a
+//   row are N (dims); 16 keys a step are 2048 bytes on; SBO = 1024 (8 keys
+//   to the next 8), LBO = R * 128 (from dims 0..63 to dims 64..127).
+// Fragments (PTX ISA, wgmma .m64nNk16): warp w of the warpgroup holds rows
+// 16 w .. 16 w + 15; lane t holds accumulator register 4 i + e (kept here as
+// d[i][e]) at row t / 4 + 8 (e / 2) and column 8 i + 2 (t % 4) + (e % 2); the A fragment from registers is
+// mma.sync's m16n8k16 A fragment: {(g, 2q..), (g + 8, 2q..), (g, 2q + 8..),
+// (g + 8, 2q + 8..)} for g = t / 4, q = t % 4, two halves a register.
+#pragma once
+
+#include "attention/device.cuh"
+
+namespace baracuda::attn {
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define BARACUDA_WGMMA 1
+#endif
+
+/// Byte offset of 16-byte chunk `c` (of kD / 8) of row `r` in a swizzled tile of `rows` rows.
+__device__ __forceinline__ uint32_t swizzled_chunk(int rows, int r, int c) {
+  return uint32_t((c / 8) * rows * 128 + r * 128 + (((c % 8) ^ (r % 8)) << 4));
+}
+
+/// Issues the cp.async copy of `kRowsT` rows of kD halves (unit dim stride,
+/// 16-byte rows) into a swizzled tile, rows at or past `len` zero-filled;
+/// kThreadsT threads share it, consecutive threads taking consecutive chunks.
+template <int kD, int kRowsT, int kThreadsT, class T>
+__device__ __forceinline__ void issue_swizzled(T* s, const T* base, int64_t seq, int64_t row0, int64_t len) {
+  constexpr int kPerRow = kD / 8;
+  for (int e = threadIdx.x % kThreadsT; e < kRowsT * kPerRow; e += kThreadsT) {
+    const int r = e / kPerRow, c = e % kPerRow;
+    const int64_t i = row0 + r;
+    cp_async_16(reinterpret_cast<unsigned char*>(s) + swizzled_chunk(kRowsT, r, c), i < len ? base + i * seq + c * 8 : base,
+                i < len);
+  }
+}
+
+/// A wgmma shared-memory matrix descriptor with the 128-byte swizzle (Note [Swizzled tiles and descriptors]).
+__device__ __forceinline__ uint64_t sw128_desc(const void* start, uint32_t lbo_bytes) {
+  return uint64_t((shared_address(start) & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16) |
+         (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+/// Makes this thread's generic-proxy shared-memory writes (cp.async) visible to wgmma's async proxy.
+__device__ __forceinline__ void fence_proxy_async() {
+#ifdef BARACUDA_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+/// Orders this warpgroup's register writes before the wgmma that reads them.
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef BARACUDA_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef BARACUDA_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+/// Waits until at most kPending committed wgmma groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef BARACUDA_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+/// Pins registers in place for the asynchronous MMA: before wgmma_fence, so
+/// that every write of them precedes the fence; after wgmma_wait, so that no
+/// read moves above the wait (register dependencies alone allow both moves).
+template <int kN>
+__device__ __forceinline__ void wgmma_pin(float (&d)[kN][4]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+template <int kN>
+__device__ __forceinline__ void wgmma_pin(uint32_t (&d)[kN][4]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(d[i][e])::"memory");
+}
+
+#define BCD_WG_D32 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31}"
+#define BCD_WG_D64                                                                                                 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, " \
+  "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define BCD_WG_F1(d, i) "+f"(d[(i) / 4][(i) % 4])
+#define BCD_WG_F8(d, i)                                                                                        \
+  BCD_WG_F1(d, i), BCD_WG_F1(d, i + 1), BCD_WG_F1(d, i + 2), BCD_WG_F1(d, i + 3), BCD_WG_F1(d, i + 4),           \
+      BCD_WG_F1(d, i + 5), BCD_WG_F1(d, i + 6), BCD_WG_F1(d, i + 7)
+#define BCD_WG_F32(d) BCD_WG_F8(d, 0), BCD_WG_F8(d, 8), BCD_WG_F8(d, 16), BCD_WG_F8(d, 24)
+#define BCD_WG_F64(d) BCD_WG_F32(d), BCD_WG_F8(d, 32), BCD_WG_F8(d, 40), BCD_WG_F8(d, 48), BCD_WG_F8(d, 56)
+
+// d (64 x 128, f32) = A B (+ d when `accumulate`): A (64 x 16) and B (16 x 128) K-major in shared memory.
+#define BCD_WGMMA_SS128(TY)                                                                                   \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                    \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " BCD_WG_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n" \
+               : BCD_WG_F64(d)                                                                                \
+               : "l"(a), "l"(b), "r"(accumulate))
+// d (64 x N, f32) += A B: A (64 x 16) from registers, B (16 x N) N-major in shared memory.
+#define BCD_WGMMA_RS64(TY)                                                                                     \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                     \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " BCD_WG_D32                           \
+               ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                                   \
+               : BCD_WG_F32(d)                                                                                 \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+#define BCD_WGMMA_RS128(TY)                                                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                     \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " BCD_WG_D64                          \
+               ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                                   \
+               : BCD_WG_F64(d)                                                                                 \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+
+/// d (64 x 128) = A B (+ d when `accumulate`), A and B K-major in shared memory (descriptors a, b).
+template <class T>
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[16][4], uint64_t a, uint64_t b, int accumulate) {
+#ifdef BARACUDA_WGMMA
+  if constexpr (std::is_same_v<T, __half>) BCD_WGMMA_SS128("f16");
+  else BCD_WGMMA_SS128("bf16");
+#endif
+}
+
+/// d (64 x kN) += A B, A (64 x 16) a register fragment, B N-major in shared memory (descriptor b).
+template <class T, int kN>
+__device__ __forceinline__ void wgmma_rs(float (&d)[kN / 8][4], const uint32_t (&a)[4], uint64_t b) {
+#ifdef BARACUDA_WGMMA
+  static_assert(kN == 64 || kN == 128, "wgmma_rs: N of 64 or 128");
+  if constexpr (kN == 64) {
+    if constexpr (std::is_same_v<T, __half>) BCD_WGMMA_RS64("f16");
+    else BCD_WGMMA_RS64("bf16");
+  } else {
+    if constexpr (std::is_same_v<T, __half>) BCD_WGMMA_RS128("f16");
+    else BCD_WGMMA_RS128("bf16");
+  }
+#endif
+}
+
+#undef BCD_WGMMA_SS128
+#undef BCD_WGMMA_RS64
+#undef BCD_WGMMA_RS128
+#undef BCD_WG_F64
+#undef BCD_WG_F32
+#undef BCD_WG_F8
+#undef BCD_WG_F1
+#undef BCD_WG_D64
+#undef BCD_WG_D32
+
+/// S = Q K^T for one warpgroup: sQ is this warpgroup's 64 rows inside a
+/// swizzled tile of `q_rows` rows, sK a swizzled tile of 128 keys; kD / 16 steps.
+template <class T, int kD>
+__device__ __forceinline__ void wgmma_scores(float (&s)[16][4], const T* sQ, int q_rows, const T* sK) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const int col = (kk % 4) * 16;  // halves into the 128-byte row of column block kk / 4
+    const uint64_t a = sw128_desc(sQ + (kk / 4) * q_rows * 64 + col, 16);
+    const uint64_t b = sw128_desc(sK + (kk / 4) * 128 * 64 + col, 16);
+    wgmma_ss_n128<T>(s, a, b, kk > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_pin(s);
+}
+
+/// O += P V for one warpgroup: P (64 x 128 keys) the probabilities in the
+/// score accumulator layout, V a swizzled tile of 128 keys by kD dims.
+template <class T, int kD>
+__device__ __forceinline__ void wgmma_values(float (&o)[kD / 8][4], const float (&s)[16][4], const T* sV) {
+  uint32_t a[8][4];  // P as eight A fragments of 16 keys, all written before the fence
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    a[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    a[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    a[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+  wgmma_pin(a);
+  wgmma_pin(o);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) wgmma_rs<T, kD>(o, a[kk], sw128_desc(sV + kk * 16 * 64, 128 * 128));
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_pin(o);
+}
+
+}  // namespace baracuda::attn
