@@ -241,7 +241,7 @@ class GroupedPlan final : public FamilyPlan {
     const Bound bound = bind(backward_, args);
     for (int i = 0; i < bound.count; ++i) {  // in stream order: the problems share the workspace
       const GroupedProblem& p = bound.problems[i];
-      const bool empty = p.m == 0 || p.n == 0 || (p.mode != GroupedMode::rows && p.groups == 0);
+      const bool empty = p.m == 0 || p.n == 0 || p.groups == 0;
       const CutlassView view = cutlass_ && !empty ? cutlass_view(p) : CutlassView{"no CUTLASS"};
       if (!view.why)
         BARACUDA_TRY(cutlass_->run(p, view, workspace.data, sm_count_, stream.cuda_stream()).with_context(info_.name));
