@@ -5,6 +5,7 @@ import argparse
 
 import torch
 
+import baracuda
 import baracuda.functional as F
 from bench_elementwise import median_ms
 from bench_rows import close
@@ -187,6 +188,8 @@ def main():
         o1 = torch.empty(g_count * rows, nn, device="cuda", dtype=bf16)
         flops = 2 * g_count * rows * nn * kk
         loop = lambda: torch.cat([torch.mm(a[i * rows:(i + 1) * rows], wt[i]) for i in range(g_count)])  # noqa: E731
+        sku = lambda *xs: baracuda.plan_info("grouped_mm", [F._spec(x) for x in xs], {}, device="cuda")["sku"]  # noqa: E731
+        print(f"grouped_mm runs {sku(a, wt, offs)}", flush=True)
         name = f"grouped_mm G{g_count} {g_count * rows}x{nn}x{kk}"
         if hasattr(torch, "_grouped_mm"):
             row(name + " vs _grouped_mm", bf16, lambda: F.grouped_mm(a, wt, offs, out=o1),
@@ -200,6 +203,24 @@ def main():
                                                                                    g[i * rows:(i + 1) * rows]))
                      for i in range(g_count)], 2 * flops)
         del a, wt, o1, g
+        # torch's 3D x 2D form (offs over N): a [G, M, K] @ b [K, total N], b stored K-contiguous.
+        a3 = torch.randn(g_count, rows, kk, device="cuda", dtype=bf16)
+        b2 = (torch.randn(g_count * nn, kk, device="cuda", dtype=bf16) * 0.02).t()  # [K, G * N]
+        offs_n = torch.arange(1, g_count + 1, device="cuda", dtype=torch.int32) * nn
+        o2 = torch.empty(rows, g_count * nn, device="cuda", dtype=bf16)
+        loop2 = lambda: torch.cat([torch.mm(a3[i], b2[:, i * nn:(i + 1) * nn]) for i in range(g_count)], 1)  # noqa: E731
+        name = f"grouped_mm 3Dx2D G{g_count} {rows}x{g_count * nn}x{kk}"
+        if hasattr(torch, "_grouped_mm"):
+            row(name + " vs _grouped_mm", bf16, lambda: F.grouped_mm(a3, b2, offs_n, out=o2),
+                lambda: torch._grouped_mm(a3, b2, offs_n), flops,
+                check=lambda: close(F.grouped_mm(a3, b2, offs_n), loop2(), 5e-2))
+        row(name + " vs mm loop", bf16, lambda: F.grouped_mm(a3, b2, offs_n, out=o2), loop2, flops)
+        g2 = torch.randn(rows, g_count * nn, device="cuda", dtype=bf16)
+        row(f"grouped_mm_backward 3Dx2D G{g_count} (grad_a, grad_b) vs mm loop", bf16,
+            lambda: F.grouped_mm_backward(g2, a3, b2, offs_n),
+            lambda: [(torch.mm(g2[:, i * nn:(i + 1) * nn], b2[:, i * nn:(i + 1) * nn].t()),
+                      torch.mm(a3[i].t(), g2[:, i * nn:(i + 1) * nn])) for i in range(g_count)], 2 * flops)
+        del a3, b2, o2, g2
 
 
 if __name__ == "__main__":

@@ -24,6 +24,13 @@ if [ ! -f .carry/cudnn_frontend/include/cudnn_frontend.h ] &&
   python3 -m pip install -q --no-deps nvidia-cudnn-frontend ||
     echo "[setup] warning: no cuDNN frontend headers; the cuDNN attention engine is left out"
 fi
+# CUTLASS/CuTe headers (header-only; the grouped GEMM's sm_90a backend; a copy in .carry/ serves machines without network).
+if [ ! -f .carry/cutlass/include/cutlass/cutlass.h ] &&
+   ! python3 -c "import importlib.metadata as m; m.distribution('nvidia-cutlass')" 2>/dev/null; then
+  echo "[setup] pip install nvidia-cutlass (CUTLASS headers)"
+  python3 -m pip install -q --no-deps nvidia-cutlass ||
+    echo "[setup] warning: no CUTLASS headers; the CUTLASS grouped GEMM backend is left out"
+fi
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi

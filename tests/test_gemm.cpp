@@ -1,6 +1,6 @@
 // GEMM family: every op x dtype x shape x layout x attribute set against the
-// host reference in f64 on every candidate (cuBLASLt and the bespoke kernel
-// with a GPU); exact small-integer products written out here independently;
+// host reference in f64 on every candidate (cuBLASLt, CUTLASS and the bespoke
+// kernel with a GPU); exact small-integer products written out here independently;
 // gradients against finite differences of the forward; bad input.
 #include <gtest/gtest.h>
 
@@ -42,6 +42,19 @@ TEST_P(Gemm, CublasLtMatchesReference) {
     GTEST_SKIP() << "no cuBLASLt candidate (grouped_mm)";
   floats.dtypes = {DType::f32, DType::f16, DType::bf16, DType::f64};
   sweep(floats, Backend::cublaslt);
+}
+TEST_P(Gemm, CutlassMatchesReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  OpInfo halves = *find_op(GetParam());
+  if (std::find(halves.backends.begin(), halves.backends.end(), Backend::cutlass) == halves.backends.end())
+    GTEST_SKIP() << "no CUTLASS candidate";
+  PlanPreference pref;
+  pref.backend = Backend::cutlass;
+  const DType t = DType::bf16;
+  if (!select(Stream::cuda(), OpDesc{"grouped_mm", {{t, {8, 8}}, {t, {1, 8, 8}}, {DType::i32, {1}}}, {}, {}}, pref))
+    GTEST_SKIP() << "CUTLASS not built (headers, sm_90a) or not sm_90";
+  halves.dtypes = {DType::f16, DType::bf16};  // CUTLASS's grouped GEMM dtypes
+  sweep(halves, Backend::cutlass);
 }
 INSTANTIATE_TEST_SUITE_P(Ops, Gemm, testing::ValuesIn(ops_of(OpCategory::gemm)), param_name);
 

@@ -1,7 +1,10 @@
 // grouped_mm beyond the generic sweep (test_gemm.cpp sweeps every gemm-category
-// op): exact small-integer products of the three forms written out here,
+// op): exact small-integer products of the four forms written out here,
 // empty groups, rows past the last group, sizes that are not tile multiples,
-// K- and N-contiguous b; gradients against finite differences; bad input.
+// misaligned group starts, K- and N-contiguous b, on every candidate (the
+// CUTLASS one on sm_90); gradients against finite differences; the CUDA
+// backward against the host's; CUDA graph capture; how CUTLASS sees a
+// problem (host); bad input.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -9,6 +12,7 @@
 #include "baracuda/registry.hpp"
 #include "core/errors.hpp"
 #include "exec.hpp"
+#include "gemm/grouped.hpp"
 #include "harness.hpp"
 
 using namespace baracuda;
@@ -20,7 +24,8 @@ namespace {
 std::vector<double> as_doubles(const std::vector<int>& v) { return std::vector<double>(v.begin(), v.end()); }
 
 /// The product of one form written out: rows (a [M, K], b [G, K, N]), batch
-/// (a [G, M, K]) or red (a [M, K], b [K, N], K split) from logical row-major values.
+/// (a [G, M, K], b [G, K, N]), red (a [M, K], b [K, N], K split) or cols (a
+/// [G, M, K], b [K, N], N split) from logical row-major values.
 std::vector<double> reference(const std::vector<Shape>& shapes, const std::vector<double>& a,
                               const std::vector<double>& b, const std::vector<int>& offs) {
   const Shape &sa = shapes[0], &sb = shapes[1];
@@ -32,6 +37,13 @@ std::vector<double> reference(const std::vector<Shape>& shapes, const std::vecto
       for (int64_t m = start; m < offs[g]; ++m)
         for (int64_t n = 0; n < N; ++n)
           for (int64_t k = 0; k < K; ++k) out[m * N + n] += a[m * K + k] * b[(g * K + k) * N + n];
+  } else if (sa.size() == 3 && sb.size() == 2) {  // cols
+    const int64_t G = sa[0], M = sa[1], K = sa[2], N = sb[1];
+    out.assign(M * N, 0);
+    for (int64_t g = 0, start = 0; g < G; start = offs[g], ++g)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = start; n < offs[g]; ++n)
+          for (int64_t k = 0; k < K; ++k) out[m * N + n] += a[(g * M + m) * K + k] * b[k * N + n];
   } else if (sa.size() == 3) {  // batch
     const int64_t G = sa[0], M = sa[1], K = sa[2], N = sb[2];
     out.assign(G * M * N, 0);
@@ -74,8 +86,31 @@ const std::vector<Case>& cases() {
       // K split with an empty group and the last K columns in none.
       {"red", {{6, 29}, {29, 10}}, {5, 5, 20, 27}},
       {"red tiles", {{130, 40}, {40, 140}}, {3, 33, 40}},
+      // 3D x 2D: columns split by offs, columns 40..44 past the last group.
+      {"cols small", {{3, 5, 24}, {24, 45}}, {7, 7, 40}},
+      {"cols tiles", {{2, 130, 40}, {40, 300}}, {100, 257}},
+      // Sizes CUTLASS takes (16-byte leading dims): M not a tile multiple, empty
+      // groups, starts on and off 16-byte boundaries (offs over a contiguous dim).
+      {"rows aligned", {{300, 64}, {3, 64, 136}}, {100, 100, 257}},
+      {"batch aligned", {{3, 130, 64}, {3, 64, 264}}, {}},
+      // (Groups of at most 64 K: |sums| <= 256, exact in bf16.)
+      {"red aligned", {{72, 200}, {200, 136}}, {3, 64, 64, 120}},
+      {"red aligned starts", {{72, 200}, {200, 136}}, {16, 64, 64, 128}},
+      {"cols aligned", {{3, 136, 64}, {64, 264}}, {5, 5, 133}},
   };
   return all;
+}
+
+/// The candidates a test runs: the host reference, the bespoke CUDA
+/// kernels, and CUTLASS where select takes it (sm_90a builds with the headers).
+std::vector<Backend> grouped_backends(DType t) {
+  std::vector<Backend> out = host_and_cuda_backends();
+  if (!cuda_available()) return out;
+  PlanPreference pref;
+  pref.backend = Backend::cutlass;
+  if (select(Stream::cuda(), OpDesc{"grouped_mm", {{t, {8, 8}}, {t, {1, 8, 8}}, {DType::i32, {1}}}, {}, {}}, pref))
+    out.push_back(Backend::cutlass);
+  return out;
 }
 
 TEST(GroupedGemmExact, SmallIntegerProducts) {
@@ -85,8 +120,8 @@ TEST(GroupedGemmExact, SmallIntegerProducts) {
     const std::vector<double> a = small_ints(numel(c.shapes[0]), rng), b = small_ints(numel(c.shapes[1]), rng);
     const std::vector<double> want = reference(c.shapes, a, b, c.offs);
     const Shape offs_shape{int64_t(c.offs.size())};
-    for (Backend backend : host_and_cuda_backends())
-      for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f64})
+    for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f64})
+      for (Backend backend : grouped_backends(t))
         for (bool b_k_contiguous : {false, true}) {
           const Operand ob{b, c.shapes[1], t, b_k_contiguous ? k_contiguous(c.shapes[1]) : Shape{}};
           auto r = exec(backend, "grouped_mm", {{a, c.shapes[0], t}, ob, {as_doubles(c.offs), offs_shape, DType::i32}});
@@ -105,8 +140,8 @@ TEST(GroupedGemmExact, StridedOperands) {
   const std::vector<double> a = small_ints(numel(sa), rng), b = small_ints(numel(sb), rng);
   const std::vector<int> offs{4, 4, 17};
   const std::vector<double> want = reference({sa, sb}, a, b, offs);
-  for (Backend backend : host_and_cuda_backends())
-    for (DType t : {DType::f32, DType::bf16}) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (Backend backend : grouped_backends(t)) {
       auto r = exec(backend, "grouped_mm",
                     {{a, sa, t, {1, 20}}, {b, sb, t, {8, 1, 24}}, {as_doubles(offs), {3}, DType::i32, {2}}});
       ASSERT_TRUE(r) << r.status().to_string();
@@ -122,6 +157,7 @@ TEST(GroupedGemmGradients, MatchFiniteDifferences) {
       {"rows", {{7, 3}, {3, 3, 4}}, {2, 2, 6}},
       {"batch", {{2, 3, 4}, {2, 4, 5}}, {}},
       {"red", {{3, 7}, {7, 4}}, {0, 3, 6}},
+      {"cols", {{3, 2, 3}, {3, 7}}, {2, 2, 6}},
   };
   for (const Case& c : small) {
     const Shape offs_shape{int64_t(c.offs.size())};
@@ -159,6 +195,139 @@ TEST(GroupedGemmGradients, MatchFiniteDifferences) {
   }
 }
 
+/// Every CUDA candidate's gradients of the aligned cases equal the host's
+/// (small integers: exact in bf16 and f16).
+TEST(GroupedGemmGradients, CudaMatchesHost) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(21);
+  for (const Case& c : cases()) {
+    if (c.name.find("aligned") == std::string::npos) continue;
+    const Shape offs_shape{int64_t(c.offs.size())};
+    const Shape y_shape = check(infer("grouped_mm", {{DType::f64, c.shapes[0]}, {DType::f64, c.shapes[1]},
+                                                     {DType::i32, offs_shape}}))
+                              .outputs[0]
+                              .shape;
+    const std::vector<double> a = small_ints(numel(c.shapes[0]), rng, -1, 1), b = small_ints(numel(c.shapes[1]), rng, -1, 1);
+    const std::vector<double> g = small_ints(numel(y_shape), rng, -1, 1);
+    auto in = [&](DType t) {
+      return std::vector<Operand>{{g, y_shape, t}, {a, c.shapes[0], t}, {b, c.shapes[1], t},
+                                  {as_doubles(c.offs), offs_shape, DType::i32}};
+    };
+    auto want = exec(Backend::host_reference, "grouped_mm_backward", in(DType::f64));
+    ASSERT_TRUE(want) << want.status().to_string();
+    for (DType t : {DType::bf16, DType::f16})
+      for (Backend backend : grouped_backends(t)) {
+        if (backend == Backend::host_reference) continue;
+        auto got = exec(backend, "grouped_mm_backward", in(t));
+        ASSERT_TRUE(got) << c.name << " " << backend_name(backend) << ": " << got.status().to_string();
+        EXPECT_EQ((*got)[0], (*want)[0]) << c.name << " " << backend_name(backend) << " " << dtype_name(t) << " grad_a";
+        EXPECT_EQ((*got)[1], (*want)[1]) << c.name << " " << backend_name(backend) << " " << dtype_name(t) << " grad_b";
+      }
+  }
+}
+
+/// How CUTLASS takes a problem: orientation, operand majors, leading dims,
+/// and what it refuses (host logic, no device).
+TEST(GroupedGemmCutlass, View) {
+  alignas(16) static char buffer[64];
+  gemm::GroupedProblem p;
+  p.dtype = DType::bf16;
+  p.mode = gemm::GroupedMode::rows;
+  p.groups = 2, p.m = 100, p.n = 64, p.k = 32;
+  p.a = {buffer, 0, 32, 1};            // [M, K] row-major
+  p.b = {buffer, 32 * 64, 1, 32};      // [G, K, N] stored [G, N, K]
+  p.d = {buffer, 0, 64, 1};            // [M, N] row-major
+  gemm::CutlassView v = gemm::cutlass_view(p);
+  EXPECT_EQ(v.why, nullptr) << v.why;
+  EXPECT_FALSE(v.transpose);
+  EXPECT_TRUE(v.a_k_major);
+  EXPECT_TRUE(v.b_k_major);
+  EXPECT_EQ(v.lda, 32);
+  EXPECT_EQ(v.ldb, 32);
+  EXPECT_EQ(v.ldd, 64);
+  EXPECT_TRUE(v.split_aligned);
+  p.b = {buffer, 32 * 64, 64, 1};  // N-contiguous
+  v = gemm::cutlass_view(p);
+  EXPECT_FALSE(v.b_k_major);
+  EXPECT_EQ(v.ldb, 64);
+  p.d = {buffer, 0, 1, 104};  // column-major out (leading dim 104): D^T = B^T A^T
+  v = gemm::cutlass_view(p);
+  EXPECT_EQ(v.why, nullptr) << v.why;
+  EXPECT_TRUE(v.transpose);
+  EXPECT_FALSE(v.a_k_major);  // B^T [N, K] is N-contiguous
+  EXPECT_EQ(v.lda, 64);
+  EXPECT_TRUE(v.b_k_major);   // A^T as CUTLASS's B is K-contiguous
+  EXPECT_EQ(v.ldb, 32);
+  EXPECT_EQ(v.ldd, 104);
+  EXPECT_FALSE(v.split_aligned);  // row starts move D's base by 2 bytes a row
+  p.d = {buffer, 0, 64, 1};
+  p.a = {buffer, 0, 36, 1};  // a leading dim of 72 bytes
+  EXPECT_NE(gemm::cutlass_view(p).why, nullptr);
+  p.a = {buffer + 2, 0, 32, 1};  // a base off 16 bytes
+  EXPECT_NE(gemm::cutlass_view(p).why, nullptr);
+  p.a = {buffer, 0, 32, 1};
+  p.k = 0;
+  EXPECT_NE(gemm::cutlass_view(p).why, nullptr);
+  p.k = 32;
+  p.mode = gemm::GroupedMode::red;  // K split over a's unit stride: checked per group on the device
+  EXPECT_EQ(gemm::cutlass_view(p).why, nullptr);
+  EXPECT_FALSE(gemm::cutlass_view(p).split_aligned);
+}
+
+#ifdef BARACUDA_HAS_CUDA
+/// A captured run replays correctly: run neither syncs nor reads offsets on the host.
+TEST(GroupedGemmCuda, GraphCapture) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(23);
+  const Shape sa{300, 64}, sb{3, 64, 136}, so{300, 136}, so_shape{3}, so_stride{1};
+  const std::vector<int> offs{100, 100, 257};
+  const std::vector<double> a = small_ints(numel(sa), rng), b = small_ints(numel(sb), rng);
+  const std::vector<double> want = reference({sa, sb}, a, b, offs);
+  for (Backend backend : grouped_backends(DType::bf16)) {
+    if (backend == Backend::host_reference) continue;
+    PlanPreference pref;
+    pref.backend = backend;
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    auto plan = select(Stream::cuda(stream),
+                       OpDesc{"grouped_mm", {{DType::bf16, sa}, {DType::bf16, sb}, {DType::i32, {3}}}, {}, {}}, pref);
+    ASSERT_TRUE(plan) << plan.status().to_string();
+    auto upload = [](const std::vector<double>& v, DType t) {
+      Memory host = Memory::host(v.size() * dtype_size(t));
+      for (size_t i = 0; i < v.size(); ++i) store_double(host.data(), t, int64_t(i), v[i]);
+      Memory dev = check(Memory::device(host.bytes()));
+      cudaMemcpy(dev.data(), host.data(), host.bytes(), cudaMemcpyHostToDevice);
+      return dev;
+    };
+    Memory da = upload(a, DType::bf16), db = upload(b, DType::bf16), doffs = upload(as_doubles(offs), DType::i32);
+    Memory dout = upload(std::vector<double>(numel(so), NAN), DType::bf16);
+    Memory ws = check(Memory::device(std::max<size_t>((*plan)->workspace_size(), 1)));
+    const TensorView in[3] = {check(TensorView::strided(da.data(), DType::bf16, sa, row_major(sa))),
+                              check(TensorView::strided(db.data(), DType::bf16, sb, row_major(sb))),
+                              check(TensorView::strided(doffs.data(), DType::i32, so_shape, so_stride))};
+    const TensorView out[1] = {check(TensorView::strided(dout.data(), DType::bf16, so, row_major(so)))};
+    OpArgs args{in, out};
+    cudaGraph_t graph;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    const Status st = (*plan)->run(Stream::cuda(stream), Workspace{ws.data(), ws.bytes()}, args);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    cudaGraphExec_t exec_graph;
+    ASSERT_EQ(cudaGraphInstantiate(&exec_graph, graph, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec_graph, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    Memory host = Memory::host(dout.bytes());
+    cudaMemcpy(host.data(), dout.data(), dout.bytes(), cudaMemcpyDeviceToHost);
+    std::vector<double> got(numel(so));
+    for (size_t i = 0; i < got.size(); ++i) got[i] = load_double(host.data(), DType::bf16, int64_t(i));
+    EXPECT_EQ(got, want) << backend_name(backend);
+    cudaGraphExecDestroy(exec_graph);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+#endif
+
 TEST(GroupedGemmErrors, BadInputIsNamed) {
   auto message = [](const std::string& op, std::vector<TensorSpec> in) {
     auto r = infer(op, std::move(in), {});
@@ -176,7 +345,9 @@ TEST(GroupedGemmErrors, BadInputIsNamed) {
   EXPECT_TRUE(has(m, "group counts differ")) << m;
   m = message("grouped_mm", {{f, {2, 8, 4}}, {f, {2, 4, 6}}, {i, {2}}});
   EXPECT_TRUE(has(m, "'offs' must be [0] (absent) for 3D x 3D")) << m;
-  m = message("grouped_mm", {{f, {2, 8, 4}}, {f, {4, 6}}, {i, {2}}});
+  m = message("grouped_mm", {{f, {2, 8, 4}}, {f, {4, 6}}, {i, {3}}});
+  EXPECT_TRUE(has(m, "'offs' must be [2] (one end column per group of 'a' [2, 8, 4]), got [3]")) << m;
+  m = message("grouped_mm", {{f, {8}}, {f, {4, 6}}, {i, {2}}});
   EXPECT_TRUE(has(m, "must be 2D x 3D")) << m;
   m = message("grouped_mm", {{f, {8, 4}}, {DType::f16, {2, 4, 6}}, {i, {2}}});
   EXPECT_TRUE(has(m, "'b' dtype f16, expected bf16")) << m;

@@ -1141,7 +1141,12 @@ def grouped_mm(a, b, offs=None, *, out=None):
     - a [M, K], b [G, K, N], offs [G] int32: rows [offs[g-1], offs[g]) of a use b[g] -> [M, N]
       (rows at or past offs[G-1] are zeros; torch leaves them undefined);
     - a [G, M, K], b [G, K, N], offs None -> [G, M, N];
-    - a [M, K], b [K, N], offs [G] over K -> [G, M, N] (the weight-gradient form).
+    - a [M, K], b [K, N], offs [G] over K -> [G, M, N] (the weight-gradient form);
+    - a [G, M, K], b [K, N], offs [G] over N: columns [offs[g-1], offs[g]) of b use a[g] -> [M, N]
+      (columns at or past offs[G-1] are zeros).
+
+    bf16/f16 on sm_90 run CUTLASS's TMA + WGMMA ptr-array grouped kernel (as torch does); other
+    dtypes, devices and layouts the bespoke kernels.
 
     offs are read on the device (no sync: graph-capturable); must be non-decreasing and at most the split
     extent (the host backend raises otherwise; CUDA clamps them). torch tensors that require grad go

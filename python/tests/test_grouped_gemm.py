@@ -17,9 +17,11 @@ def _x(*shape):
 
 def _loop(a, b, offs, mm):
     """The product of every form as a loop over groups, with `mm` for one group."""
-    if a.ndim == 3:
+    if a.ndim == 3 and b.ndim == 3:
         return [mm(a[g], b[g]) for g in range(a.shape[0])]
     starts = [0] + [int(o) for o in offs[:-1]]
+    if a.ndim == 3:  # columns split: the rest of b's columns are zero
+        return [(s, int(e), mm(a[g], b[:, s:int(e)])) for g, (s, e) in enumerate(zip(starts, offs))]
     if b.ndim == 3:  # rows split: the rest of a's rows are zero
         return [(s, int(e), mm(a[s:int(e)], b[g])) for g, (s, e) in enumerate(zip(starts, offs))]
     return [mm(a[:, s:int(e)], b[s:int(e)]) for s, e in zip(starts, offs)]
@@ -31,10 +33,16 @@ def _numpy_reference(a, b, offs):
         for s, e, part in _loop(a, b, offs, np.matmul):
             out[s:e] = part
         return out
+    if a.ndim == 3 and b.ndim == 2:
+        out = np.zeros((a.shape[1], b.shape[1]))
+        for s, e, part in _loop(a, b, offs, np.matmul):
+            out[:, s:e] = part
+        return out
     return np.stack(_loop(a, b, offs, np.matmul))
 
 
-CASES = [((37, 24), (4, 24, 45), [0, 10, 10, 30]), ((3, 5, 7), (3, 7, 9), None), ((6, 29), (29, 10), [5, 5, 20, 27])]
+CASES = [((37, 24), (4, 24, 45), [0, 10, 10, 30]), ((3, 5, 7), (3, 7, 9), None), ((6, 29), (29, 10), [5, 5, 20, 27]),
+         ((3, 5, 24), (24, 45), [7, 7, 40])]
 
 
 @pytest.mark.parametrize("a_shape,b_shape,offs", CASES)
@@ -90,6 +98,11 @@ def _torch_reference(a, b, offs):
         for s, e, part in _loop(a, b, offs.tolist(), torch.mm):
             out[s:e] = part
         return out
+    if a.dim() == 3 and b.dim() == 2:
+        out = torch.zeros(a.shape[1], b.shape[1], device=a.device, dtype=torch.float64)
+        for s, e, part in _loop(a, b, offs.tolist(), torch.mm):
+            out[:, s:e] = part
+        return out
     return torch.stack(_loop(a, b, None if offs is None else offs.tolist(), torch.mm))
 
 
@@ -102,6 +115,8 @@ GPU_CASES = [
     ((1000, 136), (5, 136, 200), [0, 301, 7, 0, 500]),   # empty groups, edges inside tiles, tail rows
     ((3, 130, 72), (3, 72, 66), None),                   # 3D x 3D
     ((96, 700), (700, 80), [128, 0, 333, 200]),          # K split, the weight-gradient form
+    ((4, 136, 64), (64, 1000), [0, 301, 7, 500]),        # 3D x 2D: N split, misaligned starts, tail columns
+    ((4, 256, 512), (512, 1024), [256] * 4),             # 3D x 2D, tile multiples
 ]
 
 
@@ -131,6 +146,26 @@ def test_grouped_mm_matches_torch_grouped_mm():
     a, b = _t((4 * 512, 1024), "bfloat16"), _t((4, 2048, 1024), "bfloat16").transpose(-1, -2)
     offs = _offsets([512, 256, 768, 512])
     close(F.grouped_mm(a, b, offs), torch._grouped_mm(a, b, offs), "bfloat16", scale=8)
+
+
+@gpu
+@pytest.mark.parametrize("form", ["2d_3d", "3d_2d", "2d_2d", "3d_3d"])
+def test_grouped_mm_forms_match_torch_grouped_mm(form):
+    """Every form against torch._grouped_mm itself (CUTLASS on both sides on sm90), offsets multiples of 16."""
+    if not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("torch._grouped_mm needs torch >= 2.8 on sm90")
+    sizes = [256, 0, 512, 128]
+    offs = _offsets(sizes)
+    shapes = {"2d_3d": ((896, 512), (4, 512, 384)), "3d_2d": ((4, 384, 512), (512, 896)),
+              "2d_2d": ((384, 896), (896, 512)), "3d_3d": ((4, 384, 512), (4, 512, 256))}[form]
+    a = _t(shapes[0], "bfloat16")
+    b = _t(shapes[1][:-2] + shapes[1][-2:][::-1], "bfloat16").transpose(-1, -2)  # K-contiguous, as torch wants
+    o = None if form == "3d_3d" else offs
+    try:
+        want = torch._grouped_mm(a, b, o)
+    except RuntimeError as e:  # a form this torch does not have
+        pytest.skip(f"torch._grouped_mm: {e}")
+    close(F.grouped_mm(a, b, o), want, "bfloat16", scale=8, msg=form)
 
 
 @gpu

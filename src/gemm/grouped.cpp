@@ -1,6 +1,8 @@
 // Grouped GEMM ops: grouped_mm (torch._grouped_mm: 2D x 3D split by row
-// offsets, 3D x 3D, 2D x 2D split by K offsets) and grouped_mm_backward.
-// Each binds to one or two GroupedProblems; the candidates are the bespoke
+// offsets, 3D x 3D, 2D x 2D split by K offsets, 3D x 2D split by column
+// offsets) and grouped_mm_backward. Each binds to one or two
+// GroupedProblems (3D x 2D as the transposed 2D x 3D product); the
+// candidates are CUTLASS's sm_90a ptr-array kernel (bf16/f16), the bespoke
 // CUDA kernels (offsets read on the device only: graph-capturable) and the
 // host reference.
 #include <algorithm>
@@ -11,6 +13,9 @@
 #include "core/tensor_util.hpp"
 #include "gemm/grouped.hpp"
 #include "gemm/problem.hpp"
+#ifdef BARACUDA_HAS_CUDA
+#include "core/cuda_check.hpp"
+#endif
 
 namespace baracuda {
 namespace gemm {
@@ -23,19 +28,65 @@ GroupedTable& cuda_grouped() {
   static GroupedTable table;
   return table;
 }
+LaunchTable<const CutlassGroupedKernel*>& cutlass_grouped() {
+  static LaunchTable<const CutlassGroupedKernel*> table;
+  return table;
+}
+
+CutlassView cutlass_view(const GroupedProblem& p) {
+  CutlassView v;
+  constexpr int64_t kVec = 8;  // b16 elements in 16 bytes (TMA's alignment)
+  constexpr int64_t kMaxExtent = 0x7fffffff;
+  auto fail = [&](const char* why) {
+    v.why = why;
+    return v;
+  };
+  if (p.m > kMaxExtent || p.n > kMaxExtent || p.k > kMaxExtent) return fail("an extent exceeds 2^31 - 1");
+  if (p.k == 0 && p.mode != GroupedMode::red) return fail("K is 0 (CUTLASS leaves the accumulators unset)");
+  if ((reinterpret_cast<uintptr_t>(p.a.data) | reinterpret_cast<uintptr_t>(p.b.data) |
+       reinterpret_cast<uintptr_t>(p.d.data)) % 16 != 0)
+    return fail("an operand's base is not 16-byte aligned");
+  if (p.a.group % kVec || p.b.group % kVec || p.d.group % kVec)
+    return fail("a group stride is not a multiple of 16 bytes");
+  // CUTLASS's D is row-major: a column-major D computes D^T = B^T A^T.
+  if (p.d.col == 1) v.transpose = false, v.ldd = p.d.row;
+  else if (p.d.row == 1) v.transpose = true, v.ldd = p.d.col;
+  else return fail("'out' has no unit stride");
+  // A (rows x K) and B (K x cols) as CUTLASS sees them, after the transpose.
+  const int64_t a_row = v.transpose ? p.b.col : p.a.row, a_k = v.transpose ? p.b.row : p.a.col;
+  const int64_t b_k = v.transpose ? p.a.col : p.b.row, b_col = v.transpose ? p.a.row : p.b.col;
+  if (a_k == 1) v.a_k_major = true, v.lda = a_row;
+  else if (a_row == 1) v.a_k_major = false, v.lda = a_k;
+  else return fail("an operand has no unit stride");
+  if (b_k == 1) v.b_k_major = true, v.ldb = b_col;
+  else if (b_col == 1) v.b_k_major = false, v.ldb = b_k;
+  else return fail("an operand has no unit stride");
+  if (v.lda % kVec || v.ldb % kVec || v.ldd % kVec || v.lda <= 0 || v.ldb <= 0 || v.ldd <= 0)
+    return fail("a leading dimension is not a positive multiple of 16 bytes");
+  if (p.mode == GroupedMode::rows) v.split_aligned = p.a.row % kVec == 0 && p.d.row % kVec == 0;
+  if (p.mode == GroupedMode::red) v.split_aligned = p.a.col % kVec == 0 && p.b.row % kVec == 0;
+  return v;
+}
 
 namespace {
 
 const std::vector<std::string> kForwardInputs{"a", "b", "offs"}, kBackwardInputs{"grad_output", "a", "b", "offs"};
 
-/// The mode the operand ranks select, or an error naming the op.
-Result<GroupedMode> mode_of(const std::string& op, const TensorSpec& a, const TensorSpec& b) {
+/// The op's forms: the problem modes, and 3D x 2D (a [G, M, K] @ b [K, N]
+/// split over N by offs -> [M, N]), bound as mode rows of the transposed product.
+enum class Form { rows, batch, red, cols };
+
+Form form_of(int rank_a, int rank_b) {
+  return rank_a == 3 ? (rank_b == 3 ? Form::batch : Form::cols) : rank_b == 3 ? Form::rows : Form::red;
+}
+
+/// The form the operand ranks select, or an error naming the op.
+Result<Form> mode_of(const std::string& op, const TensorSpec& a, const TensorSpec& b) {
   const size_t ra = a.shape.size(), rb = b.shape.size();
-  if (ra == 2 && rb == 3) return GroupedMode::rows;
-  if (ra == 3 && rb == 3) return GroupedMode::batch;
-  if (ra == 2 && rb == 2) return GroupedMode::red;
+  if ((ra == 2 || ra == 3) && (rb == 2 || rb == 3)) return form_of(int(ra), int(rb));
   return invalid(op, ": 'a' ", shape_str(a.shape), " and 'b' ", shape_str(b.shape),
-                 " must be 2D x 3D (offs over a's rows), 3D x 3D (no offs) or 2D x 2D (offs over K)");
+                 " must be 2D x 3D (offs over a's rows), 3D x 3D (no offs), 2D x 2D (offs over K) or 3D x 2D "
+                 "(offs over b's columns)");
 }
 
 /// grouped_mm's output for (a, b, offs), after the dtype checks.
@@ -49,19 +100,24 @@ Result<TensorSpec> product_spec(const std::string& op, const TensorSpec& a, cons
     return invalid(op, ": 'a' ", shape_str(sa), " and 'b' ", shape_str(sb), " cannot be multiplied (", ka, " != ", kb, ")");
   if (offs.shape.size() != 1) return invalid(op, ": 'offs' must have rank 1, got shape ", shape_str(offs.shape));
   switch (*mode) {
-    case GroupedMode::rows:
+    case Form::rows:
       if (offs.shape[0] != sb[0])
         return invalid(op, ": 'offs' must be [", sb[0], "] (one end row per group of 'b' ", shape_str(sb), "), got ",
                        shape_str(offs.shape));
       return TensorSpec{a.dtype, {sa[0], sb[2]}};
-    case GroupedMode::batch:
+    case Form::batch:
       if (sa[0] != sb[0])
         return invalid(op, ": group counts differ: 'a' ", shape_str(sa), ", 'b' ", shape_str(sb));
       if (offs.shape[0] != 0)
         return invalid(op, ": 'offs' must be [0] (absent) for 3D x 3D, got ", shape_str(offs.shape));
       return TensorSpec{a.dtype, {sa[0], sa[1], sb[2]}};
-    case GroupedMode::red:
+    case Form::red:
       return TensorSpec{a.dtype, {offs.shape[0], sa[0], sb[1]}};
+    case Form::cols:
+      if (offs.shape[0] != sa[0])
+        return invalid(op, ": 'offs' must be [", sa[0], "] (one end column per group of 'a' ", shape_str(sa),
+                       "), got ", shape_str(offs.shape));
+      return TensorSpec{a.dtype, {sa[1], sb[1]}};
   }
   return internal_error(op, ": unknown mode");
 }
@@ -126,37 +182,47 @@ Bound bind(bool backward, const OpArgs& args) {
   const auto& out = args.outputs;
   const size_t first = backward ? 1 : 0;
   const TensorView &a = in[first], &b = in[first + 1], &offs = in[first + 2];
-  const GroupedMode mode = a.rank == 3 ? GroupedMode::batch : b.rank == 3 ? GroupedMode::rows : GroupedMode::red;
-  if (!backward) {
-    bound.problems[bound.count++] = make_problem(mode, out[0], a, b, offs);
-    return bound;
-  }
-  const TensorView& g = in[0];
+  const Form form = form_of(a.rank, b.rank);
   auto add = [&](GroupedMode m, const TensorView& d, const TensorView& x, const TensorView& y) {
     bound.problems[bound.count++] = make_problem(m, d, x, y, offs);
   };
-  switch (mode) {
-    case GroupedMode::rows:  // out [M, N] = a [M, K] @ b[g] [K, N]
+  if (!backward) {
+    if (form == Form::cols) add(GroupedMode::rows, transposed(out[0]), transposed(b), transposed(a));  // out^T = b^T @ a[g]^T
+    else add(form == Form::rows ? GroupedMode::rows : form == Form::batch ? GroupedMode::batch : GroupedMode::red,
+             out[0], a, b);
+    return bound;
+  }
+  const TensorView& g = in[0];
+  switch (form) {
+    case Form::rows:  // out [M, N] = a [M, K] @ b[g] [K, N]
       add(GroupedMode::rows, out[0], g, transposed(b));
       add(GroupedMode::red, out[1], transposed(a), g);
       break;
-    case GroupedMode::batch:
+    case Form::batch:
       add(GroupedMode::batch, out[0], g, transposed(b));
       add(GroupedMode::batch, out[1], transposed(a), g);
       break;
-    case GroupedMode::red:  // out[g] [M, N] = a [M, Kg] @ b [Kg, N]
+    case Form::red:  // out[g] [M, N] = a [M, Kg] @ b [Kg, N]
       add(GroupedMode::rows, transposed(out[0]), b, transposed(g));
       add(GroupedMode::rows, out[1], transposed(a), g);
+      break;
+    case Form::cols:  // out [M, Ng] = a[g] [M, K] @ b [K, Ng]
+      add(GroupedMode::red, out[0], g, transposed(b));
+      add(GroupedMode::rows, transposed(out[1]), transposed(g), a);
       break;
   }
   return bound;
 }
 
+/// `fn` runs the problems, or with `cutlass` set, the problems CUTLASS
+/// cannot take (cutlass_view: layouts, base alignment), decided per run.
 class GroupedPlan final : public FamilyPlan {
  public:
-  GroupedPlan(const OpInfo& info, OpDesc desc, GroupedFn fn, KernelSku sku, bool backward)
-      : FamilyPlan(info, std::move(desc)), fn_(fn), backward_(backward) {
+  GroupedPlan(const OpInfo& info, OpDesc desc, GroupedFn fn, KernelSku sku, bool backward,
+              const CutlassGroupedKernel* cutlass = nullptr, int sm_count = 0, size_t workspace = 0)
+      : FamilyPlan(info, std::move(desc)), fn_(fn), backward_(backward), cutlass_(cutlass), sm_count_(sm_count) {
     sku_ = sku;
+    workspace_ = workspace;
   }
 
   Status can_implement(const OpArgs& args) const override {
@@ -173,24 +239,45 @@ class GroupedPlan final : public FamilyPlan {
     BARACUDA_TRY(can_implement(args));
     BARACUDA_TRY(check_workspace(info_.name, workspace, workspace_));
     const Bound bound = bind(backward_, args);
-    for (int i = 0; i < bound.count; ++i)
-      BARACUDA_TRY(fn_(bound.problems[i], stream.cuda_stream()).with_context(info_.name));
+    for (int i = 0; i < bound.count; ++i) {  // in stream order: the problems share the workspace
+      const GroupedProblem& p = bound.problems[i];
+      const bool empty = p.m == 0 || p.n == 0 || p.groups == 0;
+      const CutlassView view = cutlass_ && !empty ? cutlass_view(p) : CutlassView{"no CUTLASS"};
+      if (!view.why)
+        BARACUDA_TRY(cutlass_->run(p, view, workspace.data, sm_count_, stream.cuda_stream()).with_context(info_.name));
+      else
+        BARACUDA_TRY(fn_(p, stream.cuda_stream()).with_context(info_.name));
+    }
     return Status::ok();
   }
 
  private:
   GroupedFn fn_;
   bool backward_;
+  const CutlassGroupedKernel* cutlass_;
+  int sm_count_;
 };
 
+/// Groups of the problems a descriptor binds to.
+int64_t groups_of(const OpDesc& d, bool backward) {
+  const size_t first = backward ? 1 : 0;
+  const Shape &a = d.inputs[first].shape, &b = d.inputs[first + 1].shape, &offs = d.inputs[first + 2].shape;
+  return a.size() == 3 ? a[0] : b.size() == 3 ? b[0] : offs[0];
+}
+
 /// The sweep's cases from the output's shape: [M, N] 2D x 3D with 2 to 4
-/// groups; [G, M, N] 3D x 3D for even M, 2D x 2D split over K for odd M.
-/// Offsets come from the domain (sorted, 0..7), so M (raised to 7 where
-/// smaller) and the split K stay >= 7.
+/// groups for even M + N, 3D x 2D split over N for odd M + N; [G, M, N] 3D x
+/// 3D for even M, 2D x 2D split over K for odd M. Offsets come from the
+/// domain (sorted, 0..7), so the split M or N (raised to 7 where smaller)
+/// and the split K stay >= 7.
 std::optional<SampleShapes> grouped_samples(bool backward, const Shape& shape) {
   SampleShapes s;
   Shape out = shape;
-  if (shape.size() == 2 && shape[0] > 0) {
+  if (shape.size() == 2 && shape[0] > 0 && (shape[0] + shape[1]) % 2 == 1) {
+    const int64_t m = shape[0], n = std::max<int64_t>(shape[1], 7), g = 2 + (m + n) % 3, k = 1 + (m * 31 + n) % 37;
+    s.inputs = {{g, m, k}, {k, n}, {g}};
+    out = {m, n};
+  } else if (shape.size() == 2 && shape[0] > 0) {
     const int64_t m = std::max<int64_t>(shape[0], 7), n = shape[1], g = 2 + (m + n) % 3, k = 1 + (m * 31 + n) % 37;
     s.inputs = {{m, k}, {g, k, n}, {g}};
     out = {m, n};
@@ -215,11 +302,13 @@ void add_grouped_op(std::vector<OpInfo>& ops, bool backward) {
   info.input_names = backward ? kBackwardInputs : kForwardInputs;
   info.output_names = backward ? std::vector<std::string>{"grad_a", "grad_b"} : std::vector<std::string>{"out"};
   info.dtypes = {DType::f32, DType::f16, DType::bf16, DType::f64};
-  info.backends = {Backend::bespoke_cuda, Backend::host_reference};
+  info.backends = {Backend::cutlass, Backend::bespoke_cuda, Backend::host_reference};
   info.doc = backward ? "gradients (grad_a, grad_b) of grouped_mm"
                       : "torch._grouped_mm: a [M, K] @ b [G, K, N] with group g over the rows [offs[g-1], offs[g]) "
-                        "(rows past offs[G-1] are zero); a [G, M, K] @ b [G, K, N] with offs [0]; or a [M, K] @ "
-                        "b [K, N] with group g over K [offs[g-1], offs[g]) -> [G, M, N]. offs: i32, non-decreasing";
+                        "(rows past offs[G-1] are zero); a [G, M, K] @ b [G, K, N] with offs [0]; a [M, K] @ "
+                        "b [K, N] with group g over K [offs[g-1], offs[g]) -> [G, M, N]; or a [G, M, K] @ b [K, N] "
+                        "with group g over the columns [offs[g-1], offs[g]) -> [M, N] (columns past offs[G-1] "
+                        "are zero). offs: i32, non-decreasing";
   info.input_dtypes = [backward](DType primary) {
     std::vector<DType> d{primary, primary, DType::i32};
     if (backward) d.insert(d.begin(), primary);
@@ -242,7 +331,20 @@ void add_grouped_op(std::vector<OpInfo>& ops, bool backward) {
     GroupedFn fn = (backend == Backend::host_reference ? host_grouped() : cuda_grouped()).find(launch_key("grouped_mm", t));
     if (!fn) return unsupported("no ", backend_name(backend), " kernel for grouped_mm ", dtype_name(t));
     KernelSku sku = bespoke_sku(OpCategory::gemm, self.name.c_str(), t, backend);
-    return PlanPtr(std::make_unique<GroupedPlan>(self, std::move(*full), fn, sku, backward));
+    if (backend != Backend::cutlass) return PlanPtr(std::make_unique<GroupedPlan>(self, std::move(*full), fn, sku, backward));
+    if (t != DType::bf16 && t != DType::f16) return unsupported("CUTLASS grouped GEMM takes bf16 and f16, not ", dtype_name(t));
+    const CutlassGroupedKernel* kernel = cutlass_grouped().find(launch_key("grouped_mm", t));
+    if (!kernel) return unsupported("built without the CUTLASS headers or without sm_90a (scripts/carry_cutlass.sh)");
+#ifdef BARACUDA_HAS_CUDA
+    if (current_sm_version() != 90)
+      return unsupported("the CUTLASS grouped GEMM is built for sm_90a, the device is sm_", current_sm_version());
+    const int sms = current_sm_count();
+#else
+    const int sms = 0;
+#endif
+    const size_t ws = kernel->workspace(std::max<int64_t>(groups_of(*full, backward), 1), sms);
+    sku.kernel = kernel->name;
+    return PlanPtr(std::make_unique<GroupedPlan>(self, std::move(*full), fn, sku, backward, kernel, sms, ws));
   };
   ops.push_back(std::move(info));
 }

@@ -32,11 +32,7 @@ namespace baracuda::gemm {
 namespace {
 
 /// offs[g] clamped into [0, extent]; offs[-1] = 0.
-__device__ __forceinline__ int64_t group_end(const GroupedProblem& p, int64_t g) {
-  if (g < 0) return 0;
-  const int64_t o = p.offs[g * p.offs_stride];
-  return o < 0 ? 0 : o > p.split_extent() ? p.split_extent() : o;
-}
+__device__ __forceinline__ int64_t group_end(const GroupedProblem& p, int64_t g) { return p.end_of(g); }
 
 /// One product a CTA computes: rows [m_lo, m_hi) of its tile rows, K range
 /// [k_lo, k_hi), with the group's operand bases.
@@ -51,6 +47,7 @@ struct Segment {
 template <int kTileM, class Body>
 __device__ void for_each_segment(const GroupedProblem& p, int64_t m0, Body&& body) {
   const int64_t m_end = min(m0 + kTileM, p.m);
+  if (p.only && p.mode != GroupedMode::rows && !p.only[blockIdx.z]) return;  // another kernel's group
   if (p.mode == GroupedMode::batch) {
     body(Segment{m0, m_end, 0, p.k, int64_t(blockIdx.z)});
     return;
@@ -71,7 +68,7 @@ __device__ void for_each_segment(const GroupedProblem& p, int64_t m0, Body&& bod
     const int64_t start = group_end(p, g - 1);
     if (start >= m_end) break;
     const int64_t s = max(start, m0), e = min(group_end(p, g), m_end);
-    if (e > s) body(Segment{s, e, 0, p.k, g});
+    if (e > s && (!p.only || p.only[g])) body(Segment{s, e, 0, p.k, g});
   }
   const int64_t tail = max(p.groups ? group_end(p, p.groups - 1) : int64_t(0), m0);
   if (tail < m_end) body(Segment{tail, m_end, 0, 0, 0});
