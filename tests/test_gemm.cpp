@@ -464,7 +464,8 @@ TEST(ScaledMm, ExactRowwiseAndBlockwiseScales) {
       }
     }
   }
-  if (cuda_available() && current_sm() >= 90) {
+  // cuBLASLt 13.0 refuses outer-vector scales on H100 (INVALID_VALUE, a named unsupported); Blackwell takes them.
+  if (cuda_available() && current_sm() >= 100) {
     EXPECT_GT(lt_runs, 0) << "cuBLASLt ran no row-wise fp8 product";
   }
 }

@@ -362,6 +362,10 @@ Result<LtEngine::Call*> LtEngine::call_for(const Problem& p, const Formulation& 
   const cublasStatus_t status =
       cublasLtMatmulAlgoGetHeuristic(handle_, call->op.get(), call->layout[kA].get(), call->layout[kB].get(),
                                      call->layout[kC].get(), call->layout[kD].get(), raw, 1, &result, &found);
+  // Measured on H100 (cuBLASLt 13.0): outer-vector (row-wise) fp8 scales give INVALID_VALUE here.
+  if (request_.outer_scales && status == CUBLAS_STATUS_INVALID_VALUE)
+    return unsupported("cuBLASLt refuses row-wise (outer-vector) fp8 scales on sm_", current_sm_version(),
+                       " (CUBLAS_STATUS_INVALID_VALUE from its heuristics)");
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && (found == 0 || result.state)))
     return unsupported("cuBLASLt has no algorithm for ", dtype_name(p.in_dtype), " ", f.m, "x", f.n, "x", f.k,
                        " with these layouts and alignments (A ", f.mat[kA].trans ? "T" : "N", " ld ", f.mat[kA].ld,
@@ -451,9 +455,14 @@ Status LtEngine::run(const Problem& p, const Workspace& workspace, CUstream_st* 
         // Reduction steps accumulate into D (beta = 1); only the last carries the epilogue.
         const Call& call = r < reds - 1 ? *plain : **last;
         const Scalar& beta = r == 0 ? beta_first : one;
+        // A C of another type than D (fp8 D: C is 16-bit) cannot share D's memory: with beta = 0 it is
+        // not read, and cuBLASLt takes no pointer for it.
+        const bool c_unread = f.op[kC] == &p.d && types_.c != types_.d;
+        if (c_unread && reds > 1) return internal_error("cuBLASLt: an fp8 output cannot accumulate reduction steps");
         BARACUDA_CUBLAS_TRY(cublasLtMatmul(handle_, call.op.get(), &alpha, red_at(*f.op[kA], in_size),
                                            call.layout[kA].get(), red_at(*f.op[kB], in_size), call.layout[kB].get(),
-                                           &beta, at(*f.op[kC], out_size), call.layout[kC].get(), at(p.d, out_size),
+                                           &beta, c_unread ? nullptr : at(*f.op[kC], out_size), call.layout[kC].get(),
+                                           at(p.d, out_size),
                                            call.layout[kD].get(), &call.algo, workspace.data, workspace.bytes, stream));
       }
     }
