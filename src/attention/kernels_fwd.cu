@@ -29,9 +29,9 @@ __global__ void __launch_bounds__(kThreads) attention_forward(const Problem p) {
   const int64_t row0 = int64_t(blockIdx.x) * kRows;
   if (!v.valid || row0 >= v.len_q) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const T* q = reinterpret_cast<const T*>(p.q.data) + p.q.at(v.b, v.h, v.tok_q);
-  const T* k = reinterpret_cast<const T*>(p.k.data) + p.k.at(v.b, v.hk, v.tok_kv);
-  const T* val = reinterpret_cast<const T*>(p.v.data) + p.v.at(v.b, v.hk, v.tok_kv);
+  const T* q = p.q.ptr<const T>(v.b, v.h, v.tok_q);
+  const T* k = p.k.ptr<const T>(v.b, v.hk, v.tok_kv);
+  const T* val = p.v.ptr<const T>(v.b, v.hk, v.tok_kv);
   load_rows<T, Acc>(sQ, D, q, p.q.seq, p.q.dim, row0, kRows, v.len_q, D);
 
   const int64_t last = min(row0 + kRows, v.len_q) - 1;
@@ -92,15 +92,14 @@ __global__ void __launch_bounds__(kThreads) attention_forward(const Problem p) {
     const int64_t i = row0 + warp * kRowsPerWarp + r;
     if (i >= v.len_q) continue;
     const Acc inv = l[r] > 0 ? Acc(1) / l[r] : Acc(0);
-    T* out = reinterpret_cast<T*>(p.out.data) + p.out.at(v.b, v.h, v.tok_q + i);
+    T* out = p.out.ptr<T>(v.b, v.h, v.tok_q + i);
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       const int d = lane + 32 * c;
       if (d < Dv) out[d * p.out.dim] = convert<T>(acc[r][c] * inv);
     }
     if (lane == 0)
-      reinterpret_cast<Lse*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + i)] =
-          l[r] > 0 ? m[r] + log(l[r]) : neg_inf<Acc>();
+      *p.lse.ptr<Lse>(v.b, v.h, v.tok_q + i) = l[r] > 0 ? m[r] + log(l[r]) : neg_inf<Acc>();
   }
 }
 
@@ -122,9 +121,9 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
   const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
   if (!v.valid || row0 >= v.len_q) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
-  const T* q = reinterpret_cast<const T*>(p.q.data) + p.q.at(v.b, v.h, v.tok_q);
-  const T* k = reinterpret_cast<const T*>(p.k.data) + p.k.at(v.b, v.hk, v.tok_kv);
-  const T* val = reinterpret_cast<const T*>(p.v.data) + p.v.at(v.b, v.hk, v.tok_kv);
+  const T* q = p.q.ptr<const T>(v.b, v.h, v.tok_q);
+  const T* k = p.k.ptr<const T>(v.b, v.hk, v.tok_kv);
+  const T* val = p.v.ptr<const T>(v.b, v.hk, v.tok_kv);
   const int64_t row_last = min(row0 + kTcRows, v.len_q) - 1;
   int64_t span_lo, span_hi;
   tile_key_span(p, v, row0, row_last, span_lo, span_hi);
@@ -250,7 +249,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= v.len_q) continue;
     const float inv = l[r] > 0 ? 1.f / l[r] : 0.f;
-    T* out = reinterpret_cast<T*>(p.out.data) + p.out.at(v.b, v.h, v.tok_q + row[r]);
+    T* out = p.out.ptr<T>(v.b, v.h, v.tok_q + row[r]);
 #pragma unroll
     for (int dt = 0; dt < kDimTiles; ++dt) {
       const int d = dt * 8 + 2 * quad;
@@ -258,8 +257,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
       out[(d + 1) * p.out.dim] = convert<T>(o[dt][2 * r + 1] * inv);
     }
     if (quad == 0)
-      reinterpret_cast<float*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + row[r])] =
-          l[r] > 0 ? (m[r] + log2f(l[r])) * 0.6931471805599453f : -INFINITY;
+      *p.lse.ptr<float>(v.b, v.h, v.tok_q + row[r]) = l[r] > 0 ? (m[r] + log2f(l[r])) * 0.6931471805599453f : -INFINITY;
   }
 }
 

@@ -14,12 +14,13 @@ constexpr int kTileM = 64, kTileN = 64, kTileK = 16, kThreads = 256;
 constexpr int kPerThread = kTileM / 16;  // a 16 x 16 thread grid, 4 x 4 outputs each
 constexpr int kFlushTiles = 16;
 
-/// Loads a kRows x kCols tile (rows along M or N, cols along K) of `src`
-/// into shared memory as sTile[k][row]; out-of-range elements read as 0. The
-/// thread-to-element map follows the operand's contiguous direction.
+/// Loads a kRows x kTileK tile (rows along M or N, cols along K) of `src`
+/// into shared memory as sTile[k][row]; elements outside rows [0, rows) and
+/// K [k_lo, k_hi) read as 0. The thread-to-element map follows the operand's
+/// contiguous direction.
 template <int kRows, class T, class Acc>
-__device__ void load_tile(Acc (*sTile)[kRows + 1], const T* src, int64_t row0, int64_t k0, int64_t rows, int64_t ks,
-                          int64_t row_stride, int64_t k_stride) {
+__device__ void load_tile(Acc (*sTile)[kRows + 1], const T* src, int64_t row0, int64_t k0, int64_t rows, int64_t k_lo,
+                          int64_t k_hi, int64_t row_stride, int64_t k_stride) {
   const bool rows_fast = (row_stride < 0 ? -row_stride : row_stride) <= (k_stride < 0 ? -k_stride : k_stride);
 #pragma unroll
   for (int q = 0; q < kRows * kTileK / kThreads; ++q) {
@@ -27,9 +28,47 @@ __device__ void load_tile(Acc (*sTile)[kRows + 1], const T* src, int64_t row0, i
     const int r = rows_fast ? e % kRows : e / kTileK;
     const int k = rows_fast ? e / kRows : e % kTileK;
     const int64_t gr = row0 + r, gk = k0 + k;
-    sTile[k][r] = gr < rows && gk < ks ? convert<Acc>(src[gr * row_stride + gk * k_stride]) : Acc(0);
+    sTile[k][r] = gr < rows && gk >= k_lo && gk < k_hi ? convert<Acc>(src[gr * row_stride + gk * k_stride]) : Acc(0);
   }
 }
+
+/// The sums of one thread of the 16 x 16 grid (tx, ty) over a kTileM x
+/// kTileN output tile: outputs (ty + 16 i, tx + 16 j). Two-level sums: each
+/// run of kFlushTiles K tiles adds into `part`, which then adds into `acc`,
+/// so the rounding error grows with K / 256 + 256 rather than with K (long
+/// reductions: the gradients of broadcast weights). Shared by the dense and
+/// the grouped kernels.
+template <class Acc>
+struct TileSums {
+  Acc acc[kPerThread][kPerThread] = {}, part[kPerThread][kPerThread] = {};
+  int tiles_in_part = 0;
+
+  /// Adds the product of the K tile in shared memory (sA [k][m], sB [k][n]).
+  __device__ __forceinline__ void add(const Acc (*sA)[kTileM + 1], const Acc (*sB)[kTileN + 1], int tx, int ty) {
+#pragma unroll
+    for (int k = 0; k < kTileK; ++k) {
+      Acc rA[kPerThread], rB[kPerThread];
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) rA[i] = sA[k][ty + 16 * i], rB[i] = sB[k][tx + 16 * i];
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i)
+#pragma unroll
+        for (int j = 0; j < kPerThread; ++j) part[i][j] += rA[i] * rB[j];
+    }
+    if (++tiles_in_part == kFlushTiles) flush();
+  }
+
+  __device__ __forceinline__ void flush() {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i)
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) acc[i][j] += part[i][j], part[i][j] = Acc(0);
+    tiles_in_part = 0;
+  }
+
+  /// Output (i, j) of this thread: the flushed sums plus the open run.
+  __device__ __forceinline__ Acc total(int i, int j) const { return acc[i][j] + part[i][j]; }
+};
 
 template <class TA, class TB, class Out>
 __global__ void __launch_bounds__(kThreads) gemm_tiled(const Problem p, int64_t batch0, int64_t tiles_n) {
@@ -41,41 +80,19 @@ __global__ void __launch_bounds__(kThreads) gemm_tiled(const Problem p, int64_t 
   const TA* gA = reinterpret_cast<const TA*>(p.a.data) + offset_of(batch, p.batch_rank, p.batch_shape, p.a.batch_stride);
   const TB* gB = reinterpret_cast<const TB*>(p.b.data) + offset_of(batch, p.batch_rank, p.batch_shape, p.b.batch_stride);
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  // Two-level sums: each run of kFlushTiles K tiles adds into `part`, which
-  // then adds into `acc`, so the rounding error grows with K / 256 + 256
-  // rather than with K (long reductions: the gradients of broadcast weights).
-  Acc acc[kPerThread][kPerThread] = {}, part[kPerThread][kPerThread] = {};
-  int tiles_in_part = 0;
-  auto flush = [&] {
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i)
-#pragma unroll
-      for (int j = 0; j < kPerThread; ++j) acc[i][j] += part[i][j], part[i][j] = Acc(0);
-    tiles_in_part = 0;
-  };
+  TileSums<Acc> sums;
   const int64_t reds = p.red_count();
   for (int64_t r = 0; r < reds; ++r) {
     const TA* gAr = gA + offset_of(r, p.red_rank, p.red_shape, p.a.red_stride);
     const TB* gBr = gB + offset_of(r, p.red_rank, p.red_shape, p.b.red_stride);
     for (int64_t k0 = 0; k0 < p.k; k0 += kTileK) {
-      load_tile<kTileM>(sA, gAr, m0, k0, p.m, p.k, p.a.row_stride, p.a.col_stride);
-      load_tile<kTileN>(sB, gBr, n0, k0, p.n, p.k, p.b.col_stride, p.b.row_stride);
+      load_tile<kTileM>(sA, gAr, m0, k0, p.m, 0, p.k, p.a.row_stride, p.a.col_stride);
+      load_tile<kTileN>(sB, gBr, n0, k0, p.n, 0, p.k, p.b.col_stride, p.b.row_stride);
       __syncthreads();
-#pragma unroll
-      for (int k = 0; k < kTileK; ++k) {
-        Acc rA[kPerThread], rB[kPerThread];
-#pragma unroll
-        for (int i = 0; i < kPerThread; ++i) rA[i] = sA[k][ty + 16 * i], rB[i] = sB[k][tx + 16 * i];
-#pragma unroll
-        for (int i = 0; i < kPerThread; ++i)
-#pragma unroll
-          for (int j = 0; j < kPerThread; ++j) part[i][j] += rA[i] * rB[j];
-      }
+      sums.add(sA, sB, tx, ty);
       __syncthreads();
-      if (++tiles_in_part == kFlushTiles) flush();
     }
   }
-  flush();
   Out* gD = reinterpret_cast<Out*>(p.d.data) + offset_of(batch, p.batch_rank, p.batch_shape, p.d.batch_stride);
   const Out* gC = p.reads_c() ? reinterpret_cast<const Out*>(p.c.data) +
                                     offset_of(batch, p.batch_rank, p.batch_shape, p.c.batch_stride)
@@ -90,7 +107,7 @@ __global__ void __launch_bounds__(kThreads) gemm_tiled(const Problem p, int64_t 
       const int64_t n = n0 + tx + 16 * j;
       if (n >= p.n) break;
       gD[m * p.d.row_stride + n * p.d.col_stride] =
-          finish<Out, Acc>(p, alpha, acc[i][j], gC ? gC + m * p.c.row_stride + n * p.c.col_stride : nullptr, n);
+          finish<Out, Acc>(p, alpha, sums.total(i, j), gC ? gC + m * p.c.row_stride + n * p.c.col_stride : nullptr, n);
     }
   }
 }
