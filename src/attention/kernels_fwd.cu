@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= v.len_q) continue;
     const float inv = l[r] > 0 ? 1.f / l[r] : 0.f;
-    T* out = p.out.ptr<T>(v.b, v.h, v.tok_q + row[r]);
+    T* out = reinterpret_cast<T*>(p.out.data) + p.out.at(v.b, v.h, v.tok_q + row[r]);
 #pragma unroll
     for (int dt = 0; dt < kDimTiles; ++dt) {
       const int d = dt * 8 + 2 * quad;
@@ -257,7 +257,8 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
       out[(d + 1) * p.out.dim] = convert<T>(o[dt][2 * r + 1] * inv);
     }
     if (quad == 0)
-      *p.lse.ptr<float>(v.b, v.h, v.tok_q + row[r]) = l[r] > 0 ? (m[r] + log2f(l[r])) * 0.6931471805599453f : -INFINITY;
+      reinterpret_cast<float*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + row[r])] =
+          l[r] > 0 ? (m[r] + log2f(l[r])) * 0.6931471805599453f : -INFINITY;
   }
 }
 

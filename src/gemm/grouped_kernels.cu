@@ -95,9 +95,9 @@ __global__ void __launch_bounds__(kThreads) grouped_simt(const GroupedProblem p)
     const T* gB = reinterpret_cast<const T*>(p.b.data) + s.group * p.b.group;
     T* gD = reinterpret_cast<T*>(p.d.data) + s.group * p.d.group;
     tiled::TileSums<Acc> sums;
-    for (int64_t k0 = s.k_lo; k0 < s.k_hi; k0 += kTileK) {
-      tiled::load_tile<kTileM>(sA, gA, m0, k0, p.m, s.k_lo, s.k_hi, p.a.row, p.a.col);
-      tiled::load_tile<kTileN>(sB, gB, n0, k0, p.n, s.k_lo, s.k_hi, p.b.col, p.b.row);
+    for (int64_t k0 = s.k_lo; k0 < s.k_hi; k0 += kTileK) {  // K from k_lo: only the k_hi edge is checked
+      tiled::load_tile<kTileM>(sA, gA, m0, k0, p.m, s.k_hi, p.a.row, p.a.col);
+      tiled::load_tile<kTileN>(sB, gB, n0, k0, p.n, s.k_hi, p.b.col, p.b.row);
       __syncthreads();
       sums.add(sA, sB, tx, ty);
       __syncthreads();

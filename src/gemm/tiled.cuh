@@ -14,13 +14,12 @@ constexpr int kTileM = 64, kTileN = 64, kTileK = 16, kThreads = 256;
 constexpr int kPerThread = kTileM / 16;  // a 16 x 16 thread grid, 4 x 4 outputs each
 constexpr int kFlushTiles = 16;
 
-/// Loads a kRows x kTileK tile (rows along M or N, cols along K) of `src`
-/// into shared memory as sTile[k][row]; elements outside rows [0, rows) and
-/// K [k_lo, k_hi) read as 0. The thread-to-element map follows the operand's
-/// contiguous direction.
+/// Loads a kRows x kCols tile (rows along M or N, cols along K) of `src`
+/// into shared memory as sTile[k][row]; out-of-range elements read as 0. The
+/// thread-to-element map follows the operand's contiguous direction.
 template <int kRows, class T, class Acc>
-__device__ void load_tile(Acc (*sTile)[kRows + 1], const T* src, int64_t row0, int64_t k0, int64_t rows, int64_t k_lo,
-                          int64_t k_hi, int64_t row_stride, int64_t k_stride) {
+__device__ void load_tile(Acc (*sTile)[kRows + 1], const T* src, int64_t row0, int64_t k0, int64_t rows, int64_t ks,
+                          int64_t row_stride, int64_t k_stride) {
   const bool rows_fast = (row_stride < 0 ? -row_stride : row_stride) <= (k_stride < 0 ? -k_stride : k_stride);
 #pragma unroll
   for (int q = 0; q < kRows * kTileK / kThreads; ++q) {
@@ -28,7 +27,7 @@ __device__ void load_tile(Acc (*sTile)[kRows + 1], const T* src, int64_t row0, i
     const int r = rows_fast ? e % kRows : e / kTileK;
     const int k = rows_fast ? e / kRows : e % kTileK;
     const int64_t gr = row0 + r, gk = k0 + k;
-    sTile[k][r] = gr < rows && gk >= k_lo && gk < k_hi ? convert<Acc>(src[gr * row_stride + gk * k_stride]) : Acc(0);
+    sTile[k][r] = gr < rows && gk < ks ? convert<Acc>(src[gr * row_stride + gk * k_stride]) : Acc(0);
   }
 }
 
@@ -86,8 +85,8 @@ __global__ void __launch_bounds__(kThreads) gemm_tiled(const Problem p, int64_t 
     const TA* gAr = gA + offset_of(r, p.red_rank, p.red_shape, p.a.red_stride);
     const TB* gBr = gB + offset_of(r, p.red_rank, p.red_shape, p.b.red_stride);
     for (int64_t k0 = 0; k0 < p.k; k0 += kTileK) {
-      load_tile<kTileM>(sA, gAr, m0, k0, p.m, 0, p.k, p.a.row_stride, p.a.col_stride);
-      load_tile<kTileN>(sB, gBr, n0, k0, p.n, 0, p.k, p.b.col_stride, p.b.row_stride);
+      load_tile<kTileM>(sA, gAr, m0, k0, p.m, p.k, p.a.row_stride, p.a.col_stride);
+      load_tile<kTileN>(sB, gBr, n0, k0, p.n, p.k, p.b.col_stride, p.b.row_stride);
       __syncthreads();
       sums.add(sA, sB, tx, ty);
       __syncthreads();
