@@ -10,6 +10,7 @@
 #include "baracuda/registry.hpp"
 #include "core/errors.hpp"
 #include "exec.hpp"
+#include "gradcheck.hpp"
 
 using namespace baracuda;
 using namespace baracuda::testing_support;
@@ -64,28 +65,21 @@ TEST(GroupNormFiniteDifferences, BackwardMatchesForward) {
       return run_host(op, in, attrs);
     };
     auto loss = [&](const std::vector<double>& xv, const std::vector<double>& wv, const std::vector<double>& bv) {
-      auto o = forward(xv, wv, bv)[0];
-      double l = 0;
-      for (size_t i = 0; i < o.size(); ++i) l += g[i] * o[i];
-      return l;
+      return weighted_sum(g, forward(xv, wv, bv)[0]);
     };
     auto fwd = forward(x, w, b);
     const int64_t G = instance ? 4 : 2;
     std::vector<Operand> bin{{g, xs}, {x, xs}, {fwd[1], {2, G}}, {fwd[2], {2, G}}};
     if (affine) bin.push_back({w, {4}});
     auto grads = run_host(op + "_backward", bin);
-    const double h = 1e-6;
-    for (int i : {0, 5, 13, 23}) {
-      auto xp = x, xm = x;
-      xp[i] += h, xm[i] -= h;
-      EXPECT_NEAR(grads[0][i], (loss(xp, w, b) - loss(xm, w, b)) / (2 * h), 1e-5) << op << " dx " << i;
-    }
+    auto by_x = [&](const std::vector<double>& v) { return loss(v, w, b); };
+    auto by_w = [&](const std::vector<double>& v) { return loss(x, v, b); };
+    auto by_b = [&](const std::vector<double>& v) { return loss(x, w, v); };
+    for (int i : {0, 5, 13, 23}) EXPECT_NEAR(grads[0][i], central_difference(by_x, x, i), 1e-5) << op << " dx " << i;
     if (affine)
       for (int c : {0, 3}) {
-        auto wp = w, wm = w, bp = b, bm = b;
-        wp[c] += h, wm[c] -= h, bp[c] += h, bm[c] -= h;
-        EXPECT_NEAR(grads[1][c], (loss(x, wp, b) - loss(x, wm, b)) / (2 * h), 1e-5) << op << " dw " << c;
-        EXPECT_NEAR(grads[2][c], (loss(x, w, bp) - loss(x, w, bm)) / (2 * h), 1e-5) << op << " db " << c;
+        EXPECT_NEAR(grads[1][c], central_difference(by_w, w, c), 1e-5) << op << " dw " << c;
+        EXPECT_NEAR(grads[2][c], central_difference(by_b, b, c), 1e-5) << op << " db " << c;
       }
   }
 }

@@ -11,6 +11,7 @@
 #include "baracuda/registry.hpp"
 #include "core/errors.hpp"
 #include "exec.hpp"
+#include "gradcheck.hpp"
 #include "harness.hpp"
 #include "sweep.hpp"
 
@@ -84,19 +85,9 @@ TEST(SoftmaxFiniteDifferences, BackwardMatchesForward) {
       const Attrs attrs{{"dim", dim}};
       auto y = host_run(name, {x}, s, attrs);
       auto dx = host_run(std::string(name) + "_backward", {g, y}, s, attrs);
-      auto loss = [&](const std::vector<double>& xs) {
-        auto f = host_run(name, {xs}, s, attrs);
-        double l = 0;
-        for (size_t i = 0; i < f.size(); ++i) l += g[i] * f[i];
-        return l;
-      };
-      for (int i : {0, 4, 7, 14}) {
-        const double h = 1e-6;
-        auto xp = x, xm = x;
-        xp[i] += h;
-        xm[i] -= h;
-        EXPECT_NEAR(dx[i], (loss(xp) - loss(xm)) / (2 * h), 1e-6) << name << " dim " << dim << " i " << i;
-      }
+      auto loss = [&](const std::vector<double>& xs) { return weighted_sum(g, host_run(name, {xs}, s, attrs)); };
+      for (int i : {0, 4, 7, 14})
+        EXPECT_NEAR(dx[i], central_difference(loss, x, i), 1e-6) << name << " dim " << dim << " i " << i;
     }
   }
 }
@@ -197,18 +188,9 @@ TEST(SparsemaxFiniteDifferences, BackwardMatchesForward) {
     const Attrs attrs{{"dim", dim}};
     auto y = host_run("sparsemax", {x}, s, attrs);
     auto dx = host_run("sparsemax_backward", {g, y}, s, attrs);
-    auto loss = [&](const std::vector<double>& xs) {
-      auto f = host_run("sparsemax", {xs}, s, attrs);
-      double l = 0;
-      for (size_t i = 0; i < f.size(); ++i) l += g[i] * f[i];
-      return l;
-    };
-    for (int i = 0; i < 18; ++i) {
-      const double h = 1e-7;
-      auto xp = x, xm = x;
-      xp[i] += h, xm[i] -= h;
-      EXPECT_NEAR(dx[i], (loss(xp) - loss(xm)) / (2 * h), 1e-6) << "dim " << dim << " i " << i;
-    }
+    auto loss = [&](const std::vector<double>& xs) { return weighted_sum(g, host_run("sparsemax", {xs}, s, attrs)); };
+    for (int i = 0; i < 18; ++i)
+      EXPECT_NEAR(dx[i], central_difference(loss, x, i, 1e-7), 1e-6) << "dim " << dim << " i " << i;
   }
 }
 
@@ -333,18 +315,9 @@ TEST(GumbelSoftmaxFiniteDifferences, BackwardMatchesSoftForward) {
       const Attrs fwd{{"dim", dim}, {"tau", tau}, {"seed", 99}, {"offset", 1}, {"hard", 1}};
       auto y = gumbel(x, s, fwd);
       auto dx = host_run("gumbel_softmax_backward", {g, y[1]}, s, {{"dim", dim}, {"tau", tau}});
-      auto loss = [&](const std::vector<double>& xs) {
-        auto f = gumbel(xs, s, fwd)[1];
-        double l = 0;
-        for (size_t i = 0; i < f.size(); ++i) l += g[i] * f[i];
-        return l;
-      };
-      for (int i = 0; i < 15; ++i) {
-        const double h = 1e-6;
-        auto xp = x, xm = x;
-        xp[i] += h, xm[i] -= h;
-        EXPECT_NEAR(dx[i], (loss(xp) - loss(xm)) / (2 * h), 1e-6) << "dim " << dim << " tau " << tau << " i " << i;
-      }
+      auto loss = [&](const std::vector<double>& xs) { return weighted_sum(g, gumbel(xs, s, fwd)[1]); };
+      for (int i = 0; i < 15; ++i)
+        EXPECT_NEAR(dx[i], central_difference(loss, x, i), 1e-6) << "dim " << dim << " tau " << tau << " i " << i;
     }
   }
 }
@@ -424,10 +397,7 @@ TEST(NormFiniteDifferences, BackwardMatchesForward) {
       return host_norm(op, in, shapes, {{"eps", 1e-5}});
     };
     auto loss = [&](const std::vector<double>& xv, const std::vector<double>& wv, const std::vector<double>& bv) {
-      auto o = forward(xv, wv, bv)[0];
-      double l = 0;
-      for (size_t i = 0; i < o.size(); ++i) l += g[i] * o[i];
-      return l;
+      return weighted_sum(g, forward(xv, wv, bv)[0]);
     };
     auto fwd = forward(x, w, b);
     std::vector<std::vector<double>> bin{g, x};
@@ -436,18 +406,16 @@ TEST(NormFiniteDifferences, BackwardMatchesForward) {
     bin.push_back(fwd[rms ? 1 : 2]), bshapes.push_back(ss);
     if (affine) bin.push_back(w), bshapes.push_back(ws);
     auto grads = host_norm(op + "_backward", bin, bshapes);
-    const double h = 1e-6;
-    for (int i : {0, 6, 14}) {
-      auto xp = x, xm = x;
-      xp[i] += h, xm[i] -= h;
-      EXPECT_NEAR(grads[0][i], (loss(xp, w, b) - loss(xm, w, b)) / (2 * h), 1e-5) << op << " dx " << i;
-    }
+    auto by_x = [&](const std::vector<double>& v) { return loss(v, w, b); };
+    auto by_w = [&](const std::vector<double>& v) { return loss(x, v, b); };
+    auto by_b = [&](const std::vector<double>& v) { return loss(x, w, v); };
+    for (int i : {0, 6, 14}) EXPECT_NEAR(grads[0][i], central_difference(by_x, x, i), 1e-5) << op << " dx " << i;
     if (affine)
       for (int c : {0, 3}) {
-        auto wp = w, wm = w, bp = b, bm = b;
-        wp[c] += h, wm[c] -= h, bp[c] += h, bm[c] -= h;
-        EXPECT_NEAR(grads[1][c], (loss(x, wp, b) - loss(x, wm, b)) / (2 * h), 1e-5) << op << " dw " << c;
-        if (!rms) EXPECT_NEAR(grads[2][c], (loss(x, w, bp) - loss(x, w, bm)) / (2 * h), 1e-5) << op << " db " << c;
+        EXPECT_NEAR(grads[1][c], central_difference(by_w, w, c), 1e-5) << op << " dw " << c;
+        if (!rms) {
+          EXPECT_NEAR(grads[2][c], central_difference(by_b, b, c), 1e-5) << op << " db " << c;
+        }
       }
   }
 }

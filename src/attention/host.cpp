@@ -63,11 +63,11 @@ double row_scores(const Problem& p, const HeadView& v, int64_t i, std::vector<do
 
 template <class L>
 void store_lse(const Problem& p, const HeadView& v, int64_t i, double lse) {
-  reinterpret_cast<L*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + i)] = L(lse);
+  *p.lse.ptr<L>(v.b, v.h, v.tok_q + i) = L(lse);
 }
 template <class L>
 double load_lse(const Problem& p, const HeadView& v, int64_t i) {
-  return double(reinterpret_cast<const L*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + i)]);
+  return double(*p.lse.ptr<const L>(v.b, v.h, v.tok_q + i));
 }
 
 /// lse's storage: the device math type (f32, f64 for f64 problems).

@@ -23,8 +23,8 @@ __global__ void __launch_bounds__(kThreads) attention_row_dots(const Problem p, 
   const int64_t i = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (!v.valid || i >= v.len_q) return;
   const int lane = threadIdx.x % 32;
-  const T* g = reinterpret_cast<const T*>(p.grad_out.data) + p.grad_out.at(v.b, v.h, v.tok_q + i);
-  const T* o = reinterpret_cast<const T*>(p.out.data) + p.out.at(v.b, v.h, v.tok_q + i);
+  const T* g = p.grad_out.ptr<const T>(v.b, v.h, v.tok_q + i);
+  const T* o = p.out.ptr<const T>(v.b, v.h, v.tok_q + i);
   Acc s = 0;
   for (int64_t d = lane; d < p.value_dim; d += 32) s += convert<Acc>(g[d * p.grad_out.dim]) * convert<Acc>(o[d * p.out.dim]);
   s = warp_sum(s);
@@ -46,10 +46,10 @@ __global__ void __launch_bounds__(kThreads) attention_grad_q(const Problem p, co
   const int64_t row0 = int64_t(blockIdx.x) * kRows;
   if (!v.valid || row0 >= v.len_q) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const T* q = reinterpret_cast<const T*>(p.q.data) + p.q.at(v.b, v.h, v.tok_q);
-  const T* g = reinterpret_cast<const T*>(p.grad_out.data) + p.grad_out.at(v.b, v.h, v.tok_q);
-  const T* k = reinterpret_cast<const T*>(p.k.data) + p.k.at(v.b, v.hk, v.tok_kv);
-  const T* val = reinterpret_cast<const T*>(p.v.data) + p.v.at(v.b, v.hk, v.tok_kv);
+  const T* q = p.q.ptr<const T>(v.b, v.h, v.tok_q);
+  const T* g = p.grad_out.ptr<const T>(v.b, v.h, v.tok_q);
+  const T* k = p.k.ptr<const T>(v.b, v.hk, v.tok_kv);
+  const T* val = p.v.ptr<const T>(v.b, v.hk, v.tok_kv);
   load_rows<T, Acc>(sQ, D, q, p.q.seq, p.q.dim, row0, kRows, v.len_q, D);
   load_rows<T, Acc>(sG, Dv, g, p.grad_out.seq, p.grad_out.dim, row0, kRows, v.len_q, Dv);
 
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads) attention_grad_q(const Problem p, co
     lo[r] = hi[r] = 0, lse[r] = neg_inf<Acc>(), rdot[r] = 0;
     if (i < v.len_q) {
       key_range(p, i, v.len_q, v.len_kv, lo[r], hi[r]);
-      lse[r] = Acc(reinterpret_cast<const Lse<T>*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + i)]);
+      lse[r] = Acc(*p.lse.ptr<const Lse<T>>(v.b, v.h, v.tok_q + i));
       rdot[r] = ws[row_index(p, v, i)];
     }
   }
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kThreads) attention_grad_q(const Problem p, co
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int64_t i = row0 + warp * kRowsPerWarp + r;
     if (i >= v.len_q) continue;
-    T* out = reinterpret_cast<T*>(p.grad_q.data) + p.grad_q.at(v.b, v.h, v.tok_q + i);
+    T* out = p.grad_q.ptr<T>(v.b, v.h, v.tok_q + i);
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       const int d = lane + 32 * c;
@@ -140,8 +140,8 @@ __global__ void __launch_bounds__(kThreads) attention_grad_kv(const Problem p, c
   const int64_t k0 = int64_t(blockIdx.x) * kBlockKeys;
   if (!first.valid || k0 >= first.len_kv) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const T* k = reinterpret_cast<const T*>(p.k.data) + p.k.at(b, hk, first.tok_kv);
-  const T* val = reinterpret_cast<const T*>(p.v.data) + p.v.at(b, hk, first.tok_kv);
+  const T* k = p.k.ptr<const T>(b, hk, first.tok_kv);
+  const T* val = p.v.ptr<const T>(b, hk, first.tok_kv);
   load_rows<T, Acc>(sK, D, k, p.k.seq, p.k.dim, k0, kBlockKeys, first.len_kv, D);
   load_rows<T, Acc>(sV, Dv, val, p.v.seq, p.v.dim, k0, kBlockKeys, first.len_kv, Dv);
   const int64_t k_last = min(k0 + kBlockKeys, first.len_kv) - 1;
@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(kThreads) attention_grad_kv(const Problem p, c
   Acc dk[kPerWarp][kChunks] = {}, dv[kPerWarp][kChunks] = {};
   for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
     const HeadView v = head_view(p, b, h);
-    const T* q = reinterpret_cast<const T*>(p.q.data) + p.q.at(b, h, v.tok_q);
-    const T* g = reinterpret_cast<const T*>(p.grad_out.data) + p.grad_out.at(b, h, v.tok_q);
+    const T* q = p.q.ptr<const T>(b, h, v.tok_q);
+    const T* g = p.grad_out.ptr<const T>(b, h, v.tok_q);
     for (int64_t i0 = 0; i0 < v.len_q; i0 += kRowsBwd) {
       int64_t lo_first, hi_first, lo_last, hi_last;
       key_range(p, i0, v.len_q, v.len_kv, lo_first, hi_first);
@@ -161,8 +161,7 @@ __global__ void __launch_bounds__(kThreads) attention_grad_kv(const Problem p, c
       load_rows<T, Acc>(sG, Dv + 1, g, p.grad_out.seq, p.grad_out.dim, i0, kRowsBwd, v.len_q, Dv);
       if (threadIdx.x < kRowsBwd) {
         const int64_t i = i0 + threadIdx.x;
-        sL[threadIdx.x] = i < v.len_q ? Acc(reinterpret_cast<const Lse<T>*>(p.lse.data)[p.lse.at(b, h, v.tok_q + i)])
-                                      : neg_inf<Acc>();
+        sL[threadIdx.x] = i < v.len_q ? Acc(*p.lse.ptr<const Lse<T>>(b, h, v.tok_q + i)) : neg_inf<Acc>();
         sR[threadIdx.x] = i < v.len_q ? ws[row_index(p, v, i)] : Acc(0);
       }
       __syncthreads();
@@ -205,8 +204,8 @@ __global__ void __launch_bounds__(kThreads) attention_grad_kv(const Problem p, c
   for (int kk = 0; kk < kPerWarp; ++kk) {
     const int64_t j = k0 + warp * kPerWarp + kk;
     if (j >= first.len_kv) break;
-    T* gk = reinterpret_cast<T*>(p.grad_k.data) + p.grad_k.at(b, hk, first.tok_kv + j);
-    T* gv = reinterpret_cast<T*>(p.grad_v.data) + p.grad_v.at(b, hk, first.tok_kv + j);
+    T* gk = p.grad_k.ptr<T>(b, hk, first.tok_kv + j);
+    T* gv = p.grad_v.ptr<T>(b, hk, first.tok_kv + j);
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       const int d = lane + 32 * c;

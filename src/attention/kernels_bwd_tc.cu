@@ -52,7 +52,7 @@ constexpr size_t q_smem() {
 /// saw no key, so that exp2(score - lse) is 0 there.
 __device__ __forceinline__ float row_lse2(const Problem& p, const HeadView& v, int64_t i) {
   if (i >= v.len_q) return INFINITY;
-  const float l = reinterpret_cast<const float*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + i)];
+  const float l = *p.lse.ptr<const float>(v.b, v.h, v.tok_q + i);
   return l == -INFINITY ? INFINITY : l * kLog2e;
 }
 
@@ -102,6 +102,36 @@ __device__ __forceinline__ void mma_rows(float (&c)[kD / 8][4], const uint32_t (
   }
 }
 
+/// The raw scores and dP of the warp's 16 rows against kN rows of the other
+/// side (Note [Fragments of the transposed products]): s += A1 B1^T and dp
+/// += A2 B2^T over the kD dims, A rows a_row (this lane's ldmatrix row) of
+/// sA1, sA2 and B rows [b0, b0 + kN) of sB1, sB2, all [row][kD + 8] tiles.
+/// The dK/dV pass takes S^T = K Q^T and dP^T = V dO^T (A: its keys, B: 32
+/// query rows), the dQ pass S = Q K^T and dP = dO V^T (A: its rows, B: 64 keys).
+template <class T, int kD, int kN>
+__device__ __forceinline__ void score_fragments(float (&s)[kN / 8][4], float (&dp)[kN / 8][4], const T* sA1,
+                                                const T* sA2, int a_row, const T* sB1, const T* sB2, int b0,
+                                                int lane) {
+  constexpr int kPitch = kD + 8;
+#pragma unroll
+  for (int kd = 0; kd < kD / 16; ++kd) {
+    uint32_t a1[4], a2[4];
+    ldmatrix_x4(a1, sA1 + a_row * kPitch + kd * 16 + (lane / 16) * 8);
+    ldmatrix_x4(a2, sA2 + a_row * kPitch + kd * 16 + (lane / 16) * 8);
+#pragma unroll
+    for (int np = 0; np < kN / 16; ++np) {
+      const int brow = (b0 + np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kPitch + kd * 16 + ((lane >> 3) & 1) * 8;
+      uint32_t b1[4], b2[4];
+      ldmatrix_x4(b1, sB1 + brow);
+      ldmatrix_x4(b2, sB2 + brow);
+      mma_16x8x16<T>(s[2 * np], a1, b1[0], b1[1]);
+      mma_16x8x16<T>(s[2 * np + 1], a1, b1[2], b1[3]);
+      mma_16x8x16<T>(dp[2 * np], a2, b2[0], b2[1]);
+      mma_16x8x16<T>(dp[2 * np + 1], a2, b2[2], b2[3]);
+    }
+  }
+}
+
 /// Accumulator tiles 2 kk and 2 kk + 1 (16 rows x 16 columns) as an A fragment.
 template <class T, int kTiles>
 __device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&c)[kTiles][4], int kk) {
@@ -129,10 +159,10 @@ __device__ bool next_query_tile(const Problem& p, int64_t b, int64_t hk, int64_t
 
 template <class T, int kD>
 __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_constant__ Problem p, const float* ws) {
-  constexpr int kPitch = kD + 8, kTile = tc_tile<kD>(), kDimTiles = kD / 8;
+  constexpr int kTile = tc_tile<kD>(), kDimTiles = kD / 8;
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sK = reinterpret_cast<T*>(smem);                  // [64][kPitch]
-  T* sV = sK + kTile;                                  // [64][kPitch]
+  T* sK = reinterpret_cast<T*>(smem);                  // [64][kD + 8]
+  T* sV = sK + kTile;                                  // [64][kD + 8]
   T* sQ[2] = {sV + kTile, sV + 3 * kTile};             // stage s: Q, then dO
   float* sL = reinterpret_cast<float*>(sV + 5 * kTile);  // [2][64] lse (log2 units)
   float* sR = sL + 2 * kTcRows;                        // [2][64] dO . O
@@ -141,15 +171,14 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
   if (!first.valid || k0 >= first.len_kv) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
   const int64_t k_last = min(k0 + kTcKeys, first.len_kv) - 1;
-  issue_tile<kD>(sK, reinterpret_cast<const T*>(p.k.data) + p.k.at(b, hk, first.tok_kv), p.k.seq, k0, first.len_kv);
-  issue_tile<kD>(sV, reinterpret_cast<const T*>(p.v.data) + p.v.at(b, hk, first.tok_kv), p.v.seq, k0, first.len_kv);
+  issue_tile<kD>(sK, p.k.ptr<const T>(b, hk, first.tok_kv), p.k.seq, k0, first.len_kv);
+  issue_tile<kD>(sV, p.v.ptr<const T>(b, hk, first.tok_kv), p.v.seq, k0, first.len_kv);
 
   // Stage s takes query tile (h, i0): Q and dO by cp.async, lse and dO . O by plain stores.
   auto load_stage = [&](int s, int64_t h, int64_t i0) {
     const HeadView v = head_view(p, b, h);
-    issue_tile<kD>(sQ[s], reinterpret_cast<const T*>(p.q.data) + p.q.at(b, h, v.tok_q), p.q.seq, i0, v.len_q);
-    issue_tile<kD>(sQ[s] + kTile, reinterpret_cast<const T*>(p.grad_out.data) + p.grad_out.at(b, h, v.tok_q),
-                   p.grad_out.seq, i0, v.len_q);
+    issue_tile<kD>(sQ[s], p.q.ptr<const T>(b, h, v.tok_q), p.q.seq, i0, v.len_q);
+    issue_tile<kD>(sQ[s] + kTile, p.grad_out.ptr<const T>(b, h, v.tok_q), p.grad_out.seq, i0, v.len_q);
     if (threadIdx.x < kTcRows) {
       const int64_t i = i0 + threadIdx.x;
       sL[s * kTcRows + threadIdx.x] = row_lse2(p, v, i);
@@ -184,23 +213,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
     for (int q0 = 0; q0 < kTcRows; q0 += 32) {
       // S^T = K Q^T and dP^T = V dO^T: the warp's 16 keys x 32 query rows.
       float s[4][4] = {}, dp[4][4] = {};
-#pragma unroll
-      for (int kd = 0; kd < kD / 16; ++kd) {
-        uint32_t ak[4], av[4];
-        ldmatrix_x4(ak, sK + key_row * kPitch + kd * 16 + (lane / 16) * 8);
-        ldmatrix_x4(av, sV + key_row * kPitch + kd * 16 + (lane / 16) * 8);
-#pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          const int brow = (q0 + np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kPitch + kd * 16 + ((lane >> 3) & 1) * 8;
-          uint32_t bq[4], bg[4];
-          ldmatrix_x4(bq, tQ + brow);
-          ldmatrix_x4(bg, tG + brow);
-          mma_16x8x16<T>(s[2 * np], ak, bq[0], bq[1]);
-          mma_16x8x16<T>(s[2 * np + 1], ak, bq[2], bq[3]);
-          mma_16x8x16<T>(dp[2 * np], av, bg[0], bg[1]);
-          mma_16x8x16<T>(dp[2 * np + 1], av, bg[2], bg[3]);
-        }
-      }
+      score_fragments<T, kD, 32>(s, dp, sK, sV, key_row, tQ, tG, q0, lane);
       // Element (nt, e): key k0 + warp * 16 + lane / 4 + 8 (e / 2), row i0 + q0 + nt * 8 + 2 quad + (e & 1).
       if (plain) {
 #pragma unroll
@@ -240,8 +253,8 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
   for (int r = 0; r < 2; ++r) {
     const int64_t j = k0 + warp * 16 + lane / 4 + 8 * r;
     if (j >= first.len_kv) continue;
-    T* gk = reinterpret_cast<T*>(p.grad_k.data) + p.grad_k.at(b, hk, first.tok_kv + j);
-    T* gv = reinterpret_cast<T*>(p.grad_v.data) + p.grad_v.at(b, hk, first.tok_kv + j);
+    T* gk = p.grad_k.ptr<T>(b, hk, first.tok_kv + j);
+    T* gv = p.grad_v.ptr<T>(b, hk, first.tok_kv + j);
 #pragma unroll
     for (int dt = 0; dt < kDimTiles; ++dt) {
       const int d = dt * 8 + 2 * quad;
@@ -255,23 +268,22 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
 
 template <class T, int kD>
 __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_constant__ Problem p, const float* ws) {
-  constexpr int kPitch = kD + 8, kTile = tc_tile<kD>(), kDimTiles = kD / 8;
+  constexpr int kTile = tc_tile<kD>(), kDimTiles = kD / 8;
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);                 // [64][kPitch]
-  T* sG = sQ + kTile;                                  // [64][kPitch] dO
+  T* sQ = reinterpret_cast<T*>(smem);                 // [64][kD + 8]
+  T* sG = sQ + kTile;                                  // [64][kD + 8] dO
   T* sK[2] = {sG + kTile, sG + 3 * kTile};             // stage s: K, then V
   const HeadView v = head_view(p, blockIdx.z, blockIdx.y);
   const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
   if (!v.valid || row0 >= v.len_q) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
-  const T* k = reinterpret_cast<const T*>(p.k.data) + p.k.at(v.b, v.hk, v.tok_kv);
-  const T* val = reinterpret_cast<const T*>(p.v.data) + p.v.at(v.b, v.hk, v.tok_kv);
+  const T* k = p.k.ptr<const T>(v.b, v.hk, v.tok_kv);
+  const T* val = p.v.ptr<const T>(v.b, v.hk, v.tok_kv);
   const int64_t row_last = min(row0 + kTcRows, v.len_q) - 1;
   int64_t span_lo, span_hi;
   tile_key_span(p, v, row0, row_last, span_lo, span_hi);
-  issue_tile<kD>(sQ, reinterpret_cast<const T*>(p.q.data) + p.q.at(v.b, v.h, v.tok_q), p.q.seq, row0, v.len_q);
-  issue_tile<kD>(sG, reinterpret_cast<const T*>(p.grad_out.data) + p.grad_out.at(v.b, v.h, v.tok_q), p.grad_out.seq,
-                 row0, v.len_q);
+  issue_tile<kD>(sQ, p.q.ptr<const T>(v.b, v.h, v.tok_q), p.q.seq, row0, v.len_q);
+  issue_tile<kD>(sG, p.grad_out.ptr<const T>(v.b, v.h, v.tok_q), p.grad_out.seq, row0, v.len_q);
   if (span_lo < span_hi) {
     issue_tile<kD>(sK[0], k, p.k.seq, span_lo, v.len_kv);
     issue_tile<kD>(sK[0] + kTile, val, p.v.seq, span_lo, v.len_kv);
@@ -299,23 +311,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
     const T* tV = sK[stage] + kTile;
     // S = Q K^T and dP = dO V^T: the warp's 16 rows x 64 keys.
     float s[8][4] = {}, dp[8][4] = {};
-#pragma unroll
-    for (int kd = 0; kd < kD / 16; ++kd) {
-      uint32_t aq[4], ag[4];
-      ldmatrix_x4(aq, sQ + q_row * kPitch + kd * 16 + (lane / 16) * 8);
-      ldmatrix_x4(ag, sG + q_row * kPitch + kd * 16 + (lane / 16) * 8);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        const int brow = (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kPitch + kd * 16 + ((lane >> 3) & 1) * 8;
-        uint32_t bk[4], bv[4];
-        ldmatrix_x4(bk, tK + brow);
-        ldmatrix_x4(bv, tV + brow);
-        mma_16x8x16<T>(s[2 * np], aq, bk[0], bk[1]);
-        mma_16x8x16<T>(s[2 * np + 1], aq, bk[2], bk[3]);
-        mma_16x8x16<T>(dp[2 * np], ag, bv[0], bv[1]);
-        mma_16x8x16<T>(dp[2 * np + 1], ag, bv[2], bv[3]);
-      }
-    }
+    score_fragments<T, kD, kTcKeys>(s, dp, sQ, sG, q_row, tK, tV, 0, lane);
     if (p.dropout_p <= 0 && tile_plain(p, v, row0, row_last, k0, kTcKeys)) {
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
@@ -343,7 +339,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= v.len_q) continue;
-    T* out = reinterpret_cast<T*>(p.grad_q.data) + p.grad_q.at(v.b, v.h, v.tok_q + row[r]);
+    T* out = p.grad_q.ptr<T>(v.b, v.h, v.tok_q + row[r]);
 #pragma unroll
     for (int dt = 0; dt < kDimTiles; ++dt) {
       const int d = dt * 8 + 2 * quad;

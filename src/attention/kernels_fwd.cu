@@ -31,9 +31,9 @@ __global__ void __launch_bounds__(kThreads) attention_forward(const Problem p) {
   const int64_t row0 = int64_t(blockIdx.x) * kRows;
   if (!v.valid || row0 >= v.len_q) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const T* q = reinterpret_cast<const T*>(p.q.data) + p.q.at(v.b, v.h, v.tok_q);
-  const T* k = reinterpret_cast<const T*>(p.k.data) + p.k.at(v.b, v.hk, v.tok_kv);
-  const T* val = reinterpret_cast<const T*>(p.v.data) + p.v.at(v.b, v.hk, v.tok_kv);
+  const T* q = p.q.ptr<const T>(v.b, v.h, v.tok_q);
+  const T* k = p.k.ptr<const T>(v.b, v.hk, v.tok_kv);
+  const T* val = p.v.ptr<const T>(v.b, v.hk, v.tok_kv);
   load_rows<T, Acc>(sQ, D, q, p.q.seq, p.q.dim, row0, kRows, v.len_q, D);
 
   const int64_t last = min(row0 + kRows, v.len_q) - 1;
@@ -94,15 +94,14 @@ __global__ void __launch_bounds__(kThreads) attention_forward(const Problem p) {
     const int64_t i = row0 + warp * kRowsPerWarp + r;
     if (i >= v.len_q) continue;
     const Acc inv = l[r] > 0 ? Acc(1) / l[r] : Acc(0);
-    T* out = reinterpret_cast<T*>(p.out.data) + p.out.at(v.b, v.h, v.tok_q + i);
+    T* out = p.out.ptr<T>(v.b, v.h, v.tok_q + i);
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       const int d = lane + 32 * c;
       if (d < Dv) out[d * p.out.dim] = convert<T>(acc[r][c] * inv);
     }
     if (lane == 0)
-      reinterpret_cast<Lse*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + i)] =
-          l[r] > 0 ? m[r] + log(l[r]) : neg_inf<Acc>();
+      *p.lse.ptr<Lse>(v.b, v.h, v.tok_q + i) = l[r] > 0 ? m[r] + log(l[r]) : neg_inf<Acc>();
   }
 }
 
@@ -124,9 +123,9 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
   const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
   if (!v.valid || row0 >= v.len_q) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
-  const T* q = reinterpret_cast<const T*>(p.q.data) + p.q.at(v.b, v.h, v.tok_q);
-  const T* k = reinterpret_cast<const T*>(p.k.data) + p.k.at(v.b, v.hk, v.tok_kv);
-  const T* val = reinterpret_cast<const T*>(p.v.data) + p.v.at(v.b, v.hk, v.tok_kv);
+  const T* q = p.q.ptr<const T>(v.b, v.h, v.tok_q);
+  const T* k = p.k.ptr<const T>(v.b, v.hk, v.tok_kv);
+  const T* val = p.v.ptr<const T>(v.b, v.hk, v.tok_kv);
   const int64_t row_last = min(row0 + kTcRows, v.len_q) - 1;
   int64_t span_lo, span_hi;
   tile_key_span(p, v, row0, row_last, span_lo, span_hi);

@@ -22,6 +22,11 @@ struct Operand {
   char* data = nullptr;
   int64_t batch = 0, head = 0, seq = 0, dim = 0;
   BCD_HD int64_t at(int64_t b, int64_t h, int64_t s) const { return b * batch + h * head + s * seq; }
+  /// Element (b, h, s, 0) as a T* (T const for an input).
+  template <class T>
+  BCD_HD T* ptr(int64_t b, int64_t h, int64_t s) const {
+    return reinterpret_cast<T*>(data) + at(b, h, s);
+  }
 };
 
 /// out[b, h, i] = sum_j softmax_j(score(b, h, i, j)) * dropout(b, h, i, j) * v[b, h / group, j]

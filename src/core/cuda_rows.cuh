@@ -10,6 +10,7 @@
 #include <tuple>
 #include <utility>
 
+#include "core/cuda_check.hpp"
 #include "core/rows.hpp"
 
 namespace baracuda::rows {
@@ -29,6 +30,28 @@ struct SumOp {
 struct MaxOp {
   template <class M> __device__ __forceinline__ M operator()(M a, M b) const { return a > b || a != a ? a : b; }
 };
+
+/// The row a thread works on (TPR threads a row, RPB rows a block): its
+/// index, the thread's lane in it, whether it exists (a block's last rows may
+/// not), and the row's offset in each of the N operands (0 past the end).
+template <int TPR, int RPB, int N>
+struct RowSlot {
+  int64_t row;
+  int lane;
+  bool valid;
+  int64_t off[N] = {};
+
+  __device__ __forceinline__ RowSlot(const RowLaunch& l, const OffsetCalc<N, int64_t>& outer)
+      : row(int64_t(blockIdx.x) * RPB + threadIdx.x / TPR), lane(int(threadIdx.x % TPR)), valid(row < l.rows) {
+    if (valid) outer.get(row, off);
+  }
+};
+
+/// Operand k's row at offset off[k] (T const for an input).
+template <class T>
+__device__ __forceinline__ T* row_operand(const RowLaunch& l, int k, const int64_t* off) {
+  return reinterpret_cast<T*>(l.data[k]) + off[k];
+}
 
 /// Combines `v` over the TPR threads of a row, and makes the row's shared
 /// memory writes visible to the other threads of the row. `scratch` holds RPB * (TPR / 32)
@@ -160,6 +183,36 @@ inline cudaError_t allow_dynamic_smem(const void* kernel, int cap, bool max_carv
                              max_carveout ? int(cudaSharedmemCarveoutMaxShared) : int(cudaSharedmemCarveoutDefault));
   if (e == cudaSuccess) raised.insert({kernel, device, cap, max_carveout});
   return e;
+}
+
+/// Calls f.template operator()<TPR, RPB>() with the row-kernel shape for rows
+/// of `cols` elements: threads per row and rows per block. `narrow_long_rows`:
+/// rows past 16384 keep 512 threads, so that several cached rows share an SM
+/// (one's arithmetic hides another's loads).
+template <class F>
+Status by_row_length(int64_t cols, F&& f, bool narrow_long_rows = false) {
+  if (cols <= 128) return f.template operator()<32, 8>();
+  if (cols <= 1024) return f.template operator()<32, 4>();
+  if (cols <= 4096) return f.template operator()<128, 1>();
+  if (cols <= 16384 || narrow_long_rows) return f.template operator()<512, 1>();
+  return f.template operator()<1024, 1>();
+}
+
+/// Launches `cached` with `cache` bytes of dynamic shared memory when that
+/// fits kRowCacheBytes (raising the kernel's limit past 48 KiB; with
+/// `max_carveout`, all of L1 as shared memory), else `uncached` without.
+template <class Kernel, class... Args>
+Status launch_cached(Kernel cached, Kernel uncached, size_t cache, bool max_carveout, unsigned blocks,
+                     unsigned threads, CUstream_st* stream, const Args&... args) {
+  if (cache <= kRowCacheBytes) {
+    if (cache > 48 * 1024)
+      BARACUDA_CUDA_TRY(allow_dynamic_smem(reinterpret_cast<const void*>(cached), int(kRowCacheBytes), max_carveout));
+    cached<<<blocks, threads, cache, stream>>>(args...);
+  } else {
+    uncached<<<blocks, threads, 0, stream>>>(args...);
+  }
+  BARACUDA_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
 }
 
 /// True when `p` can be read in 16-byte vectors of T over `cols` elements.

@@ -19,12 +19,22 @@ KernelSku bespoke_sku(OpCategory category, const char* op, DType element, Backen
 #ifdef BARACUDA_HAS_CUDA
   sku.arch = backend == Backend::host_reference ? 0 : current_sm_version();
 #endif
-  const bool wide = backend == Backend::host_reference || element == DType::f64;
-  sku.precision.math = wide ? MathPrecision::f64 : MathPrecision::f32;
-  sku.precision.accumulator = wide ? DType::f64 : DType::f32;
-  sku.precision.bit_stable_on_same_hardware = true;
-  sku.precision.deterministic = true;
+  sku.precision = bespoke_precision(element, backend);
   return sku;
+}
+
+PrecisionGuarantee bespoke_precision(DType element, Backend backend, std::optional<DType> exact_accumulator) {
+  PrecisionGuarantee g;
+  if (exact_accumulator) {
+    g.math = MathPrecision::exact;
+    g.accumulator = *exact_accumulator;
+  } else {
+    g.accumulator = math_dtype(element, backend);
+    g.math = g.accumulator == DType::f64 ? MathPrecision::f64 : MathPrecision::f32;
+  }
+  g.bit_stable_on_same_hardware = true;
+  g.deterministic = true;  // fixed summation orders, no float atomics
+  return g;
 }
 
 Status check_workspace(std::string_view op, const Workspace& workspace, size_t needed) {

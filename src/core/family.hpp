@@ -1,6 +1,8 @@
 // Pieces every bespoke family's plans share.
 #pragma once
 
+#include <optional>
+
 #include "baracuda/registry.hpp"
 
 namespace baracuda {
@@ -18,6 +20,11 @@ inline DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::
 inline DType math_dtype(DType t, Backend backend) {
   return backend == Backend::host_reference || t == DType::f64 ? DType::f64 : DType::f32;
 }
+
+/// The precision of a bespoke plan (bespoke_sku's): math and accumulation in
+/// math_dtype, or exact math accumulating in `exact_accumulator` when given
+/// (casts, integer math, max/min, indices); bitwise deterministic.
+PrecisionGuarantee bespoke_precision(DType element, Backend backend, std::optional<DType> exact_accumulator = {});
 
 /// Contiguous views of a descriptor's operands at aligned addresses that are
 /// never dereferenced: the common layout a vendor library (cuBLASLt's

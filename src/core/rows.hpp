@@ -99,4 +99,19 @@ inline RowLaunch make_rows(std::span<const int64_t> shape, int inner_dims, std::
   return l;
 }
 
+/// The rows along axis `dim` of operands that all have `shape` (rank 0: one
+/// row of one element): each view with `dim` moved last, outputs first, at
+/// most kMaxOperands in all.
+inline RowLaunch rows_along(const Shape& shape, int dim, std::span<const TensorView> outputs,
+                            std::span<const TensorView> inputs, bool logical_rows = false) {
+  std::array<TensorView, kMaxOperands> views;
+  std::array<Role, kMaxOperands> roles;
+  roles.fill(Role::full);
+  size_t n = 0;
+  for (const auto& v : outputs) views[n++] = move_axis_last(v, dim);
+  for (const auto& v : inputs) views[n++] = move_axis_last(v, dim);
+  return make_rows(move_axis_last(shape, dim), shape.empty() ? 0 : 1, std::span(views.data(), n),
+                   std::span(roles.data(), n), logical_rows);
+}
+
 }  // namespace baracuda::rows

@@ -228,21 +228,9 @@ Result<OpDesc> infer_desc(const Def& def, const OpInfo& info, const OpDesc& part
 // ---------------------------------------------------------------- plan
 
 PrecisionGuarantee derive_precision(DType element, Backend backend, Kind kind) {
-  PrecisionGuarantee g;
+  // No atomics: reductions over broadcast dims run in a fixed order.
   const bool exact = kind == Kind::cast || kind == Kind::fill || kind == Kind::where || !is_floating(element);
-  if (exact) {
-    g.math = MathPrecision::exact;
-    g.accumulator = element;
-  } else if (backend == Backend::host_reference || element == DType::f64) {
-    g.math = MathPrecision::f64;
-    g.accumulator = DType::f64;
-  } else {
-    g.math = MathPrecision::f32;
-    g.accumulator = DType::f32;
-  }
-  g.bit_stable_on_same_hardware = true;
-  g.deterministic = true;  // no atomics: reductions over broadcast dims run in a fixed order
-  return g;
+  return bespoke_precision(element, backend, exact ? std::optional(element) : std::nullopt);
 }
 
 class ElementwisePlan final : public FamilyPlan {

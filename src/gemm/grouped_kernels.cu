@@ -26,6 +26,7 @@
 #include "core/cuda_check.hpp"
 #include "gemm/epilogue.hpp"
 #include "gemm/grouped.hpp"
+#include "gemm/tiled.cuh"
 
 namespace baracuda::gemm {
 
@@ -76,25 +77,8 @@ __device__ void for_each_segment(const GroupedProblem& p, int64_t m0, Body&& bod
 
 // ---------------------------------------------------------------- CUDA cores
 
-constexpr int kTileM = 64, kTileN = 64, kTileK = 16, kThreads = 256;
-constexpr int kPerThread = kTileM / 16;  // a 16 x 16 thread grid, 4 x 4 outputs each
-constexpr int kFlushTiles = 16;
-
-/// A kRows x kTileK tile (rows along M or N) of `src` into sTile[k][row]:
-/// rows [0, rows) and K [k_lo, k_hi) only, 0 elsewhere.
-template <int kRows, class T, class Acc>
-__device__ void load_tile(Acc (*sTile)[kRows + 1], const T* src, int64_t row0, int64_t k0, int64_t rows, int64_t k_lo,
-                          int64_t k_hi, int64_t row_stride, int64_t k_stride) {
-  const bool rows_fast = (row_stride < 0 ? -row_stride : row_stride) <= (k_stride < 0 ? -k_stride : k_stride);
-#pragma unroll
-  for (int q = 0; q < kRows * kTileK / kThreads; ++q) {
-    const int e = threadIdx.x + q * kThreads;
-    const int r = rows_fast ? e % kRows : e / kTileK;
-    const int k = rows_fast ? e / kRows : e % kTileK;
-    const int64_t gr = row0 + r, gk = k0 + k;
-    sTile[k][r] = gr < rows && gk >= k_lo && gk < k_hi ? convert<Acc>(src[gr * row_stride + gk * k_stride]) : Acc(0);
-  }
-}
+// The dense kernel's tiles and sums (gemm/tiled.cuh), over a segment's K range.
+using tiled::kThreads, tiled::kTileK, tiled::kTileM, tiled::kTileN, tiled::kPerThread;
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) grouped_simt(const GroupedProblem p) {
@@ -107,31 +91,13 @@ __global__ void __launch_bounds__(kThreads) grouped_simt(const GroupedProblem p)
     const T* gA = reinterpret_cast<const T*>(p.a.data) + s.group * p.a.group;
     const T* gB = reinterpret_cast<const T*>(p.b.data) + s.group * p.b.group;
     T* gD = reinterpret_cast<T*>(p.d.data) + s.group * p.d.group;
-    // Two-level sums as the dense kernel: error grows with K / 256 + 256.
-    Acc acc[kPerThread][kPerThread] = {}, part[kPerThread][kPerThread] = {};
-    int tiles_in_part = 0;
-    for (int64_t k0 = s.k_lo; k0 < s.k_hi; k0 += kTileK) {
-      load_tile<kTileM>(sA, gA, m0, k0, p.m, s.k_lo, s.k_hi, p.a.row, p.a.col);
-      load_tile<kTileN>(sB, gB, n0, k0, p.n, s.k_lo, s.k_hi, p.b.col, p.b.row);
+    tiled::TileSums<Acc> sums;
+    for (int64_t k0 = s.k_lo; k0 < s.k_hi; k0 += kTileK) {  // K from k_lo: only the k_hi edge is checked
+      tiled::load_tile<kTileM, false, T, Acc, scale_t<T>>(sA, gA, m0, k0, p.m, s.k_hi, p.a.row, p.a.col, {});
+      tiled::load_tile<kTileN, false, T, Acc, scale_t<T>>(sB, gB, n0, k0, p.n, s.k_hi, p.b.col, p.b.row, {});
       __syncthreads();
-#pragma unroll
-      for (int k = 0; k < kTileK; ++k) {
-        Acc rA[kPerThread], rB[kPerThread];
-#pragma unroll
-        for (int i = 0; i < kPerThread; ++i) rA[i] = sA[k][ty + 16 * i], rB[i] = sB[k][tx + 16 * i];
-#pragma unroll
-        for (int i = 0; i < kPerThread; ++i)
-#pragma unroll
-          for (int j = 0; j < kPerThread; ++j) part[i][j] += rA[i] * rB[j];
-      }
+      sums.add(sA, sB, tx, ty);
       __syncthreads();
-      if (++tiles_in_part == kFlushTiles) {
-#pragma unroll
-        for (int i = 0; i < kPerThread; ++i)
-#pragma unroll
-          for (int j = 0; j < kPerThread; ++j) acc[i][j] += part[i][j], part[i][j] = Acc(0);
-        tiles_in_part = 0;
-      }
     }
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
@@ -140,7 +106,7 @@ __global__ void __launch_bounds__(kThreads) grouped_simt(const GroupedProblem p)
 #pragma unroll
       for (int j = 0; j < kPerThread; ++j) {
         const int64_t n = n0 + tx + 16 * j;
-        if (n < p.n) gD[m * p.d.row + n * p.d.col] = convert<T>(acc[i][j] + part[i][j]);
+        if (n < p.n) gD[m * p.d.row + n * p.d.col] = convert<T>(sums.total(i, j));
       }
     }
   });

@@ -36,6 +36,44 @@ __device__ void load_tile(Acc (*sTile)[kRows + 1], const T* src, int64_t row0, i
   }
 }
 
+/// The sums of one thread of the 16 x 16 grid (tx, ty) over a kTileM x
+/// kTileN output tile: outputs (ty + 16 i, tx + 16 j). Two-level sums: each
+/// run of kFlushTiles K tiles adds into `part`, which then adds into `acc`,
+/// so the rounding error grows with K / 256 + 256 rather than with K (long
+/// reductions: the gradients of broadcast weights). Shared by the dense and
+/// the grouped kernels.
+template <class Acc>
+struct TileSums {
+  Acc acc[kPerThread][kPerThread] = {}, part[kPerThread][kPerThread] = {};
+  int tiles_in_part = 0;
+
+  /// Adds the product of the K tile in shared memory (sA [k][m], sB [k][n]).
+  __device__ __forceinline__ void add(const Acc (*sA)[kTileM + 1], const Acc (*sB)[kTileN + 1], int tx, int ty) {
+#pragma unroll
+    for (int k = 0; k < kTileK; ++k) {
+      Acc rA[kPerThread], rB[kPerThread];
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) rA[i] = sA[k][ty + 16 * i], rB[i] = sB[k][tx + 16 * i];
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i)
+#pragma unroll
+        for (int j = 0; j < kPerThread; ++j) part[i][j] += rA[i] * rB[j];
+    }
+    if (++tiles_in_part == kFlushTiles) flush();
+  }
+
+  __device__ __forceinline__ void flush() {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i)
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) acc[i][j] += part[i][j], part[i][j] = Acc(0);
+    tiles_in_part = 0;
+  }
+
+  /// Output (i, j) of this thread: the flushed sums plus the open run.
+  __device__ __forceinline__ Acc total(int i, int j) const { return acc[i][j] + part[i][j]; }
+};
+
 template <class TA, class TB, class Out, bool kScaled>
 __global__ void __launch_bounds__(kThreads) gemm_tiled(const Problem p, int64_t batch0, int64_t tiles_n) {
   using Acc = acc_t<TA, false>;
@@ -47,18 +85,7 @@ __global__ void __launch_bounds__(kThreads) gemm_tiled(const Problem p, int64_t 
   const TA* gA = reinterpret_cast<const TA*>(p.a.data) + offset_of(batch, p.batch_rank, p.batch_shape, p.a.batch_stride);
   const TB* gB = reinterpret_cast<const TB*>(p.b.data) + offset_of(batch, p.batch_rank, p.batch_shape, p.b.batch_stride);
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  // Two-level sums: each run of kFlushTiles K tiles adds into `part`, which
-  // then adds into `acc`, so the rounding error grows with K / 256 + 256
-  // rather than with K (long reductions: the gradients of broadcast weights).
-  Acc acc[kPerThread][kPerThread] = {}, part[kPerThread][kPerThread] = {};
-  int tiles_in_part = 0;
-  auto flush = [&] {
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i)
-#pragma unroll
-      for (int j = 0; j < kPerThread; ++j) acc[i][j] += part[i][j], part[i][j] = Acc(0);
-    tiles_in_part = 0;
-  };
+  TileSums<Acc> sums;
   const int64_t reds = p.red_count();
   for (int64_t r = 0; r < reds; ++r) {
     const TA* gAr = gA + offset_of(r, p.red_rank, p.red_shape, p.a.red_stride);
@@ -67,21 +94,10 @@ __global__ void __launch_bounds__(kThreads) gemm_tiled(const Problem p, int64_t 
       load_tile<kTileM, kScaled, TA, Acc, Scale>(sA, gAr, m0, k0, p.m, p.k, p.a.row_stride, p.a.col_stride, p.scale_a);
       load_tile<kTileN, kScaled, TB, Acc, Scale>(sB, gBr, n0, k0, p.n, p.k, p.b.col_stride, p.b.row_stride, p.scale_b);
       __syncthreads();
-#pragma unroll
-      for (int k = 0; k < kTileK; ++k) {
-        Acc rA[kPerThread], rB[kPerThread];
-#pragma unroll
-        for (int i = 0; i < kPerThread; ++i) rA[i] = sA[k][ty + 16 * i], rB[i] = sB[k][tx + 16 * i];
-#pragma unroll
-        for (int i = 0; i < kPerThread; ++i)
-#pragma unroll
-          for (int j = 0; j < kPerThread; ++j) part[i][j] += rA[i] * rB[j];
-      }
+      sums.add(sA, sB, tx, ty);
       __syncthreads();
-      if (++tiles_in_part == kFlushTiles) flush();
     }
   }
-  flush();
   Out* gD = reinterpret_cast<Out*>(p.d.data) + offset_of(batch, p.batch_rank, p.batch_shape, p.d.batch_stride);
   const Out* gC = p.reads_c() ? reinterpret_cast<const Out*>(p.c.data) +
                                     offset_of(batch, p.batch_rank, p.batch_shape, p.c.batch_stride)
@@ -95,7 +111,7 @@ __global__ void __launch_bounds__(kThreads) gemm_tiled(const Problem p, int64_t 
       const int64_t n = n0 + tx + 16 * j;
       if (n >= p.n) break;
       gD[m * p.d.row_stride + n * p.d.col_stride] =
-          finish<Out, Acc, Scale>(p, sum_scale<Acc, Scale>(p, m, n), acc[i][j],
+          finish<Out, Acc, Scale>(p, sum_scale<Acc, Scale>(p, m, n), sums.total(i, j),
                                   gC ? gC + m * p.c.row_stride + n * p.c.col_stride : nullptr, n);
     }
   }

@@ -393,30 +393,18 @@ __global__ void __launch_bounds__(kThreads) finalize_backward(BatchNormLaunch l)
   coef[0] = k.k_g, coef[1] = k.mean_g, coef[2] = k.k_x, coef[3] = k.mean;
 }
 
-/// 16-byte vectors along rows: unit row strides, rows and channel / row
-/// starts on vector boundaries, for every operand the pass touches.
+/// 16-byte vectors of V elements along the rows (unit row strides, rows and
+/// channel starts on vector boundaries) or, `across_channels` (channels-last),
+/// across the channels (unit channel strides, V dividing C, row and space
+/// strides on vector boundaries), for every operand the pass touches.
 template <Pass kPass, int V>
-bool vector_walk(const BatchNormLaunch& l, size_t elem) {
-  if (V == 1 || l.row_len % V != 0) return false;
+bool vectors_fit(const BatchNormLaunch& l, size_t elem, bool across_channels) {
+  if (V == 1 || (across_channels ? l.channels : l.row_len) % V != 0) return false;
   for (int k = 0; k < kFull; ++k) {
     if ((k == kY && kReduces<kPass>) || (k == kG && !kReadsG<kPass>)) continue;
-    if (l.row_stride[k] != 1 || l.channel_stride[k] % V != 0 || reinterpret_cast<uintptr_t>(l.data[k]) % (V * elem) != 0)
-      return false;
-    for (int d = 0; d < l.row_offsets.rank; ++d)
-      if (l.row_offsets.stride[k][d] % V != 0) return false;
-  }
-  return true;
-}
-
-/// 16-byte vectors across channels (channels-last): unit channel strides,
-/// V dividing C, the space strides and the starts on vector boundaries.
-template <Pass kPass, int V>
-bool vector_channels(const BatchNormLaunch& l, size_t elem) {
-  if (V == 1 || l.channels % V != 0) return false;
-  for (int k = 0; k < kFull; ++k) {
-    if ((k == kY && kReduces<kPass>) || (k == kG && !kReadsG<kPass>)) continue;
-    if (l.channel_stride[k] != 1 || l.row_stride[k] % V != 0 || reinterpret_cast<uintptr_t>(l.data[k]) % (V * elem) != 0)
-      return false;
+    const int64_t unit = across_channels ? l.channel_stride[k] : l.row_stride[k];
+    const int64_t step = across_channels ? l.row_stride[k] : l.channel_stride[k];
+    if (unit != 1 || step % V != 0 || reinterpret_cast<uintptr_t>(l.data[k]) % (V * elem) != 0) return false;
     for (int d = 0; d < l.row_offsets.rank; ++d)
       if (l.row_offsets.stride[k][d] % V != 0) return false;
   }
@@ -428,15 +416,17 @@ void launch_pass(const BatchNormLaunch& l, cudaStream_t stream) {
   constexpr int V = rows::kVecOf<T>;
   if (l.channels_last) {
     const dim3 block(32, kWarps);
-    if (vector_channels<kPass, V>(l, sizeof(T)))
+    if (vectors_fit<kPass, V>(l, sizeof(T), /*across_channels=*/true))
       last_kernel<kPass, T, V><<<dim3(unsigned((l.channels + 32 * V - 1) / (32 * V)), l.splits), block, 0, stream>>>(l);
     else
       last_kernel<kPass, T, 1><<<dim3(unsigned((l.channels + 31) / 32), l.splits), block, 0, stream>>>(l);
     return;
   }
   const dim3 grid(unsigned(l.channels), l.splits);
-  if (vector_walk<kPass, V>(l, sizeof(T))) first_kernel<kPass, T, V><<<grid, kThreads, 0, stream>>>(l);
-  else first_kernel<kPass, T, 1><<<grid, kThreads, 0, stream>>>(l);
+  if (vectors_fit<kPass, V>(l, sizeof(T), /*across_channels=*/false))
+    first_kernel<kPass, T, V><<<grid, kThreads, 0, stream>>>(l);
+  else
+    first_kernel<kPass, T, 1><<<grid, kThreads, 0, stream>>>(l);
 }
 
 template <class T, class P, bool kBackward>

@@ -13,15 +13,12 @@
 namespace baracuda::norm {
 
 using rows::RowLaunch;
+using rows::by_row_length;
 using rows::kRowCacheBytes;
+using rows::launch_cached;
 
 template <class T>
 using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-template <class T>
-__device__ __forceinline__ const T* operand(const RowLaunch& l, int k, const int64_t* off) {
-  return reinterpret_cast<const T*>(l.data[k]) + off[k];
-}
 
 /// Element c of the normalised row straight from the inputs.
 template <class M, class T>
@@ -35,19 +32,16 @@ __global__ void __launch_bounds__(TPR * RPB)
   using M = math_t<T, false>;
   extern __shared__ __align__(16) char cache_bytes[];
   __shared__ M scratch[RPB * (TPR / 32)];
-  const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR, cols = l.cols;
-  const int lane = threadIdx.x % TPR;
-  const bool valid = row < l.rows;
-  int64_t off[S::kOperands] = {};
-  if (valid) outer.get(row, off);
+  const rows::RowSlot<TPR, RPB, S::kOperands> slot(l, outer);
+  const int64_t cols = l.cols;
   const auto& st = l.inner.stride;
-  const T* x = operand<T>(l, S::kInput, off);
+  const T* x = rows::row_operand<const T>(l, S::kInput, slot.off);
   // The cached row: the input (storage type), or input + residual (math type).
   using C = std::conditional_t<S::kResidual, M, T>;
   C* cache = reinterpret_cast<C*>(cache_bytes) + (threadIdx.x / TPR) * cols;
-  T* out = const_cast<T*>(operand<T>(l, S::kOut, off));
+  T* out = rows::row_operand<T>(l, S::kOut, slot.off);
   bool vec = rows::vector_ok<T>(x, st[S::kInput][0], cols) && rows::vector_ok<T>(out, st[S::kOut][0], cols);
-  const T* r = S::kResidual ? operand<T>(l, S::kResidualIn, off) : nullptr;
+  const T* r = S::kResidual ? rows::row_operand<const T>(l, S::kResidualIn, slot.off) : nullptr;
   const int64_t sr = S::kResidual ? st[S::kResidualIn][0] : 0;
   // The normalised row h: the input, or input + residual in the math type.
   auto h_at = [&](int64_t c) -> M {
@@ -56,18 +50,18 @@ __global__ void __launch_bounds__(TPR * RPB)
     else return convert<M>(x[c * st[S::kInput][0]]);
   };
   // layer: sums of h - h[0], so that a constant row has exactly zero deviation.
-  const M shift = S::kRms || !valid ? M(0) : h_at_input<M>(x, r, st[S::kInput][0], sr, 0);
+  const M shift = S::kRms || !slot.valid ? M(0) : h_at_input<M>(x, r, st[S::kInput][0], sr, 0);
   M sum = 0;
-  if (valid) {
+  if (slot.valid) {
     if constexpr (S::kResidual) {
-      for (int64_t c = lane; c < cols; c += TPR) {
+      for (int64_t c = slot.lane; c < cols; c += TPR) {
         const M h = convert<M>(x[c * st[S::kInput][0]]) + convert<M>(r[c * sr]);
         if constexpr (kCache) cache[c] = h;
         sum += S::kRms ? h * h : h - shift;
       }
     } else {
       rows::for_row<TPR>(
-          x, st[S::kInput][0], cols, vec, lane,
+          x, st[S::kInput][0], cols, vec, slot.lane,
           [&](int64_t, T v) {
             const M h = convert<M>(v);
             sum += S::kRms ? h * h : h - shift;
@@ -80,27 +74,27 @@ __global__ void __launch_bounds__(TPR * RPB)
   if constexpr (!S::kRms) {
     mean = shift + sum / M(cols);
     sq = 0;
-    if (valid)
-      for (int64_t c = lane; c < cols; c += TPR) {
+    if (slot.valid)
+      for (int64_t c = slot.lane; c < cols; c += TPR) {
         const M d = h_at(c) - mean;
         sq += d * d;
       }
     sq = rows::row_all_reduce<TPR, RPB>(sq, rows::SumOp{}, scratch);
   }
   const M rstd = S::rstd(sq, cols, M(p.eps));
-  if (!valid) return;
-  if (lane == 0) {
-    if constexpr (!S::kRms) reinterpret_cast<stat_t<T>*>(l.data[S::kMean])[off[S::kMean]] = stat_t<T>(mean);
-    reinterpret_cast<stat_t<T>*>(l.data[S::kRstd])[off[S::kRstd]] = stat_t<T>(rstd);
+  if (!slot.valid) return;
+  if (slot.lane == 0) {
+    if constexpr (!S::kRms) *rows::row_operand<stat_t<T>>(l, S::kMean, slot.off) = stat_t<T>(mean);
+    *rows::row_operand<stat_t<T>>(l, S::kRstd, slot.off) = stat_t<T>(rstd);
   }
-  const T* w = S::kWeight ? operand<T>(l, S::kWeightIn, off) : nullptr;
-  const T* b = S::kBias ? operand<T>(l, S::kBiasIn, off) : nullptr;
+  const T* w = S::kWeight ? rows::row_operand<const T>(l, S::kWeightIn, slot.off) : nullptr;
+  const T* b = S::kBias ? rows::row_operand<const T>(l, S::kBiasIn, slot.off) : nullptr;
   const int64_t sw = S::kWeight ? st[S::kWeightIn][0] : 0, sb = S::kBias ? st[S::kBiasIn][0] : 0;
   // residual_out is written last: it may alias the residual input.
-  T* r_out = S::kResidual ? const_cast<T*>(operand<T>(l, S::kResidualOut, off)) : nullptr;
+  T* r_out = S::kResidual ? rows::row_operand<T>(l, S::kResidualOut, slot.off) : nullptr;
   const int64_t sro = S::kResidual ? st[S::kResidualOut][0] : 0;
   if constexpr (S::kResidual) {
-    rows::store_row<TPR>(out, st[S::kOut][0], cols, vec, lane, [&](int64_t c) {
+    rows::store_row<TPR>(out, st[S::kOut][0], cols, vec, slot.lane, [&](int64_t c) {
       const M h = h_at(c);
       r_out[c * sro] = convert<T>(h);
       M y = (h - mean) * rstd;
@@ -119,7 +113,7 @@ __global__ void __launch_bounds__(TPR * RPB)
     if constexpr (S::kBias) src[2] = b, ss[2] = sb;
     bool all_vec = vec;
     for (int k = 1; k < NS; ++k) all_vec = all_vec && rows::vector_ok<T>(src[k], ss[k], cols);
-    rows::map_row<TPR>(src, ss, out, st[S::kOut][0], cols, all_vec, lane, [&](int64_t, const T (&v)[NS]) {
+    rows::map_row<TPR>(src, ss, out, st[S::kOut][0], cols, all_vec, slot.lane, [&](int64_t, const T (&v)[NS]) {
       M y = (convert<M>(v[0]) - mean) * rstd;
       if constexpr (S::kWeight) y *= convert<M>(v[1]);
       if constexpr (S::kBias) y += convert<M>(v[2]);
@@ -134,23 +128,20 @@ __global__ void __launch_bounds__(TPR * RPB)
   using M = math_t<T, false>;
   extern __shared__ __align__(16) char cache_bytes[];
   __shared__ M scratch[RPB * (TPR / 32)];
-  const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR, cols = l.cols;
-  const int lane = threadIdx.x % TPR;
-  const bool valid = row < l.rows;
-  int64_t off[S::kBackwardOperands] = {};
-  if (valid) outer.get(row, off);
+  const rows::RowSlot<TPR, RPB, S::kBackwardOperands> slot(l, outer);
+  const int64_t cols = l.cols;
   const auto& st = l.inner.stride;
-  const T* g = operand<T>(l, S::kGradOutput, off);
-  const T* x = operand<T>(l, S::kSavedInput, off);
-  const T* w = S::kWeight ? operand<T>(l, S::kSavedWeight, off) : nullptr;
-  T* dx = const_cast<T*>(operand<T>(l, S::kGradInput, off));
+  const T* g = rows::row_operand<const T>(l, S::kGradOutput, slot.off);
+  const T* x = rows::row_operand<const T>(l, S::kSavedInput, slot.off);
+  const T* w = S::kWeight ? rows::row_operand<const T>(l, S::kSavedWeight, slot.off) : nullptr;
+  T* dx = rows::row_operand<T>(l, S::kGradInput, slot.off);
   T* cache_g = reinterpret_cast<T*>(cache_bytes) + (threadIdx.x / TPR) * cols * 2;
   T* cache_x = cache_g + cols;
   const int64_t sg = st[S::kGradOutput][0], sx = st[S::kSavedInput][0], sw = S::kWeight ? st[S::kSavedWeight][0] : 0;
   M mean = 0, rstd = 0;
-  if (valid) {
-    if constexpr (!S::kRms) mean = M(reinterpret_cast<const stat_t<T>*>(l.data[S::kSavedMean])[off[S::kSavedMean]]);
-    rstd = M(reinterpret_cast<const stat_t<T>*>(l.data[S::kSavedRstd])[off[S::kSavedRstd]]);
+  if (slot.valid) {
+    if constexpr (!S::kRms) mean = M(*rows::row_operand<const stat_t<T>>(l, S::kSavedMean, slot.off));
+    rstd = M(*rows::row_operand<const stat_t<T>>(l, S::kSavedRstd, slot.off));
   }
   auto wg_at = [&](int64_t c, T gv) {
     M v = convert<M>(gv);
@@ -163,14 +154,14 @@ __global__ void __launch_bounds__(TPR * RPB)
     a += wg;
     b += wg * xhat;
   };
-  if (valid) {
+  if (slot.valid) {
     if (kCache && rows::vector_ok<T>(g, sg, cols) && rows::vector_ok<T>(x, sx, cols)) {
       // Whole vectors: grad_output into the cache first, then the input, whose
       // element c this same thread finds beside grad_output's in the cache.
-      rows::for_row<TPR>(g, 1, cols, true, lane, [](int64_t, T) {}, cache_g);
-      rows::for_row<TPR>(x, 1, cols, true, lane, [&](int64_t c, T xv) { accumulate(c, cache_g[c], xv); }, cache_x);
+      rows::for_row<TPR>(g, 1, cols, true, slot.lane, [](int64_t, T) {}, cache_g);
+      rows::for_row<TPR>(x, 1, cols, true, slot.lane, [&](int64_t c, T xv) { accumulate(c, cache_g[c], xv); }, cache_x);
     } else {
-      for (int64_t c = lane; c < cols; c += TPR) {
+      for (int64_t c = slot.lane; c < cols; c += TPR) {
         const T gv = g[c * sg], xv = x[c * sx];
         if constexpr (kCache) cache_g[c] = gv, cache_x[c] = xv;
         accumulate(c, gv, xv);
@@ -179,13 +170,13 @@ __global__ void __launch_bounds__(TPR * RPB)
   }
   a = rows::row_all_reduce<TPR, RPB>(a, rows::SumOp{}, scratch);
   b = rows::row_all_reduce<TPR, RPB>(b, rows::SumOp{}, scratch);
-  if (!valid) return;
+  if (!slot.valid) return;
   const M mean_wg = a / M(cols), mean_wg_xhat = b / M(cols);
   const T* src[2] = {kCache ? cache_g : g, kCache ? cache_x : x};
   const int64_t ss[2] = {kCache ? 1 : sg, kCache ? 1 : sx};
   const bool vec = rows::vector_ok<T>(dx, st[S::kGradInput][0], cols) && rows::vector_ok<T>(src[0], ss[0], cols) &&
                    rows::vector_ok<T>(src[1], ss[1], cols);
-  rows::map_row<TPR>(src, ss, dx, st[S::kGradInput][0], cols, vec, lane, [&](int64_t c, const T (&v)[2]) {
+  rows::map_row<TPR>(src, ss, dx, st[S::kGradInput][0], cols, vec, slot.lane, [&](int64_t c, const T (&v)[2]) {
     const M xhat = (convert<M>(v[1]) - mean) * rstd;
     return convert<T>(S::grad_input(wg_at(c, v[0]), xhat, mean_wg, mean_wg_xhat, rstd));
   });
@@ -215,8 +206,8 @@ __global__ void __launch_bounds__(256)
       } else {
         outer.get(r, off);
       }
-      const T* g = operand<T>(l, S::kGradOutput, off) + c0 * sg;
-      const T* x = operand<T>(l, S::kSavedInput, off) + c0 * sx;
+      const T* g = rows::row_operand<const T>(l, S::kGradOutput, off) + c0 * sg;
+      const T* x = rows::row_operand<const T>(l, S::kSavedInput, off) + c0 * sx;
       rows::Vec<T, V> gv, xv;
       if (whole && reinterpret_cast<uintptr_t>(g) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
         gv = *reinterpret_cast<const rows::Vec<T, V>*>(g);
@@ -279,33 +270,6 @@ __global__ void __launch_bounds__(256) merge_params_kernel(RowLaunch l, int spli
   if constexpr (S::kBias) reinterpret_cast<T*>(l.data[S::kGradBias])[c * st[S::kGradBias][0]] = convert<T>(db);
 }
 
-/// Row-kernel shape for a row length: (threads per row, rows per block).
-/// `narrow_long_rows`: rows past 16384 keep 512 threads, so that several
-/// cached rows share an SM (one's arithmetic hides another's loads).
-template <class F>
-Status by_row_length(int64_t cols, F&& f, bool narrow_long_rows = false) {
-  if (cols <= 128) return f.template operator()<32, 8>();
-  if (cols <= 1024) return f.template operator()<32, 4>();
-  if (cols <= 4096) return f.template operator()<128, 1>();
-  if (cols <= 16384 || narrow_long_rows) return f.template operator()<512, 1>();
-  return f.template operator()<1024, 1>();
-}
-
-template <class Kernel, class... Args>
-Status launch_cached(Kernel cached, Kernel uncached, size_t cache, unsigned blocks, unsigned threads,
-                     CUstream_st* stream, const Args&... args) {
-  if (cache <= kRowCacheBytes) {
-    if (cache > 48 * 1024)
-      BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(cached), int(kRowCacheBytes),
-                                                 /*max_carveout=*/2 * cache <= kRowCacheBytes));
-    cached<<<blocks, threads, cache, stream>>>(args...);
-  } else {
-    uncached<<<blocks, threads, 0, stream>>>(args...);
-  }
-  BARACUDA_CUDA_TRY(cudaGetLastError());
-  return Status::ok();
-}
-
 template <class S, class T>
 Status norm_forward_on_cuda(const RowLaunch& l, const NormParams& p, int, CUstream_st* stream) {
   const rows::OffsetCalc<S::kOperands, int64_t> outer(l.outer);
@@ -313,9 +277,10 @@ Status norm_forward_on_cuda(const RowLaunch& l, const NormParams& p, int, CUstre
   return by_row_length(
       l.cols,
       [&]<int TPR, int RPB>() {
-        return launch_cached(forward_kernel<S, T, TPR, RPB, true>, forward_kernel<S, T, TPR, RPB, false>,
-                             size_t(RPB) * size_t(l.cols) * sizeof(C), unsigned((l.rows + RPB - 1) / RPB), TPR * RPB,
-                             stream, l, outer, p);
+        const size_t cache = size_t(RPB) * size_t(l.cols) * sizeof(C);
+        return launch_cached(forward_kernel<S, T, TPR, RPB, true>, forward_kernel<S, T, TPR, RPB, false>, cache,
+                             /*max_carveout=*/2 * cache <= kRowCacheBytes, unsigned((l.rows + RPB - 1) / RPB),
+                             TPR * RPB, stream, l, outer, p);
       },
       /*narrow_long_rows=*/sizeof(C) == 2);
 }
@@ -337,11 +302,21 @@ Status norm_backward_on_cuda(const RowLaunch& l, const NormParams&, int splits, 
     }
   }
   BARACUDA_TRY(by_row_length(l.cols, [&]<int TPR, int RPB>() {
-    return launch_cached(grad_input_kernel<S, T, TPR, RPB, true>, grad_input_kernel<S, T, TPR, RPB, false>,
-                         size_t(RPB) * size_t(l.cols) * 2 * sizeof(T), unsigned((l.rows + RPB - 1) / RPB), TPR * RPB,
+    const size_t cache = size_t(RPB) * size_t(l.cols) * 2 * sizeof(T);
+    return launch_cached(grad_input_kernel<S, T, TPR, RPB, true>, grad_input_kernel<S, T, TPR, RPB, false>, cache,
+                         /*max_carveout=*/2 * cache <= kRowCacheBytes, unsigned((l.rows + RPB - 1) / RPB), TPR * RPB,
                          stream, l, outer);
   }));
   return Status::ok();
 }
+
+/// The launcher the tables record (one dtype file each: the build runs in parallel).
+template <class S, class T, bool kBackward>
+struct CudaNorm {
+  static Status run(const RowLaunch& l, const NormParams& p, int splits, CUstream_st* s) {
+    if constexpr (kBackward) return norm_backward_on_cuda<S, T>(l, p, splits, s);
+    else return norm_forward_on_cuda<S, T>(l, p, splits, s);
+  }
+};
 
 }  // namespace baracuda::norm

@@ -4,13 +4,6 @@
 
 namespace baracuda::norm {
 namespace {
-template <class S, class T, bool kBackward>
-struct CudaNorm {
-  static Status run(const RowLaunch& l, const NormParams& p, int splits, CUstream_st* s) {
-    if constexpr (kBackward) return norm_backward_on_cuda<S, T>(l, p, splits, s);
-    else return norm_forward_on_cuda<S, T>(l, p, splits, s);
-  }
-};
 [[maybe_unused]] const bool registered = register_norms<CudaNorm, TypeList<float>>(cuda_norms());
 }  // namespace
 }  // namespace baracuda::norm

@@ -189,23 +189,11 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
 }
 
 PrecisionGuarantee precision_of(DType in, const RMeta& meta, Backend backend) {
-  PrecisionGuarantee g;
+  // Fixed per-thread runs, fixed trees, splits merged in order.
   const bool exact = !is_floating(in) || meta.out == OutRule::index || meta.out == OutRule::boolean ||
                      meta.out == OutRule::count || std::string_view(meta.name) == "amax" ||
                      std::string_view(meta.name) == "amin";
-  if (exact) {
-    g.math = MathPrecision::exact;
-    g.accumulator = is_floating(in) ? in : DType::i64;
-  } else if (backend == Backend::host_reference || in == DType::f64) {
-    g.math = MathPrecision::f64;
-    g.accumulator = DType::f64;
-  } else {
-    g.math = MathPrecision::f32;
-    g.accumulator = DType::f32;
-  }
-  g.bit_stable_on_same_hardware = true;
-  g.deterministic = true;  // fixed per-thread runs, fixed trees, splits merged in order
-  return g;
+  return bespoke_precision(in, backend, exact ? std::optional(is_floating(in) ? in : DType::i64) : std::nullopt);
 }
 
 /// Bytes of one accumulator of reducer `name` on the GPU for input `in`.

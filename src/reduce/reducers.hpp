@@ -58,12 +58,9 @@ struct Sum {
   template <class A> static BCD_HD A finish(A a, int64_t, const RParams&) { return a; }
 };
 
-struct Mean {
+/// Sum's accumulation, divided by the count at the end.
+struct Mean : Sum {
   static constexpr RMeta meta{"mean", InSet::floating, OutRule::same, true, 1, "mean over dims (NaN when empty)"};
-  template <class T, bool Host> using Acc = wide_t<T, Host>;
-  template <class A> static BCD_HD A init(const RParams&) { return A(0); }
-  template <class A, class M> static BCD_HD A step(A a, M x, int64_t, const RParams&) { return a + A(x); }
-  template <class A> static BCD_HD A merge(A a, A b, const RParams&) { return a + b; }
   template <class A> static BCD_HD A finish(A a, int64_t n, const RParams&) { return a / A(n); }
 };
 

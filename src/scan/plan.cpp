@@ -283,19 +283,15 @@ class ScanPlan final : public FamilyPlan {
     // Move `dim` last in every operand: rows are then the leading dims.
     const int rank = static_cast<int>(shape.size());
     const int dim = rank == 0 ? 0 : normalize_dim(desc_.attrs.get("dim", -1), rank);
-    const Shape moved = rows::move_axis_last(shape, dim);
-    std::array<TensorView, 4> views;
-    std::array<rows::Role, 4> roles;
-    roles.fill(rows::Role::full);
-    size_t n = 0;
+    RowLaunch l;
     if (fn_ && def_.backward) {  // scans from the end of the row
-      views[n++] = rows::move_axis_last(reversed(args.outputs[0], dim), dim);
-      for (const auto& v : args.inputs) views[n++] = rows::move_axis_last(reversed(v, dim), dim);
+      const TensorView out = reversed(args.outputs[0], dim);
+      std::array<TensorView, 4> in;
+      for (size_t i = 0; i < args.inputs.size(); ++i) in[i] = reversed(args.inputs[i], dim);
+      l = rows::rows_along(shape, dim, std::span(&out, 1), std::span(in.data(), args.inputs.size()));
     } else {
-      for (const auto& v : args.outputs) views[n++] = rows::move_axis_last(v, dim);
-      for (const auto& v : args.inputs) views[n++] = rows::move_axis_last(v, dim);
+      l = rows::rows_along(shape, dim, args.outputs, args.inputs);
     }
-    const RowLaunch l = rows::make_rows(moved, rank == 0 ? 0 : 1, std::span(views.data(), n), std::span(roles.data(), n));
     if (!fn_) return run_on_host(def_, l, desc_.inputs[xi].dtype).with_context(def_.name);
 #ifdef BARACUDA_HAS_CUDA
     ScanLaunch launch;

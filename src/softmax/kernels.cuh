@@ -26,15 +26,11 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
   constexpr int kIn = kBackward ? 2 : 1;
   extern __shared__ __align__(16) char cache_bytes[];
   __shared__ M scratch[RPB * (TPR / 32)];
-  const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
-  const int lane = threadIdx.x % TPR;
-  const bool valid = row < l.rows;
+  const rows::RowSlot<TPR, RPB, 3> slot(l, outer);
   const int64_t cols = l.cols;
-  int64_t off[3] = {0, 0, 0};
-  if (valid) outer.get(row, off);
-  T* out = reinterpret_cast<T*>(l.data[0]) + off[0];
-  const T* in[2] = {reinterpret_cast<const T*>(l.data[1]) + off[1],
-                    kBackward ? reinterpret_cast<const T*>(l.data[2]) + off[2] : nullptr};
+  T* out = rows::row_operand<T>(l, 0, slot.off);
+  const T* in[2] = {rows::row_operand<const T>(l, 1, slot.off),
+                    kBackward ? rows::row_operand<const T>(l, 2, slot.off) : nullptr};
   const int64_t so = l.inner.stride[0][0], si[2] = {l.inner.stride[1][0], kBackward ? l.inner.stride[2][0] : 0};
   T* cache[2] = {reinterpret_cast<T*>(cache_bytes) + (threadIdx.x / TPR) * cols * kIn, nullptr};
   cache[1] = cache[0] + cols;
@@ -54,9 +50,9 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
     };
     const M sign = Op::template sign<M>();
     M max = -INFINITY;
-    if (valid)
+    if (slot.valid)
       rows::for_row<TPR>(
-          in[0], si[0], cols, vec, lane,
+          in[0], si[0], cols, vec, slot.lane,
           [&](int64_t, T x) {
             const M z = sign * convert<M>(x);
             max = z > max || z != z ? z : max;
@@ -69,11 +65,11 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
     // thread reads back only the elements it wrote (the ownership of for_row).
     constexpr bool kKeepExp = kCache && !Op::kLog && std::is_same_v<T, M>;
     M sum = 0;
-    if (valid) {
+    if (slot.valid) {
       if (kCache && vec) {  // the cached row in whole vectors, as this thread stored it
         constexpr int V = rows::kVecOf<T>;
         auto* packs = reinterpret_cast<rows::Vec<T, V>*>(cache[0]);
-        for (int64_t i = lane; i < cols / V; i += TPR) {
+        for (int64_t i = slot.lane; i < cols / V; i += TPR) {
           auto pack = packs[i];
 #pragma unroll
           for (int e = 0; e < V; ++e) {
@@ -84,7 +80,7 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
           if constexpr (kKeepExp) packs[i] = pack;
         }
       } else {
-        for (int64_t c = lane; c < cols; c += TPR) {
+        for (int64_t c = slot.lane; c < cols; c += TPR) {
           const M x = expo(sign * value(0, c) - max);
           sum += x;
           if constexpr (kKeepExp) cache[0][c] = x;
@@ -97,10 +93,10 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
       if constexpr (kFastExp && !Op::kLog) return expo(z - max) * inverse_sum;
       else return Op::out(z, max, sum);
     };
-    if (valid) {
+    if (slot.valid) {
       const T* src[1] = {kCache ? cache[0] : in[0]};
       const int64_t ss[1] = {kCache ? 1 : si[0]};
-      rows::map_row<TPR>(src, ss, out, so, cols, vec, lane,
+      rows::map_row<TPR>(src, ss, out, so, cols, vec, slot.lane,
                          [&](int64_t, const T (&x)[1]) {
                            if constexpr (kKeepExp) return convert<T>(x[0] / sum);
                            else return convert<T>(out_of(sign * convert<M>(x[0])));
@@ -108,15 +104,15 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
     }
   } else {
     M t = 0;
-    if (valid) {
+    if (slot.valid) {
       if (vec && kCache) {
-        rows::for_row<TPR>(in[0], 1, cols, true, lane, [&](int64_t, T) {}, cache[0]);
+        rows::for_row<TPR>(in[0], 1, cols, true, slot.lane, [&](int64_t, T) {}, cache[0]);
         // The same thread stored element c of grad_output just above.
         rows::for_row<TPR>(
-            in[1], 1, cols, true, lane,
+            in[1], 1, cols, true, slot.lane,
             [&](int64_t c, T y) { t += Op::term(convert<M>(cache[0][c]), convert<M>(y)); }, cache[1]);
       } else {
-        for (int64_t c = lane; c < cols; c += TPR) {
+        for (int64_t c = slot.lane; c < cols; c += TPR) {
           const T g = in[0][c * si[0]], y = in[1][c * si[1]];
           if constexpr (kCache) cache[0][c] = g, cache[1][c] = y;
           t += Op::term(convert<M>(g), convert<M>(y));
@@ -124,10 +120,10 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
       }
     }
     t = rows::row_all_reduce<TPR, RPB>(t, rows::SumOp{}, scratch);
-    if (valid) {
+    if (slot.valid) {
       const T* src[2] = {kCache ? cache[0] : in[0], kCache ? cache[1] : in[1]};
       const int64_t ss[2] = {kCache ? 1 : si[0], kCache ? 1 : si[1]};
-      rows::map_row<TPR>(src, ss, out, so, cols, vec, lane, [&](int64_t, const T (&x)[2]) {
+      rows::map_row<TPR>(src, ss, out, so, cols, vec, slot.lane, [&](int64_t, const T (&x)[2]) {
         return convert<T>(Op::grad(convert<M>(x[0]), convert<M>(x[1]), t) * scale);
       });
     }
@@ -143,18 +139,11 @@ __global__ void __launch_bounds__(256) columns_kernel(RowLaunch l, rows::OffsetC
   if (row >= l.rows) return;
   int64_t off[3];
   outer.get(row, off);
-  T* out = reinterpret_cast<T*>(l.data[0]) + off[0];
-  const T* a = reinterpret_cast<const T*>(l.data[1]) + off[1];
-  const T* b = kBackward ? reinterpret_cast<const T*>(l.data[2]) + off[2] : nullptr;
+  T* out = rows::row_operand<T>(l, 0, off);
+  const T* a = rows::row_operand<const T>(l, 1, off);
+  const T* b = kBackward ? rows::row_operand<const T>(l, 2, off) : nullptr;
   const int64_t so = l.inner.stride[0][0], sa = l.inner.stride[1][0], sb = kBackward ? l.inner.stride[2][0] : 0;
   if constexpr (!kBackward) {
-    // Half storage rounds far more coarsely than the fast exponential errs
-    // (a few f32 ulp), and its rows are bound by arithmetic, not memory.
-    constexpr bool kFastExp = sizeof(T) == 2;
-    auto expo = [](M v) -> M {
-      if constexpr (kFastExp) return __expf(v);
-      else return exp(v);
-    };
     const M sign = Op::template sign<M>();
     M max = -INFINITY, sum = 0;
     for (int64_t c = 0; c < l.cols; ++c) {
@@ -171,24 +160,6 @@ __global__ void __launch_bounds__(256) columns_kernel(RowLaunch l, rows::OffsetC
   }
 }
 
-template <class Op, class T, bool kBackward, int TPR, int RPB>
-Status launch_rows(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer, math_t<T, false> scale,
-                   CUstream_st* stream) {
-  constexpr int kIn = kBackward ? 2 : 1;
-  const size_t cache = size_t(RPB) * size_t(l.cols) * kIn * sizeof(T);
-  const unsigned blocks = unsigned((l.rows + RPB - 1) / RPB);
-  if (cache <= kRowCacheBytes) {
-    auto kernel = rows_kernel<Op, T, kBackward, TPR, RPB, true>;
-    if (cache > 48 * 1024)
-      BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(kRowCacheBytes),
-                                                 /*max_carveout=*/2 * cache <= kRowCacheBytes));
-    kernel<<<blocks, TPR * RPB, cache, stream>>>(l, outer, scale);
-  } else {
-    rows_kernel<Op, T, kBackward, TPR, RPB, false><<<blocks, TPR * RPB, 0, stream>>>(l, outer, scale);
-  }
-  return Status::ok();
-}
-
 template <class Op, class T, bool kBackward>
 Status softmax_on_cuda(const RowLaunch& l, const RowParams& p, CUstream_st* stream) {
   const rows::OffsetCalc<3, int64_t> outer(l.outer);
@@ -196,21 +167,28 @@ Status softmax_on_cuda(const RowLaunch& l, const RowParams& p, CUstream_st* stre
   const int64_t s = l.inner.stride[1][0];
   if (s != 1 && l.outer.rank >= 1 && l.outer.stride[1][0] == 1 && l.rows >= 1024) {
     columns_kernel<Op, T, kBackward><<<unsigned((l.rows + 255) / 256), 256, 0, stream>>>(l, outer, scale);
-  } else if (l.cols <= 128) {
-    BARACUDA_TRY((launch_rows<Op, T, kBackward, 32, 8>(l, outer, scale, stream)));
-  } else if (l.cols <= 1024) {
-    BARACUDA_TRY((launch_rows<Op, T, kBackward, 32, 4>(l, outer, scale, stream)));
-  } else if (l.cols <= 4096) {
-    BARACUDA_TRY((launch_rows<Op, T, kBackward, 128, 1>(l, outer, scale, stream)));
-  } else if (l.cols <= 16384) {
-    BARACUDA_TRY((launch_rows<Op, T, kBackward, 512, 1>(l, outer, scale, stream)));
-  } else if (sizeof(T) == 2 && !kBackward) {  // two rows per SM: one's arithmetic hides the other's loads
-    BARACUDA_TRY((launch_rows<Op, T, kBackward, 512, 1>(l, outer, scale, stream)));
-  } else {
-    BARACUDA_TRY((launch_rows<Op, T, kBackward, 1024, 1>(l, outer, scale, stream)));
+    BARACUDA_CUDA_TRY(cudaGetLastError());
+    return Status::ok();
   }
-  BARACUDA_CUDA_TRY(cudaGetLastError());
-  return Status::ok();
+  // Halves forward: two rows per SM on long rows, one's arithmetic hides the other's loads.
+  return rows::by_row_length(
+      l.cols,
+      [&]<int TPR, int RPB>() {
+        const size_t cache = size_t(RPB) * size_t(l.cols) * (kBackward ? 2 : 1) * sizeof(T);
+        return rows::launch_cached(rows_kernel<Op, T, kBackward, TPR, RPB, true>,
+                                   rows_kernel<Op, T, kBackward, TPR, RPB, false>, cache,
+                                   /*max_carveout=*/2 * cache <= kRowCacheBytes, unsigned((l.rows + RPB - 1) / RPB),
+                                   TPR * RPB, stream, l, outer, scale);
+      },
+      /*narrow_long_rows=*/sizeof(T) == 2 && !kBackward);
 }
+
+/// The launcher the tables record (one dtype file each: the build runs in parallel).
+template <class Op, class T, bool kBackward>
+struct CudaSoftmax {
+  static Status run(const RowLaunch& l, const RowParams& p, CUstream_st* s) {
+    return softmax_on_cuda<Op, T, kBackward>(l, p, s);
+  }
+};
 
 }  // namespace baracuda::smax

@@ -158,14 +158,7 @@ class SoftmaxPlan final : public FamilyPlan {
     // Move `dim` last in every operand: rows are then the leading dims.
     const int rank = static_cast<int>(shape.size());
     const int dim = rank == 0 ? 0 : normalize_dim(desc_.attrs.get("dim", -1), rank);
-    const Shape moved = rows::move_axis_last(shape, dim);
-    std::array<TensorView, 4> views;
-    std::array<rows::Role, 4> roles;
-    size_t n = 0;
-    for (const auto& v : args.outputs) views[n] = rows::move_axis_last(v, dim), roles[n++] = rows::Role::full;
-    for (const auto& v : args.inputs) views[n] = rows::move_axis_last(v, dim), roles[n++] = rows::Role::full;
-    const RowLaunch l = rows::make_rows(moved, rank == 0 ? 0 : 1, std::span(views.data(), n),
-                                        std::span(roles.data(), n), def_.logical_rows);
+    const RowLaunch l = rows::rows_along(shape, dim, args.outputs, args.inputs, def_.logical_rows);
     return fn_(l, params_, stream.cuda_stream()).with_context(def_.name);
   }
 

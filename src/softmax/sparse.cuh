@@ -33,20 +33,16 @@ __device__ void gumbel_row(const RowLaunch& l, const rows::OffsetCalc<3, int64_t
                            math_t<T, false>* cache, math_t<T, false>* scratch, int64_t* index_scratch) {
   using M = math_t<T, false>;
   constexpr int G = GumbelSoftmax::kGroup;
-  const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
-  const int lane = threadIdx.x % TPR;
-  const bool valid = row < l.rows;
-  int64_t off[3] = {0, 0, 0};
-  if (valid) outer.get(row, off);
-  T* out = reinterpret_cast<T*>(l.data[0]) + off[0];
-  T* soft = reinterpret_cast<T*>(l.data[1]) + off[1];
-  const T* x = reinterpret_cast<const T*>(l.data[2]) + off[2];
+  const rows::RowSlot<TPR, RPB, 3> slot(l, outer);
+  T* out = rows::row_operand<T>(l, 0, slot.off);
+  T* soft = rows::row_operand<T>(l, 1, slot.off);
+  const T* x = rows::row_operand<const T>(l, 2, slot.off);
   const int64_t so = l.inner.stride[0][0], ss = l.inner.stride[1][0], sx = l.inner.stride[2][0];
   const int64_t cols = l.cols, groups = (cols + G - 1) / G;
   const M inv_tau = M(1 / p.tau);
   auto group_z = [&](int64_t q, M (&z)[G]) {  // -inf past the row's end
     M g[G];
-    GumbelSoftmax::noise(p, row, q, g);
+    GumbelSoftmax::noise(p, slot.row, q, g);
 #pragma unroll
     for (int e = 0; e < G; ++e) {
       const int64_t c = q * G + e;
@@ -55,8 +51,8 @@ __device__ void gumbel_row(const RowLaunch& l, const rows::OffsetCalc<3, int64_t
   };
   M m = -INFINITY, s = 0;
   int64_t arg = kNoIndex;
-  if (valid)
-    for (int64_t q = lane; q < groups; q += TPR) {
+  if (slot.valid)
+    for (int64_t q = slot.lane; q < groups; q += TPR) {
       M z[G];
       group_z(q, z);
 #pragma unroll
@@ -75,8 +71,8 @@ __device__ void gumbel_row(const RowLaunch& l, const rows::OffsetCalc<3, int64_t
   const M sum = rows::row_all_reduce<TPR, RPB>(m == max ? s : s * exp(m - max), rows::SumOp{}, scratch);
   if (p.hard) arg = rows::row_all_reduce<TPR, RPB>(mine ? arg : kNoIndex, MinIndexOp{}, index_scratch);
   if (arg == kNoIndex) arg = 0;  // a row of -inf: as the host reference
-  if (!valid) return;
-  for (int64_t q = lane; q < groups; q += TPR) {
+  if (!slot.valid) return;
+  for (int64_t q = slot.lane; q < groups; q += TPR) {
     M z[G];
     if constexpr (kCache) {
 #pragma unroll
@@ -110,21 +106,17 @@ template <class T, int TPR, int RPB, bool kCache>
 __device__ void sparsemax_row(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer, T* cache,
                               math_t<T, false>* scratch, int64_t* index_scratch) {
   using M = math_t<T, false>;
-  const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
-  const int lane = threadIdx.x % TPR;
-  const bool valid = row < l.rows;
-  int64_t off[3] = {0, 0, 0};
-  if (valid) outer.get(row, off);
-  T* out = reinterpret_cast<T*>(l.data[0]) + off[0];
-  const T* x = reinterpret_cast<const T*>(l.data[1]) + off[1];
+  const rows::RowSlot<TPR, RPB, 3> slot(l, outer);
+  T* out = rows::row_operand<T>(l, 0, slot.off);
+  const T* x = rows::row_operand<const T>(l, 1, slot.off);
   const int64_t so = l.inner.stride[0][0], sx = l.inner.stride[1][0];
   auto z_at = [&](int64_t c) -> M {
     if constexpr (kCache) return convert<M>(cache[c]);
     else return convert<M>(x[c * sx]);
   };
   M m = -INFINITY;
-  if (valid)
-    for (int64_t c = lane; c < l.cols; c += TPR) {
+  if (slot.valid)
+    for (int64_t c = slot.lane; c < l.cols; c += TPR) {
       const T v = x[c * sx];
       if constexpr (kCache) cache[c] = v;
       const M z = convert<M>(v);
@@ -136,8 +128,8 @@ __device__ void sparsemax_row(const RowLaunch& l, const rows::OffsetCalc<3, int6
     const M mid = t + (hi - t) / 2;
     M s1 = 0, s2 = 0;
     int64_t n1 = 0, n2 = 0;
-    if (valid)
-      for (int64_t c = lane; c < l.cols; c += TPR) {
+    if (slot.valid)
+      for (int64_t c = slot.lane; c < l.cols; c += TPR) {
         const M z = z_at(c);
         if (z >= t) s1 += z - t, ++n1;
         if (z >= mid) s2 += z - mid, ++n2;
@@ -147,7 +139,7 @@ __device__ void sparsemax_row(const RowLaunch& l, const rows::OffsetCalc<3, int6
     n1 = rows::row_all_reduce<TPR, RPB>(n1, rows::SumOp{}, index_scratch);
     n2 = rows::row_all_reduce<TPR, RPB>(n2, rows::SumOp{}, index_scratch);
     const M step = t + (s1 - 1) / M(n1);
-    if (n1 == prev || !valid) {
+    if (n1 == prev || !slot.valid) {
       tau = step;
       break;
     }
@@ -161,8 +153,8 @@ __device__ void sparsemax_row(const RowLaunch& l, const rows::OffsetCalc<3, int6
     }
     t = next;
   }
-  if (!valid) return;
-  for (int64_t c = lane; c < l.cols; c += TPR) {
+  if (!slot.valid) return;
+  for (int64_t c = slot.lane; c < l.cols; c += TPR) {
     const M d = z_at(c) - tau;
     out[c * so] = convert<T>(d > 0 || d != d ? d : M(0));
   }
@@ -173,25 +165,21 @@ template <class T, int TPR, int RPB>
 __device__ void sparsemax_backward_row(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer,
                                        math_t<T, false>* scratch, int64_t* index_scratch) {
   using M = math_t<T, false>;
-  const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
-  const int lane = threadIdx.x % TPR;
-  const bool valid = row < l.rows;
-  int64_t off[3] = {0, 0, 0};
-  if (valid) outer.get(row, off);
-  T* dx = reinterpret_cast<T*>(l.data[0]) + off[0];
-  const T* g = reinterpret_cast<const T*>(l.data[1]) + off[1];
-  const T* y = reinterpret_cast<const T*>(l.data[2]) + off[2];
+  const rows::RowSlot<TPR, RPB, 3> slot(l, outer);
+  T* dx = rows::row_operand<T>(l, 0, slot.off);
+  const T* g = rows::row_operand<const T>(l, 1, slot.off);
+  const T* y = rows::row_operand<const T>(l, 2, slot.off);
   const int64_t sd = l.inner.stride[0][0], sg = l.inner.stride[1][0], sy = l.inner.stride[2][0];
   M sum = 0;
   int64_t n = 0;
-  if (valid)
-    for (int64_t c = lane; c < l.cols; c += TPR)
+  if (slot.valid)
+    for (int64_t c = slot.lane; c < l.cols; c += TPR)
       if (convert<M>(y[c * sy]) > 0) sum += convert<M>(g[c * sg]), ++n;
   sum = rows::row_all_reduce<TPR, RPB>(sum, rows::SumOp{}, scratch);
   n = rows::row_all_reduce<TPR, RPB>(n, rows::SumOp{}, index_scratch);
-  if (!valid) return;
+  if (!slot.valid) return;
   const M mean = sum / M(n);
-  for (int64_t c = lane; c < l.cols; c += TPR)
+  for (int64_t c = slot.lane; c < l.cols; c += TPR)
     dx[c * sd] = convert<T>(convert<M>(y[c * sy]) > 0 ? convert<M>(g[c * sg]) - mean : M(0));
 }
 
@@ -212,42 +200,19 @@ __global__ void __launch_bounds__(TPR * RPB) sparse_kernel(RowLaunch l, rows::Of
   }
 }
 
-template <class Op, class T, bool kBackward, int TPR, int RPB>
-Status launch_sparse(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer, const RowParams& p,
-                     CUstream_st* stream) {
-  // The forward kernels keep a row in shared memory: sparsemax its input, gumbel_softmax z (math type).
-  constexpr bool kMayCache = !kBackward;
-  constexpr size_t kElement = std::is_same_v<Op, GumbelSoftmax> ? sizeof(math_t<T, false>) : sizeof(T);
-  const size_t cache = size_t(RPB) * size_t(l.cols) * kElement;
-  const unsigned blocks = unsigned((l.rows + RPB - 1) / RPB);
-  if (kMayCache && cache <= rows::kRowCacheBytes) {
-    auto kernel = sparse_kernel<Op, T, kBackward, TPR, RPB, kMayCache>;
-    if (cache > 48 * 1024)
-      BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(rows::kRowCacheBytes)));
-    kernel<<<blocks, TPR * RPB, cache, stream>>>(l, outer, p);
-  } else {
-    sparse_kernel<Op, T, kBackward, TPR, RPB, false><<<blocks, TPR * RPB, 0, stream>>>(l, outer, p);
-  }
-  return Status::ok();
-}
-
-/// The softmax rows kernel's threads-per-row schedule.
+/// The softmax rows kernel's threads-per-row schedule. The forward kernels
+/// keep a row in shared memory: sparsemax its input, gumbel_softmax z (math type).
 template <class Op, class T, bool kBackward>
 Status sparse_on_cuda(const RowLaunch& l, const RowParams& p, CUstream_st* stream) {
   const rows::OffsetCalc<3, int64_t> outer(l.outer);
-  if (l.cols <= 128) {
-    BARACUDA_TRY((launch_sparse<Op, T, kBackward, 32, 8>(l, outer, p, stream)));
-  } else if (l.cols <= 1024) {
-    BARACUDA_TRY((launch_sparse<Op, T, kBackward, 32, 4>(l, outer, p, stream)));
-  } else if (l.cols <= 4096) {
-    BARACUDA_TRY((launch_sparse<Op, T, kBackward, 128, 1>(l, outer, p, stream)));
-  } else if (l.cols <= 16384) {
-    BARACUDA_TRY((launch_sparse<Op, T, kBackward, 512, 1>(l, outer, p, stream)));
-  } else {
-    BARACUDA_TRY((launch_sparse<Op, T, kBackward, 1024, 1>(l, outer, p, stream)));
-  }
-  BARACUDA_CUDA_TRY(cudaGetLastError());
-  return Status::ok();
+  constexpr bool kMayCache = !kBackward;
+  constexpr size_t kElement = std::is_same_v<Op, GumbelSoftmax> ? sizeof(math_t<T, false>) : sizeof(T);
+  return rows::by_row_length(l.cols, [&]<int TPR, int RPB>() {
+    const size_t cache = kMayCache ? size_t(RPB) * size_t(l.cols) * kElement : 0;
+    return rows::launch_cached(sparse_kernel<Op, T, kBackward, TPR, RPB, kMayCache>,
+                               sparse_kernel<Op, T, kBackward, TPR, RPB, false>, cache, /*max_carveout=*/false,
+                               unsigned((l.rows + RPB - 1) / RPB), TPR * RPB, stream, l, outer, p);
+  });
 }
 
 /// The launcher the tables record.
