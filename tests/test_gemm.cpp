@@ -491,7 +491,9 @@ TEST(ScaledMm, Fp8OutputSaturatesAndKeepsNaN) {
                                          {{scale_result}, {}, DType::f32}};
         auto r = exec(backend, "scaled_mm", in, {{"out_dtype", double(int(out))}});
         const std::string what = cat(backend_name(backend), " -> ", dtype_name(out), with_bias ? " bias" : "");
-        if (!r && backend == Backend::cublaslt && r.status().kind() == ErrorKind::unsupported && current_sm() < 89)
+        // cuBLASLt 13.0 has no e4m3 x e4m3 -> e5m2 kernel on H100 (its heuristics find none: a named unsupported).
+        if (!r && backend == Backend::cublaslt && r.status().kind() == ErrorKind::unsupported &&
+            (current_sm() < 89 || out == DType::fp8_e5m2))
           continue;
         ASSERT_TRUE(r) << what << ": " << r.status().to_string();
         const double bias = with_bias ? 16 : 0;
