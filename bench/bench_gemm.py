@@ -74,8 +74,11 @@ def main():
         ours = lambda: F.scaled_mm(a, b, sa, sb, scale_result=sr, out_dtype=e4m3, out=f1)  # noqa: E731
         theirs = lambda: torch._scaled_mm(a, b, sa, sb, scale_result=sr, out_dtype=e4m3)  # noqa: E731
         if _torch_takes(theirs):
+            # torch 2.11 leaves scale_result out on the H100 (its outputs are ours / scale_result): the
+            # check compares ours with torch's output times scale_result, saturated as ours is.
+            top = torch.finfo(e4m3).max
             row(f"scaled_mm e4m3 {m}^3 -> e4m3 (scale_result)", e4m3, ours, theirs, 2 * m * n * k,
-                check=lambda: close(ours(), theirs(), 0.13))
+                check=lambda: close(ours(), (theirs().float() * sr).clamp(-top, top).to(e4m3), 0.26))
         # Block-wise scales (1 x 128 for a, 128 x 128 for b): the bespoke kernel; torch where it takes them.
         ba = (torch.rand(k // 128, m, device="cuda") + 0.5).t()  # M-major, as torch wants
         bb = torch.rand(k // 128, n // 128, device="cuda") + 0.5
