@@ -193,12 +193,14 @@ def main():
         loop = lambda: torch.cat([torch.mm(a[i * rows:(i + 1) * rows], wt[i]) for i in range(g_count)])  # noqa: E731
         sku = lambda *xs: baracuda.plan_info("grouped_mm", [F._spec(x) for x in xs], {}, device="cuda")["sku"]  # noqa: E731
         print(f"grouped_mm runs {sku(a, wt, offs)}", flush=True)
-        name = f"grouped_mm G{g_count} {g_count * rows}x{nn}x{kk}"
-        if hasattr(torch, "_grouped_mm"):
-            row(name + " vs _grouped_mm", bf16, lambda: F.grouped_mm(a, wt, offs, out=o1),
-                lambda: torch._grouped_mm(a, wt, offs), flops,
-                check=lambda: close(F.grouped_mm(a, wt, offs), loop(), 5e-2))
-        row(name + " vs mm loop", bf16, lambda: F.grouped_mm(a, wt, offs, out=o1), loop, flops)
+
+        def forward_rows(name, x, w, o, off, loop):  # ours against torch._grouped_mm and a loop of mm
+            if hasattr(torch, "_grouped_mm"):
+                row(name + " vs _grouped_mm", bf16, lambda: F.grouped_mm(x, w, off, out=o),
+                    lambda: torch._grouped_mm(x, w, off), flops, check=lambda: close(F.grouped_mm(x, w, off), loop(), 5e-2))
+            row(name + " vs mm loop", bf16, lambda: F.grouped_mm(x, w, off, out=o), loop, flops)
+
+        forward_rows(f"grouped_mm G{g_count} {g_count * rows}x{nn}x{kk}", a, wt, o1, offs, loop)
         g = torch.randn(g_count * rows, nn, device="cuda", dtype=bf16)
         row(f"grouped_mm_backward G{g_count} (grad_a, grad_b) vs mm loop", bf16,
             lambda: F.grouped_mm_backward(g, a, wt, offs),
@@ -212,12 +214,7 @@ def main():
         offs_n = torch.arange(1, g_count + 1, device="cuda", dtype=torch.int32) * nn
         o2 = torch.empty(rows, g_count * nn, device="cuda", dtype=bf16)
         loop2 = lambda: torch.cat([torch.mm(a3[i], b2[:, i * nn:(i + 1) * nn]) for i in range(g_count)], 1)  # noqa: E731
-        name = f"grouped_mm 3Dx2D G{g_count} {rows}x{g_count * nn}x{kk}"
-        if hasattr(torch, "_grouped_mm"):
-            row(name + " vs _grouped_mm", bf16, lambda: F.grouped_mm(a3, b2, offs_n, out=o2),
-                lambda: torch._grouped_mm(a3, b2, offs_n), flops,
-                check=lambda: close(F.grouped_mm(a3, b2, offs_n), loop2(), 5e-2))
-        row(name + " vs mm loop", bf16, lambda: F.grouped_mm(a3, b2, offs_n, out=o2), loop2, flops)
+        forward_rows(f"grouped_mm 3Dx2D G{g_count} {rows}x{g_count * nn}x{kk}", a3, b2, o2, offs_n, loop2)
         g2 = torch.randn(rows, g_count * nn, device="cuda", dtype=bf16)
         row(f"grouped_mm_backward 3Dx2D G{g_count} (grad_a, grad_b) vs mm loop", bf16,
             lambda: F.grouped_mm_backward(g2, a3, b2, offs_n),
