@@ -56,7 +56,9 @@ inline void sweep(const OpInfo& op, Backend backend) {
     }
   }
   EXPECT_GT(ran, 0) << op.name << ": no case ran";
-  if (!zero_gradient(op.name)) EXPECT_GT(nonzero, 0) << op.name << ": every reference output was zero";
+  if (!zero_gradient(op.name)) {
+    EXPECT_GT(nonzero, 0) << op.name << ": every reference output was zero";
+  }
 }
 
 /// Registered op names of one category (the parameters of a family's sweep).

@@ -106,7 +106,9 @@ TEST(GemmExact, SmallIntegerProducts) {
       }
     }
   }
-  if (cuda_available()) EXPECT_GT(lt_int8_runs, 0) << "cuBLASLt ran no int8 product";
+  if (cuda_available()) {
+    EXPECT_GT(lt_int8_runs, 0) << "cuBLASLt ran no int8 product";
+  }
 }
 
 /// K = 0: the product is empty, out = beta * input (+ bias) as torch.

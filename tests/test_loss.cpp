@@ -78,7 +78,6 @@ std::vector<std::vector<double>> must(Result<std::vector<std::vector<double>>> r
 }
 
 double softplus(double x) { return std::log1p(std::exp(x)); }
-double sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
 
 // ---------------------------------------------------------------- pointwise
 

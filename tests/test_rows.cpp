@@ -169,7 +169,9 @@ TEST(Sparsemax, LongRowsSatisfyKkt) {
           }
           EXPECT_NEAR(sum, 1, tol * 10) << backend_name(b) << " cols " << cols;
           for (int64_t c = 0; c < cols; ++c)
-            if ((*r)[0][row * cols + c] == 0) EXPECT_LE(x[row * cols + c], tau + tol);
+            if ((*r)[0][row * cols + c] == 0) {
+              EXPECT_LE(x[row * cols + c], tau + tol);
+            }
           EXPECT_GE(support, 1);
         }
       }
