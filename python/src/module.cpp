@@ -17,6 +17,7 @@
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
+#include <utility>
 
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
@@ -478,42 +479,26 @@ nb::object checked(nb::object o) {
   return o;
 }
 
+/// The dtypes numpy holds natively, by numpy type number (ml_dtypes' bfloat16
+/// and float8 are user types: not here).
+constexpr std::pair<int, DType> kNumpyTypes[] = {
+    {NPY_FLOAT, DType::f32},  {NPY_HALF, DType::f16},      {NPY_DOUBLE, DType::f64},   {NPY_BYTE, DType::i8},
+    {NPY_UBYTE, DType::u8},   {NPY_SHORT, DType::i16},     {NPY_INT32, DType::i32},    {NPY_INT64, DType::i64},
+    {NPY_UINT32, DType::u32}, {NPY_BOOL, DType::boolean},  {NPY_CFLOAT, DType::c64},   {NPY_CDOUBLE, DType::c128}};
+
 std::optional<DType> from_numpy(int type_num) {
-  switch (type_num) {
-    case NPY_FLOAT: return DType::f32;
-    case NPY_HALF: return DType::f16;
-    case NPY_DOUBLE: return DType::f64;
-    case NPY_BYTE: return DType::i8;
-    case NPY_UBYTE: return DType::u8;
-    case NPY_SHORT: return DType::i16;
-    case NPY_INT: return DType::i32;
-    case NPY_LONG: return sizeof(long) == 8 ? DType::i64 : DType::i32;
-    case NPY_LONGLONG: return DType::i64;
-    case NPY_UINT: return DType::u32;
-    case NPY_BOOL: return DType::boolean;
-    case NPY_CFLOAT: return DType::c64;
-    case NPY_CDOUBLE: return DType::c128;
-    default: return std::nullopt;  // numpy's other types and user types (ml_dtypes' bfloat16, float8)
-  }
+  for (const auto& [npy, dtype] : kNumpyTypes)
+    if (npy == type_num) return dtype;
+  for (const auto& [npy, dtype] : kNumpyTypes)  // aliases of another width name (long long for int64)
+    if (PyArray_EquivTypenums(npy, type_num)) return dtype;
+  return std::nullopt;
 }
 
 /// The numpy type number of a dtype numpy holds natively, or -1.
 int to_numpy(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return NPY_FLOAT;
-    case DType::f16: return NPY_HALF;
-    case DType::f64: return NPY_DOUBLE;
-    case DType::i8: return NPY_BYTE;
-    case DType::u8: return NPY_UBYTE;
-    case DType::i16: return NPY_SHORT;
-    case DType::i32: return NPY_INT32;
-    case DType::i64: return NPY_INT64;
-    case DType::u32: return NPY_UINT32;
-    case DType::boolean: return NPY_BOOL;
-    case DType::c64: return NPY_CFLOAT;
-    case DType::c128: return NPY_CDOUBLE;
-    default: return -1;
-  }
+  for (const auto& [npy, d] : kNumpyTypes)
+    if (d == dtype) return npy;
+  return -1;
 }
 
 enum class Kind : uint8_t { numpy, torch, scalar };

@@ -193,8 +193,10 @@ class ScaledPlan final : public FamilyPlan {
 // per tensor (SCALAR_32F), per row of A and column of B (OUTER_VEC_32F:
 // contiguous vectors of M and N floats) and per block (VEC128_32F for A's
 // 1 x 128, BLK128x128_32F for B's 128 x 128). Per-tensor and row-wise scales
-// are wired in; block-wise ones run on the bespoke kernel, which scales each
-// fp8 element as it loads it. An fp8 D is scale_result * the product
+// are wired in, but cuBLASLt 13.0 answers INVALID_VALUE to row-wise ones on
+// the H100 (a named unsupported, so the bespoke kernel runs them there);
+// block-wise ones run on the bespoke kernel, which scales each fp8 element as
+// it loads it. An fp8 D is scale_result * the product
 // (D_SCALE_POINTER), saturated; its C (never read) takes the bias's type, f16
 // without a bias, as torch does. cuBLASLt can also write amax(|D|)
 // (AMAX_D_POINTER): scaled_mm does not offer it (torch._scaled_mm returns
