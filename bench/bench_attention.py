@@ -77,9 +77,11 @@ def main():
         # The bespoke kernels serve what cuDNN refuses (dropout, softcap, ALiBi, boolean masks, f32/f64...),
         # forced here through the backend preference: on tensor cores for f16/bf16 at head dims 64 and 128,
         # on CUDA cores otherwise (the D96 row).
-        # The forward on tensor cores: the warpgroup-MMA kernel on sm_90 (kernels_fwd_sm90.cu), mma.sync elsewhere.
+        # The forward on tensor cores: the warpgroup-MMA kernel on sm_90 (kernels_fwd_sm90.cu) where its
+        # 128-row blocks fill the device, mma.sync elsewhere and for dropout.
         m, sl = torch.empty(0, device="cuda", dtype=bf16), torch.empty(0, device="cuda")
-        fwd_kernel = "wgmma" if torch.cuda.get_device_capability() == (9, 0) else "mma.sync"
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        hopper = torch.cuda.get_device_capability() == (9, 0)
         for b, h, s, d, causal in ((4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (4, 32, 4096, 64, False),
                                    (1, 8, 1024, 128, False)):
             attrs = dict(ATTRS, causal=int(causal))
@@ -88,6 +90,7 @@ def main():
             ours = lambda: run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out, lse], attrs,  # noqa: E731
                                        "cuda")[0]
             theirs = lambda: TF.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+            fwd_kernel = "wgmma" if hopper and b * h * -(-s // 128) >= sms else "mma.sync"
             row(f"bespoke CUDA fwd B{b} H{h} S{s} D{d}{' causal' if causal else ''} ({fwd_kernel})", ours, theirs,
                 4 * b * h * s * s * d // (2 if causal else 1), check=lambda: close(ours(), theirs(), 3e-2))
             del q, k, v, out, lse
@@ -112,7 +115,7 @@ def main():
         # and softcap; torch has no softcap, its column is plain attention.
         b, h, s, d = 4, 32, 4096, 128
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=bf16) for _ in range(3))
-        row(f"sdpa fwd dropout 0.1 B{b} H{h} S{s} D{d} (bespoke)",
+        row(f"sdpa fwd dropout 0.1 B{b} H{h} S{s} D{d} (bespoke mma.sync)",
             lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, seed=1),
             lambda: TF.scaled_dot_product_attention(q, k, v, dropout_p=0.1), 4 * b * h * s * s * d)
         out, lse = F.scaled_dot_product_attention(q, k, v, softcap=30.0, return_lse=True)

@@ -442,10 +442,14 @@ TEST(AttentionCuda, WgmmaProductsAreExact) {
 /// The Hopper forward over several key tiles (the K/V ring wraps), lengths
 /// off its 128-row and 128-key tiles both ways, GQA 4/1, contiguous
 /// operands, every option of the score rule; forward only (the backward has
-/// no Hopper kernel). Any device: elsewhere this runs the mma.sync kernel.
+/// no Hopper kernel). The CUDA run repeats one batch of 4 query heads over a
+/// kv head `kCopies` times, so that its grid fills an H100 (smaller grids and
+/// dropout run the mma.sync kernel); the host reference runs one copy, and
+/// every copy must match it. Any device: elsewhere this runs the mma.sync kernel.
 TEST(AttentionCuda, LongSequencesAgainstReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(33);
+  constexpr int64_t kCopies = 48;
   const int64_t b = 1, hq = 4, hkv = 1;
   const std::vector<Attrs> options = {Attrs{},
                                       Attrs{{"causal", 1}},
@@ -453,25 +457,40 @@ TEST(AttentionCuda, LongSequencesAgainstReference) {
                                       Attrs{{"window_left", 100}, {"window_right", 20}, {"softcap", 5}},
                                       Attrs{},  // ALiBi and a boolean mask
                                       Attrs{{"dropout_p", 0.15}, {"seed", 3}, {"offset", 2}}};
+  auto repeated = [](const std::vector<double>& x, int64_t copies) {
+    std::vector<double> out;
+    out.reserve(x.size() * size_t(copies));
+    for (int64_t c = 0; c < copies; ++c) out.insert(out.end(), x.begin(), x.end());
+    return out;
+  };
   for (const auto& [sq, skv] : {std::pair<int64_t, int64_t>{300, 520}, {520, 300}})
     for (int64_t d : {64, 128})
       for (size_t o = 0; o < options.size(); ++o)
         for (DType t : {DType::bf16, DType::f16}) {
-          const bool masked = o == 4;
+          const bool masked = o == 4, dropout = o == 5;
+          const int64_t copies = dropout ? 1 : kCopies;  // dropout draws per head: one copy
           std::vector<double> mask(size_t(sq * skv)), slopes{0.3, 0.1, 0.05, 0.01};
           for (auto& x : mask) x = rng() % 5 ? 1 : 0;
-          const std::vector<Operand> in{{uniform(b * hq * sq * d, rng), {b, hq, sq, d}, t},
-                                        {uniform(b * hkv * skv * d, rng), {b, hkv, skv, d}, t},
-                                        {uniform(b * hkv * skv * d, rng), {b, hkv, skv, d}, t},
+          const auto q = uniform(b * hq * sq * d, rng), k = uniform(b * hkv * skv * d, rng),
+                     v = uniform(b * hkv * skv * d, rng);
+          auto operands = [&](int64_t c) {
+            return std::vector<Operand>{{repeated(q, c), {b, hq * c, sq, d}, t},
+                                        {repeated(k, c), {b, hkv * c, skv, d}, t},
+                                        {repeated(v, c), {b, hkv * c, skv, d}, t},
                                         masked ? Operand{mask, {sq, skv}, DType::boolean} : Operand{{}, {0}, t},
-                                        masked ? Operand{slopes, {hq}, DType::f32} : Operand{{}, {0}, DType::f32}};
+                                        masked ? Operand{repeated(slopes, c), {hq * c}, DType::f32}
+                                               : Operand{{}, {0}, DType::f32}};
+          };
           const std::string what = cat(dtype_name(t), " sq=", sq, " skv=", skv, " d=", d, " options ", o);
-          auto host = exec(Backend::host_reference, "scaled_dot_product_attention", in, options[o]);
-          auto cuda = exec(Backend::bespoke_cuda, "scaled_dot_product_attention", in, options[o]);
+          auto host = exec(Backend::host_reference, "scaled_dot_product_attention", operands(1), options[o]);
+          auto cuda = exec(Backend::bespoke_cuda, "scaled_dot_product_attention", operands(copies), options[o]);
           ASSERT_TRUE(host && cuda) << what;
-          for (size_t e = 0; e < (*host)[0].size(); ++e) ASSERT_NEAR((*cuda)[0][e], (*host)[0][e], 2e-2) << what << " out " << e;
-          for (size_t e = 0; e < (*host)[1].size(); ++e) {
-            const double want = (*host)[1][e], got = (*cuda)[1][e];
+          const auto &out = (*host)[0], &lse = (*host)[1];
+          ASSERT_EQ((*cuda)[0].size(), out.size() * size_t(copies)) << what;
+          for (size_t e = 0; e < (*cuda)[0].size(); ++e)
+            ASSERT_NEAR((*cuda)[0][e], out[e % out.size()], 2e-2) << what << " out " << e;
+          for (size_t e = 0; e < (*cuda)[1].size(); ++e) {
+            const double want = lse[e % lse.size()], got = (*cuda)[1][e];
             if (std::isinf(want)) ASSERT_EQ(got, want) << what << " lse " << e;  // a query that sees no key: -inf
             else ASSERT_NEAR(got, want, 1e-4) << what << " lse " << e;
           }
@@ -480,24 +499,26 @@ TEST(AttentionCuda, LongSequencesAgainstReference) {
 
 /// The bespoke sku names the tensor-core kernels where they serve (halves,
 /// head dims 64 and 128; the forward on sm_90: wgmma) and nothing for the
-/// CUDA-core ones.
+/// CUDA-core ones. A forward grid smaller than the device runs mma.sync.
 TEST(AttentionCuda, SkuNamesTensorCoreKernel) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   PlanPreference pref;
   pref.backend = Backend::bespoke_cuda;
   for (const std::string op : {"scaled_dot_product_attention", "scaled_dot_product_attention_backward"})
     for (DType t : {DType::bf16, DType::f16, DType::f32})
-      for (int64_t d : {64, 96, 128}) {
-        const Shape x{1, 2, 100, d}, lse{1, 2, 100};
-        std::vector<TensorSpec> in{{t, x}, {t, x}, {t, x}, {t, {0}}, {DType::f32, {0}}};
-        if (op.ends_with("backward")) in = {{t, x}, {t, x}, {t, x}, {t, x}, {t, x}, {DType::f32, lse}, {t, {0}}, {DType::f32, {0}}};
-        auto plan = select(Stream::cuda(), OpDesc{op, in, {}, {}}, pref);
-        ASSERT_TRUE(plan) << plan.status().to_string();
-        const bool tc = t != DType::f32 && d != 96 && (*plan)->sku().arch >= 80;
-        const bool hopper = tc && hopper_forward() && !op.ends_with("backward");
-        EXPECT_EQ(std::string((*plan)->sku().kernel), hopper ? "wgmma" : tc ? "tensor_cores" : "")
-            << op << " " << dtype_name(t) << " d=" << d;
-      }
+      for (int64_t d : {64, 96, 128})
+        for (int64_t heads : {2, 256}) {  // one 128-row block a head: 256 fill any Hopper, 2 do not
+          const Shape x{1, heads, 100, d}, lse{1, heads, 100};
+          std::vector<TensorSpec> in{{t, x}, {t, x}, {t, x}, {t, {0}}, {DType::f32, {0}}};
+          if (op.ends_with("backward"))
+            in = {{t, x}, {t, x}, {t, x}, {t, x}, {t, x}, {DType::f32, lse}, {t, {0}}, {DType::f32, {0}}};
+          auto plan = select(Stream::cuda(), OpDesc{op, in, {}, {}}, pref);
+          ASSERT_TRUE(plan) << plan.status().to_string();
+          const bool tc = t != DType::f32 && d != 96 && (*plan)->sku().arch >= 80;
+          const bool hopper = tc && hopper_forward() && !op.ends_with("backward") && heads == 256;
+          EXPECT_EQ(std::string((*plan)->sku().kernel), hopper ? "wgmma" : tc ? "tensor_cores" : "")
+              << op << " " << dtype_name(t) << " d=" << d << " heads=" << heads;
+        }
 }
 
 TEST(AttentionErrors, BadInputIsNamed) {

@@ -208,7 +208,7 @@ struct CudaForward {
     if (p.batch == 0 || p.heads_q == 0 || p.seq_q == 0) return Status::ok();
     if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
       const int sm = current_sm_version();
-      if (wgmma_layout(p, sm, current_optin_smem())) return attention_forward_wgmma<T>(p, stream);
+      if (wgmma_layout(p, sm, current_sm_count(), current_optin_smem())) return attention_forward_wgmma<T>(p, stream);
       if (tensor_core_layout(p, sm))
         return p.head_dim == 64 ? launch_tc<T, 64>(p, stream) : launch_tc<T, 128>(p, stream);
     }

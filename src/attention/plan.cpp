@@ -386,6 +386,14 @@ size_t device_max_smem() {
 #endif
 }
 
+int device_sm_count() {
+#ifdef BARACUDA_HAS_CUDA
+  return current_sm_count();
+#else
+  return 0;
+#endif
+}
+
 Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, const OpDesc& desc,
                           const PlanPreference& pref) {
   auto full = infer_desc(def, desc);
@@ -421,7 +429,7 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
     if (backend == Backend::bespoke_cuda && tiles::tensor_core_layout(problem, sku.arch) &&
         (!def.backward || tiles::tc_backward_smem(problem.head_dim) <= device_max_smem()))
       sku.kernel = "tensor_cores";
-    if (backend == Backend::bespoke_cuda && tiles::wgmma_layout(problem, sku.arch, device_max_smem()))
+    if (backend == Backend::bespoke_cuda && tiles::wgmma_layout(problem, sku.arch, device_sm_count(), device_max_smem()))
       sku.kernel = "wgmma";  // the Hopper forward (kernels_fwd_sm90.cu)
   }
   const size_t workspace = engine->workspace(problem);

@@ -59,14 +59,19 @@ constexpr size_t wgmma_forward_smem(int64_t d) {
 }
 
 /// Whether the Hopper forward takes a problem on a device of compute
-/// capability `sm` with `max_smem` bytes of opt-in shared memory: a forward
-/// tensor_core_layout takes, on sm_90 (its sm_90a code runs nowhere else),
-/// in a build with sm_90a code.
-inline bool wgmma_layout(const Problem& p, int sm, size_t max_smem) {
+/// capability `sm` with `sm_count` SMs and `max_smem` bytes of opt-in shared
+/// memory: a forward tensor_core_layout takes, on sm_90 (its sm_90a code runs
+/// nowhere else), in a build with sm_90a code. Where it does not pay, the
+/// mma.sync kernel serves: grids of fewer 128-row blocks than SMs (its 64-row
+/// blocks fill twice the SMs) and dropout (a Philox draw per score costs the
+/// wgmma kernel's register-held P more than mma.sync's).
+inline bool wgmma_layout(const Problem& p, int sm, int sm_count, size_t max_smem) {
 #ifdef BARACUDA_HAS_SM90A
-  return !p.backward && sm == 90 && tensor_core_layout(p, sm) && wgmma_forward_smem(p.head_dim) <= max_smem;
+  const int64_t blocks = p.batch * p.heads_q * ((p.seq_q + kWgRows - 1) / kWgRows);
+  return !p.backward && sm == 90 && p.dropout_p == 0 && blocks >= sm_count && tensor_core_layout(p, sm) &&
+         wgmma_forward_smem(p.head_dim) <= max_smem;
 #else
-  (void)p, (void)sm, (void)max_smem;
+  (void)p, (void)sm, (void)sm_count, (void)max_smem;
   return false;
 #endif
 }
