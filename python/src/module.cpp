@@ -15,6 +15,8 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <sstream>
 #include <unordered_map>
 #include <utility>
@@ -560,8 +562,6 @@ void view_torch(Operand& o) {
                   *const kShape = interned("shape"), *const kStride = interned("stride"),
                   *const kDataPtr = interned("data_ptr");
   nb::handle t = o.obj;
-  if (call_method(t, kIsConj).is(nb::handle(Py_True)) || call_method(t, kIsNeg).is(nb::handle(Py_True)))
-    throw Fallback{};
   CallHooks& h = hooks();
   nb::object dtype = checked(get_attr(t, kDtype));
   PyObject* code = PyDict_GetItemWithError(h.dtypes.ptr(), dtype.ptr());
@@ -570,6 +570,11 @@ void view_torch(Operand& o) {
     h.dtypes[dtype] = static_cast<int>(dtype_arg(nb::cast<std::string>(h.torch_dtype(dtype))));
     code = PyDict_GetItem(h.dtypes.ptr(), dtype.ptr());
   }
+  const auto dt = static_cast<DType>(PyLong_AsLong(code));
+  // Only complex tensors carry the conjugate bit; the negative bit also marks real views (x.conj().imag).
+  if ((is_complex(dt) && call_method(t, kIsConj).is(nb::handle(Py_True))) ||
+      call_method(t, kIsNeg).is(nb::handle(Py_True)))
+    throw Fallback{};
   if (checked(get_attr(t, kIsCuda)).is(nb::handle(Py_True))) {
     o.device_type = nb::device::cuda::value;
     o.device_id = nb::cast<int>(call_method(t, kGetDevice));
@@ -583,7 +588,7 @@ void view_torch(Operand& o) {
   if (rank < 0 || rank > kMaxRank || PyTuple_Size(strides.ptr()) != rank) throw Fallback{};
   TensorView& v = o.view;
   v.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(call_method(t, kDataPtr)));
-  v.dtype = static_cast<DType>(PyLong_AsLong(code));
+  v.dtype = dt;
   v.rank = static_cast<int>(rank);
   for (Py_ssize_t i = 0; i < rank; ++i) {
     v.shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), i));
@@ -598,9 +603,77 @@ void view_of(Operand& o, bool writable) {
     view_torch(o);
 }
 
+/// A torch tensor this path created (C-contiguous, `dtype`, `shape`, on
+/// `ref`'s device): its view without asking torch for what it already knows.
+void view_created_torch(Operand& o, const Operand& ref, DType dtype, std::span<const int64_t> shape) {
+  static PyObject* const kDataPtr = interned("data_ptr");
+  o.device_type = ref.device_type, o.device_id = ref.device_id;
+  auto view = TensorView::contiguous(reinterpret_cast<void*>(nb::cast<uintptr_t>(call_method(o.obj, kDataPtr))),
+                                     dtype, shape);
+  if (!view) throw Fallback{};
+  o.view = *view;
+}
+
+// Note [Cached torch scalars]: a Python number beside a CUDA tensor becomes a
+// 0-d tensor of the tensor's dtype (torch.full, about 5 us a call). Those are
+// kept per (stream, device, dtype, value) and reused: our ops never write
+// their inputs, a cached tensor is never freed (so no stream can see its
+// memory reused), and it was filled on the stream that reads it, so every
+// later reader on that stream is ordered after the fill. None is made while
+// the stream captures a graph (the fill would live only in the graph).
+struct ScalarKey {
+  uintptr_t stream;
+  int device;
+  DType dtype;
+  bool is_float;
+  int64_t bits;  ///< the double's bits, or the integer
+  bool operator==(const ScalarKey&) const = default;
+};
+struct ScalarKeyHash {
+  size_t operator()(const ScalarKey& k) const {
+    return std::hash<uint64_t>()(uint64_t(k.bits) * 0x9e3779b97f4a7c15ull ^ k.stream ^ (uint64_t(k.device) << 48) ^
+                                 (uint64_t(k.dtype) << 40) ^ uint64_t(k.is_float));
+  }
+};
+constexpr size_t kMaxCachedScalars = 1024;  ///< beyond this, scalars are made per call
+
+/// The cache key of a Python int or float beside `ref` on `stream`, or none
+/// (complex values, ints beyond 64 bits, host tensors, numpy).
+std::optional<ScalarKey> scalar_key(nb::handle value, const Operand& ref, uintptr_t stream) {
+  if (ref.kind != Kind::torch || ref.device_type != nb::device::cuda::value || !stream) return std::nullopt;
+  ScalarKey k{stream, ref.device_id, ref.view.dtype, PyFloat_Check(value.ptr()) != 0, 0};
+  if (k.is_float) {
+    const double v = PyFloat_AS_DOUBLE(value.ptr());
+    std::memcpy(&k.bits, &v, sizeof v);
+  } else if (PyLong_Check(value.ptr())) {
+    int overflow = 0;
+    k.bits = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+    if (overflow) return std::nullopt;
+  } else {
+    return std::nullopt;
+  }
+  return k;
+}
+
+bool capturing(uintptr_t stream) {
+#ifdef BARACUDA_HAS_CUDA
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;  // unknown: make no entry
+  }
+  return status != cudaStreamCaptureStatusNone;
+#else
+  (void)stream;
+  return true;
+#endif
+}
+
 /// A 0-d array of `ref`'s dtype and device holding a Python scalar:
-/// np.asarray(value, dtype=ref.dtype) or torch.full((), value, ...).
-Operand materialise(nb::handle value, const Operand& ref) {
+/// np.asarray(value, dtype=ref.dtype) or torch.full((), value, ...), the
+/// latter cached (Note [Cached torch scalars]); `stream` is the call's.
+Operand materialise(nb::handle value, const Operand& ref, uintptr_t stream) {
+  static auto* cache = new std::unordered_map<ScalarKey, Operand, ScalarKeyHash>();  // leaked: holds Python objects
   Operand o;
   o.kind = ref.kind;
   if (ref.kind == Kind::numpy) {
@@ -608,10 +681,16 @@ Operand materialise(nb::handle value, const Operand& ref) {
     Py_INCREF(descr);  // PyArray_FromAny steals it
     o.obj = nb::steal(PyArray_FromAny(value.ptr(), descr, 0, 0, 0, nullptr));
     checked(o.obj);
-  } else {
-    o.obj = hooks().torch_scalar(value, ref.obj);
+    view_of(o, false);
+    return o;
   }
-  view_of(o, false);
+  const std::optional<ScalarKey> key = scalar_key(value, ref, stream);
+  if (key) {  // the GIL guards the cache
+    if (auto it = cache->find(*key); it != cache->end()) return it->second;
+  }
+  o.obj = hooks().torch_scalar(value, ref.obj);
+  view_created_torch(o, ref, ref.view.dtype, {});
+  if (key && cache->size() < kMaxCachedScalars && !capturing(stream)) cache->emplace(*key, o);
   return o;
 }
 
@@ -625,13 +704,14 @@ Operand allocate(const TensorSpec& spec, const Operand& ref) {
     std::array<npy_intp, kMaxRank> dims{};
     for (size_t i = 0; i < spec.shape.size(); ++i) dims[i] = static_cast<npy_intp>(spec.shape[i]);
     o.obj = checked(nb::steal(PyArray_SimpleNew(static_cast<int>(spec.shape.size()), dims.data(), type_num)));
+    view_of(o, true);
   } else {
     nb::tuple shape = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(spec.shape.size())));
     for (size_t i = 0; i < spec.shape.size(); ++i)
       PyTuple_SET_ITEM(shape.ptr(), i, PyLong_FromLongLong(spec.shape[i]));
     o.obj = hooks().torch_empty(dtype_name(spec.dtype), shape, ref.obj);
+    view_created_torch(o, ref, spec.dtype, spec.shape);
   }
-  view_of(o, true);
   return o;
 }
 
@@ -770,8 +850,11 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
         ref = &o;
   if (!ref) throw Fallback{};  // only Python scalars: numpy decides their dtypes
   const Operand reference = *ref;
+  const uintptr_t ref_stream = reference.kind == Kind::torch && reference.device_type == nb::device::cuda::value
+                                   ? nb::cast<uintptr_t>(hooks().torch_stream(reference.device_id))
+                                   : 0;
   for (Operand& o : ins)
-    if (o.kind == Kind::scalar) o = materialise(o.obj, reference);
+    if (o.kind == Kind::scalar) o = materialise(o.obj, reference, ref_stream);
 
   Placement placement;
   for (size_t i = 0; i < ins.size(); ++i)
@@ -784,8 +867,10 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
   thread_local std::string key;
   const bool cacheable = call_key(key, info, ins, outs, out_given, attrs, out_specs, placement, pref.allow_tf32);
   CallCache::EntryRef entry = cacheable ? call_cache().find(key) : nullptr;
-  const uintptr_t stream =
-      reference.kind == Kind::torch && placement.cuda ? nb::cast<uintptr_t>(hooks().torch_stream(placement.device)) : 0;
+  const uintptr_t stream = reference.kind != Kind::torch || !placement.cuda ? 0
+                           : ref_stream && placement.device == reference.device_id
+                               ? ref_stream
+                               : nb::cast<uintptr_t>(hooks().torch_stream(placement.device));
   if (!entry) {
     auto fresh = std::make_shared<CallEntry>();
     fresh->desc = {info.name, {}, {}, to_attrs(info, attrs)};

@@ -12,6 +12,7 @@ import pytest
 import baracuda
 import baracuda.functional as F
 from baracuda import _C, _interop
+from torch_parity import gpu, torch
 
 rng = np.random.default_rng(7)
 
@@ -154,8 +155,8 @@ class FakeTensor:
     __module__ = "torch"
     is_cuda, is_cpu = False, True
 
-    def __init__(self, a, conj=False):
-        self.a, self.conj = a, conj
+    def __init__(self, a, conj=False, neg=False):
+        self.a, self.conj, self.neg = a, conj, neg
 
     @property
     def dtype(self):
@@ -178,7 +179,7 @@ class FakeTensor:
         return self.conj
 
     def is_neg(self):
-        return False
+        return self.neg
 
 
 @pytest.fixture
@@ -219,8 +220,41 @@ def test_torch_reader(fake_torch):
         F.add(FakeTensor(x), FakeTensor(x.astype(np.float64)))
 
 
-def test_torch_conj_takes_python_path(fake_torch):
+def test_torch_neg_view_takes_python_path(fake_torch):
+    """A real tensor with the negative bit (torch's x.conj().imag) goes to the Python path, which resolves it; the
+    conjugate bit, which only complex tensors carry, is not asked of real ones."""
     x = arr((3,))
     with pytest.raises(AttributeError, match="resolve_conj"):  # the Python path resolves it (the stand-in cannot)
-        F.neg(FakeTensor(x, conj=True), out=FakeTensor(np.empty(3, np.float32)))
+        F.neg(FakeTensor(x, neg=True), out=FakeTensor(np.empty(3, np.float32)))
     assert fake_torch == ["neg"]
+    np.testing.assert_array_equal(F.neg(FakeTensor(x, conj=True)).a, -x)  # a real tensor's conj bit is never set
+    assert fake_torch == ["neg"]
+
+
+@gpu
+def test_cuda_scalars_are_cached_per_stream():
+    """Python numbers beside CUDA tensors (Note [Cached torch scalars]): right values on every dtype, on a second
+    stream, inside a captured graph (made fresh there, never cached) and after it."""
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int32):
+        x = torch.arange(6, device="cuda").to(dtype)
+        for value in (2, 2.5, -3, 2):  # the second 2 is a cache hit
+            torch.testing.assert_close(F.add(x, value), x + value, msg=f"{dtype} {value}")
+    x = torch.randn(1000, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        slow = torch.randn(4096, 4096, device="cuda") @ torch.randn(4096, 4096, device="cuda")  # keeps it busy
+        on_side = F.mul(x, 7.25)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.testing.assert_close(on_side, x * 7.25)
+    del slow
+    y = torch.empty_like(x)
+    graph = torch.cuda.CUDAGraph()
+    F.sub(x, 1.0, out=y)  # warm the plan outside the capture
+    with torch.cuda.graph(graph):
+        F.sub(x, 11.5, out=y)  # a value first seen while capturing
+    x.fill_(1.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, torch.full_like(x, -10.5))
+    assert torch.equal(F.sub(x, 11.5), torch.full_like(x, -10.5))  # after the capture: a fresh, cached scalar
