@@ -640,7 +640,7 @@ constexpr size_t kMaxCachedScalars = 1024;  ///< beyond this, scalars are made p
 /// The cache key of a Python int or float beside `ref` on `stream`, or none
 /// (complex values, ints beyond 64 bits, host tensors, numpy).
 std::optional<ScalarKey> scalar_key(nb::handle value, const Operand& ref, uintptr_t stream) {
-  if (ref.kind != Kind::torch || ref.device_type != nb::device::cuda::value || !stream) return std::nullopt;
+  if (ref.kind != Kind::torch || ref.device_type != nb::device::cuda::value) return std::nullopt;  // stream 0: legacy
   ScalarKey k{stream, ref.device_id, ref.view.dtype, PyFloat_Check(value.ptr()) != 0, 0};
   if (k.is_float) {
     const double v = PyFloat_AS_DOUBLE(value.ptr());
