@@ -180,6 +180,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       mbar_wait(bar(kFullK, st), (t / kStages) & 1);
       mbar_wait(bar(kFullV, sp), ((t - 1) / kStages) & 1);
       named_sync(own, kSchedThreads);
+      wgmma_pin(s);
       wgmma_pin(pa);
       wgmma_pin(o);
       wgmma_fence();
