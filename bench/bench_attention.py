@@ -94,6 +94,17 @@ def main():
             row(f"bespoke CUDA fwd B{b} H{h} S{s} D{d}{' causal' if causal else ''} ({fwd_kernel})", ours, theirs,
                 4 * b * h * s * s * d // (2 if causal else 1), check=lambda: close(ours(), theirs(), 3e-2))
             del q, k, v, out, lse
+        # The same forward on [B, S, H, D] tensors viewed as [B, H, S, D] (seq stride H * D): the
+        # layout most models keep; TMA's tensor maps take these strides as they are.
+        b, h, s, d = 4, 32, 4096, 128
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=bf16).transpose(1, 2) for _ in range(3))
+        out, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
+        ours = lambda: run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out, lse], ATTRS,  # noqa: E731
+                                   "cuda")[0]
+        theirs = lambda: TF.scaled_dot_product_attention(q, k, v)  # noqa: E731
+        row(f"bespoke CUDA fwd B{b} H{h} S{s} D{d} [B, S, H, D] layout ({'wgmma' if hopper else 'mma.sync'})", ours,
+            theirs, 4 * b * h * s * s * d, check=lambda: close(ours(), theirs(), 3e-2))
+        del q, k, v, out, lse
         for b, h, s, d, causal in ((4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (4, 32, 4096, 64, False),
                                    (1, 8, 1024, 96, False)):
             attrs = dict(ATTRS, causal=int(causal))

@@ -439,6 +439,58 @@ TEST(AttentionCuda, WgmmaProductsAreExact) {
 #endif
 }
 
+/// One K tile loaded by TMA with the forward's tensor map (128-byte swizzle,
+/// two 64-dim boxes at D 128, rows past the sequence zero-filled) and by the
+/// cp.async path, each against the swizzled image the wgmma descriptors
+/// read: a failure here is a tensor-map bug, not a barrier or pipeline bug.
+TEST(AttentionCuda, TmaTileMatchesSwizzledLayout) {
+  if (!hopper_forward()) GTEST_SKIP() << "no sm_90 device or no sm_90a code";
+#ifdef BARACUDA_HAS_CUDA
+  for (DType t : {DType::bf16, DType::f16})
+    for (int d : {64, 128}) {
+      auto check = attn::tma_self_test(t, d);
+      ASSERT_TRUE(check) << check.status().to_string();
+      EXPECT_EQ(check->tma_bytes, 0) << dtype_name(t) << " d=" << d << ": TMA tile (tensor map, swizzle, zero fill)";
+      EXPECT_EQ(check->cp_async_bytes, 0) << dtype_name(t) << " d=" << d << ": cp.async tile (issue_swizzled)";
+    }
+#endif
+}
+
+/// Packed sequences on the Hopper forward's cp.async path (TMA would read a
+/// packed sequence's neighbour where dense rows are zero-filled): lengths off
+/// the 128-row tiles, one empty sequence, GQA 4/1, enough heads for the
+/// grid to reach the wgmma kernel; against the host reference.
+TEST(AttentionCuda, PackedSequencesOnHopperPath) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(41);
+  const std::vector<int64_t> lq{300, 0, 131}, lk{260, 77, 400};
+  const int64_t hq = 16, hkv = 4;
+  std::vector<double> cq{0}, ck{0};
+  for (size_t b = 0; b < lq.size(); ++b) cq.push_back(cq.back() + double(lq[b])), ck.push_back(ck.back() + double(lk[b]));
+  const int64_t tq = int64_t(cq.back()), tk = int64_t(ck.back());
+  for (int64_t d : {64, 128})
+    for (const Attrs& attrs : {Attrs{{"max_seqlen_q", 300}, {"max_seqlen_kv", 400}},
+                               Attrs{{"causal", 1}, {"bottom_right", 1}, {"max_seqlen_q", 300}, {"max_seqlen_kv", 400}}})
+      for (DType t : {DType::bf16, DType::f16}) {
+        const std::vector<Operand> in{{uniform(tq * hq * d, rng), {tq, hq, d}, t},
+                                      {uniform(tk * hkv * d, rng), {tk, hkv, d}, t},
+                                      {uniform(tk * hkv * d, rng), {tk, hkv, d}, t},
+                                      {cq, {4}, DType::i32},
+                                      {ck, {4}, DType::i32},
+                                      {{}, {0}, DType::f32}};
+        const std::string what = cat(dtype_name(t), " d=", d, attrs.has("causal") ? " causal" : "");
+        auto host = exec(Backend::host_reference, "varlen_attention", in, attrs);
+        auto cuda = exec(Backend::bespoke_cuda, "varlen_attention", in, attrs);
+        ASSERT_TRUE(host && cuda) << what;
+        for (size_t e = 0; e < (*host)[0].size(); ++e) ASSERT_NEAR((*cuda)[0][e], (*host)[0][e], 2e-2) << what << " out " << e;
+        for (size_t e = 0; e < (*host)[1].size(); ++e) {
+          const double want = (*host)[1][e], got = (*cuda)[1][e];
+          if (std::isinf(want)) ASSERT_EQ(got, want) << what << " lse " << e;
+          else ASSERT_NEAR(got, want, 1e-4) << what << " lse " << e;
+        }
+      }
+}
+
 /// The Hopper forward over several key tiles (the K/V ring wraps), lengths
 /// off its 128-row and 128-key tiles both ways, GQA 4/1, contiguous
 /// operands, every option of the score rule; forward only (the backward has

@@ -41,6 +41,16 @@ struct WgmmaCheck {
 /// Defined only in CUDA builds.
 Result<WgmmaCheck> wgmma_self_test(DType dtype, int head_dim);
 
+/// Bytes of one 128-row K tile (batch 1, head 2, rows 128.. of a [2, 3, 200,
+/// D] tensor; rows past 200 zero) that differ from the 128-byte swizzled
+/// image the wgmma descriptors expect, loaded by TMA with the forward's
+/// tensor map and by the cp.async path (0 when right): a tensor-map bug
+/// shows here apart from a barrier bug. Defined only in CUDA builds.
+struct TmaCheck {
+  int64_t tma_bytes = 0, cp_async_bytes = 0;
+};
+Result<TmaCheck> tma_self_test(DType dtype, int head_dim);
+
 /// cuDNN's fused flash attention through the cuDNN frontend graph API
 /// (f16/bf16), forward or backward, or why it cannot serve. `deterministic`:
 /// the backward must be bitwise reproducible run to run. Defined only in CUDA builds.

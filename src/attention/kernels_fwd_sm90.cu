@@ -1,63 +1,152 @@
-// The bespoke attention forward on Hopper (sm_90a): warpgroup MMA.
+// The bespoke attention forward on Hopper (sm_90a): warpgroup MMA, warp
+// specialisation and TMA (FlashAttention-3's structure).
 //
 // Note [Hopper forward]
-// A block of 256 threads takes 128 query rows of one (batch, head): two
-// warpgroups of 64 rows each. Q (128 x D) is staged once; K and V tiles of
-// 128 keys stream through a ring of stages (3 at D 64, 2 at D 128), copied by
-// every thread with cp.async into the 128-byte swizzled layout
-// (wgmma_sm90.cuh). Per key tile each warpgroup issues S = Q K^T
-// (wgmma m64n128k16, both operands in shared memory, D / 16 steps), applies
-// the score rule and the online softmax in registers exactly as the mma.sync
-// kernel does (tensor_core.cuh: tile_scores, online_softmax, write_rows;
-// scores in log2 units, the rule element by element only on tiles that need
-// it), converts P to f16/bf16 A fragments in registers and issues O += P V
-// (wgmma m64nDk16, V read N-major), 8 steps of 16 keys. Sums run in a fixed
-// order: deterministic. A stage is refilled one iteration after its last
-// use, behind a block barrier; the copies are fenced into wgmma's async
-// proxy before the barrier that publishes them.
-// Not yet done (issue 4): TMA loads with mbarriers and a producer warp,
-// overlapping the softmax of one tile with the products of the next.
+// A block of 384 threads takes 128 query rows of one (batch, head) in three
+// warpgroups. Warpgroup 0 is the producer: it gives registers back
+// (setmaxnreg) and loads Q once and the K and V tiles of 128 keys into a
+// ring of stages (3 at D 64, 2 at D 128) in the 128-byte swizzled layout
+// (wgmma_sm90.cuh), by TMA (one thread; a tensor map per operand built in
+// `run`, boxes of 64 dims by 128 rows, rows past the sequence zero-filled)
+// or, where TMA cannot take the operand (packed sequences, strides TMA
+// refuses), by cp.async from its 128 threads. Each stage has four mbarriers:
+// K full, V full (the producer's arrivals and bytes), K empty, V empty (one
+// arrival from each consumer warp once its products have read the tile);
+// Note [mbarriers and TMA]. Warpgroups 1 and 2 consume, 64 rows each:
+//   S_0 = Q K_0^T; softmax_0
+//   for j >= 1: issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1};
+//               wait for S_j (wgmma.wait_group 1), release K_j;
+//               score rule and softmax of S_j while P_{j-1} V_{j-1} runs;
+//               wait for it, release V_{j-1}, rescale O, P_j = S_j as A fragments
+//   O += P_last V_last
+// (the rule, the online softmax and the epilogue are the mma.sync kernel's:
+// tensor_core.cuh). The two consumers take turns issuing their products
+// (named barriers 1 and 2, "ping-pong"): while one warpgroup's products run
+// on the tensor cores the other computes its softmax. Consumer 1 arrives on
+// consumer 0's barrier first, so consumer 0 issues first; each consumer
+// syncs on its own barrier and arrives on the other's once a tile, and
+// consumer 0 takes the one extra arrival at the end. Sums run in a fixed
+// order: deterministic.
 #include "attention/tensor_core.cuh"
 #include "attention/wgmma_sm90.cuh"
 
+#include <cuda.h>  // CUtensorMap and cuTensorMapEncodeTiled's type (the driver is reached through the runtime)
+
+#include <cstring>
 #include <vector>
 
 namespace baracuda::attn {
 
 namespace {
 
-template <class T, int kD>
-__global__ void __launch_bounds__(kWgThreads, 1) attention_forward_sm90(const Problem p) {
+/// The tensor maps of q, k and v (unused on the cp.async path).
+struct TmaMaps {
+  CUtensorMap q, k, v;
+};
+
+/// Registers a thread of the producer and of the consumers after setmaxnreg:
+/// 128 * 24 + 256 * 240 = 128 * 40 + 256 * 232 = 384 * 168, the launch's
+/// (TMA takes one thread; cp.async needs addresses in all 128).
+constexpr int producer_regs(bool tma) { return tma ? 24 : 40; }
+constexpr int consumer_regs(bool tma) { return tma ? 240 : 232; }
+constexpr int kSchedThreads = 256;                       // the two consumer warpgroups
+
+template <class T, int kD, bool kTma>
+__global__ void __launch_bounds__(kWgThreads, 1)
+    attention_forward_sm90(const __grid_constant__ TmaMaps maps, const Problem p) {
 #ifdef BARACUDA_WGMMA
   constexpr int kStages = wgmma_stages(kD), kTile = kWgKeys * kD;  // halves of a K or V tile
+  constexpr uint32_t kTileBytes = kTile * sizeof(T), kQBytes = kWgRows * kD * sizeof(T);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Swizzled tiles start on 1024 bytes (the plan counts the slack).
   T* sQ = reinterpret_cast<T*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));  // [kD/64][128][64]
   T* sKV = sQ + kWgRows * kD;  // stage s: K at sKV + 2 s kTile, V after it
+  const uint32_t bar_q = shared_address(sKV + 2 * kStages * kTile);
+  // Stage s's barriers: K full, V full, K empty, V empty.
+  auto bar = [&](int kind, int s) { return bar_q + 8 * (1 + 4 * s + kind); };
+  enum { kFullK, kFullV, kEmptyK, kEmptyV };
   const HeadView v = head_view(p, blockIdx.z, blockIdx.y);
   const int64_t row0 = int64_t(blockIdx.x) * kWgRows;
   if (!v.valid || row0 >= v.len_q) return;
-  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, quad = lane % 4;
-  const T* q = reinterpret_cast<const T*>(p.q.data) + p.q.at(v.b, v.h, v.tok_q);
-  const T* k = reinterpret_cast<const T*>(p.k.data) + p.k.at(v.b, v.hk, v.tok_kv);
-  const T* val = reinterpret_cast<const T*>(p.v.data) + p.v.at(v.b, v.hk, v.tok_kv);
   int64_t span_lo, span_hi;
   tile_key_span(p, v, row0, min(row0 + kWgRows, v.len_q) - 1, span_lo, span_hi);
   const int tiles = span_lo < span_hi ? int((span_hi - span_lo + kWgKeys - 1) / kWgKeys) : 0;
-  auto issue_kv = [&](int t) {
-    T* dst = sKV + 2 * (t % kStages) * kTile;
-    const int64_t k0 = span_lo + int64_t(t) * kWgKeys;
-    issue_swizzled<kD, kWgKeys, kWgThreads>(dst, k, p.k.seq, k0, v.len_kv);
-    issue_swizzled<kD, kWgKeys, kWgThreads>(dst + kTile, val, p.v.seq, k0, v.len_kv);
-  };
-  // Group 0: Q and tile 0; group s: tile s.
-  issue_swizzled<kD, kWgRows, kWgThreads>(sQ, q, p.q.seq, row0, v.len_q);
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q, kTma ? 1 : 128);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar(kFullK, s), kTma ? 1 : 128);
+      mbar_init(bar(kFullV, s), kTma ? 1 : 128);
+      mbar_init(bar(kEmptyK, s), 8);  // lane 0 of each consumer warp
+      mbar_init(bar(kEmptyV, s), 8);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // ------------------------------------------------ producer
+    setmaxnreg_dec<producer_regs(kTma)>();
+    if (tiles == 0) return;
+    if constexpr (kTma) {
+      if (threadIdx.x != 0) return;
+      tma_prefetch(&maps.k);
+      tma_prefetch(&maps.v);
+      mbar_expect_tx(bar_q, kQBytes);
 #pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) {
-    if (t < tiles) issue_kv(t);
-    cp_async_commit();
+      for (int cb = 0; cb < kD / 64; ++cb)
+        tma_load_4d(sQ + cb * kWgRows * 64, &maps.q, 64 * cb, int(row0), int(v.h), int(v.b), bar_q);
+      for (int t = 0; t < tiles; ++t) {
+        const int s = t % kStages;
+        const uint32_t parity = ((t / kStages) & 1) ^ 1;
+        const int k0 = int(span_lo + int64_t(t) * kWgKeys);
+        T* sK = sKV + 2 * s * kTile;
+        mbar_wait(bar(kEmptyK, s), parity);
+        mbar_expect_tx(bar(kFullK, s), kTileBytes);
+#pragma unroll
+        for (int cb = 0; cb < kD / 64; ++cb)
+          tma_load_4d(sK + cb * kWgKeys * 64, &maps.k, 64 * cb, k0, int(v.hk), int(v.b), bar(kFullK, s));
+        mbar_wait(bar(kEmptyV, s), parity);
+        mbar_expect_tx(bar(kFullV, s), kTileBytes);
+#pragma unroll
+        for (int cb = 0; cb < kD / 64; ++cb)
+          tma_load_4d(sK + kTile + cb * kWgKeys * 64, &maps.v, 64 * cb, k0, int(v.hk), int(v.b), bar(kFullV, s));
+      }
+    } else {
+      // Each thread waits for its own copies and fences them into the async
+      // proxy before its arrival (128 a phase).
+      const T* q = reinterpret_cast<const T*>(p.q.data) + p.q.at(v.b, v.h, v.tok_q);
+      const T* k = reinterpret_cast<const T*>(p.k.data) + p.k.at(v.b, v.hk, v.tok_kv);
+      const T* val = reinterpret_cast<const T*>(p.v.data) + p.v.at(v.b, v.hk, v.tok_kv);
+      issue_swizzled<kD, kWgRows, 128>(sQ, q, p.q.seq, row0, v.len_q);
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async();
+      mbar_arrive(bar_q);
+      for (int t = 0; t < tiles; ++t) {
+        const int s = t % kStages;
+        const uint32_t parity = ((t / kStages) & 1) ^ 1;
+        const int64_t k0 = span_lo + int64_t(t) * kWgKeys;
+        T* sK = sKV + 2 * s * kTile;
+        mbar_wait(bar(kEmptyK, s), parity);
+        issue_swizzled<kD, kWgKeys, 128>(sK, k, p.k.seq, k0, v.len_kv);
+        cp_async_commit();
+        mbar_wait(bar(kEmptyV, s), parity);
+        issue_swizzled<kD, kWgKeys, 128>(sK + kTile, val, p.v.seq, k0, v.len_kv);
+        cp_async_commit();
+        cp_async_wait<1>();
+        fence_proxy_async();
+        mbar_arrive(bar(kFullK, s));
+        cp_async_wait<0>();
+        fence_proxy_async();
+        mbar_arrive(bar(kFullV, s));
+      }
+    }
+    return;
   }
 
+  // ---------------------------------------------------------------- consumers
+  setmaxnreg_inc<consumer_regs(kTma)>();
+  const int wg = threadIdx.x / 128 - 1, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, quad = lane % 4;
+  const int own = 1 + wg, other = 2 - wg;  // named barriers of the issue turns
   // This warpgroup's rows and this thread's two of them.
   const int64_t wg_first = row0 + 64 * wg, wg_last = max(min(wg_first + 63, v.len_q - 1), wg_first);
   const FragRows f(p, v, wg_first + warp * 16 + lane / 4);
@@ -65,35 +154,139 @@ __global__ void __launch_bounds__(kWgThreads, 1) attention_forward_sm90(const Pr
   const float scale_log2 = float(p.scale * 1.4426950408889634);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
   float o[kD / 8][4] = {};
-  for (int t = 0; t < tiles; ++t) {
-    if (t + kStages - 1 < tiles) issue_kv(t + kStages - 1);
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();  // tile t (and Q) landed, for this thread's copies
-    fence_proxy_async();
-    __syncthreads();  // ... and for every thread's
-    const T* tK = sKV + 2 * (t % kStages) * kTile;
-    const int64_t k0 = span_lo + int64_t(t) * kWgKeys;
-    float s[kWgKeys / 8][4];
-    wgmma_scores<T, kD>(s, sQw, kWgRows, tK);
-    float tile_max[2];
-    tile_scores(s, tile_max, p, v, f, k0, quad, tile_plain(p, v, wg_first, wg_last, k0, kWgKeys), scale_log2);
-    online_softmax(s, o, m, l, tile_max, p, v, f, k0, quad);
-    wgmma_values<T, kD>(o, s, tK + kTile);
-    __syncthreads();  // stage t % kStages is refilled next iteration
+  if (wg == 1) named_arrive(1, kSchedThreads);  // consumer 0 issues first
+  if (tiles > 0) {
+    float s[kWgKeys / 8][4], corr[2], tile_max[2];
+    uint32_t pa[8][4];  // P of the previous tile as A fragments
+    auto softmax = [&](int t) {
+      const int64_t k0 = span_lo + int64_t(t) * kWgKeys;
+      tile_scores(s, tile_max, p, v, f, k0, quad, tile_plain(p, v, wg_first, wg_last, k0, kWgKeys), scale_log2);
+      softmax_rows(s, m, l, corr, tile_max, p, v, f, k0, quad);
+    };
+    mbar_wait(bar_q, 0);
+    mbar_wait(bar(kFullK, 0), 0);
+    named_sync(own, kSchedThreads);
+    wgmma_fence();
+    wgmma_scores_issue<T, kD>(s, sQw, kWgRows, sKV);
+    wgmma_commit();
+    named_arrive(other, kSchedThreads);
+    wgmma_wait<0>();
+    wgmma_pin(s);
+    if (lane == 0) mbar_arrive(bar(kEmptyK, 0));
+    softmax(0);
+    pack_probs<T>(pa, s);
+    for (int t = 1; t < tiles; ++t) {
+      const int st = t % kStages, sp = (t - 1) % kStages;
+      mbar_wait(bar(kFullK, st), (t / kStages) & 1);
+      mbar_wait(bar(kFullV, sp), ((t - 1) / kStages) & 1);
+      named_sync(own, kSchedThreads);
+      wgmma_pin(s);
+      wgmma_pin(pa);
+      wgmma_pin(o);
+      wgmma_fence();
+      wgmma_scores_issue<T, kD>(s, sQw, kWgRows, sKV + 2 * st * kTile);
+      wgmma_commit();
+      wgmma_values_issue<T, kD>(o, pa, sKV + (2 * sp + 1) * kTile);
+      wgmma_commit();
+      named_arrive(other, kSchedThreads);
+      wgmma_wait<1>();  // S_t is done; P_{t-1} V_{t-1} may still run
+      wgmma_pin(s);
+      if (lane == 0) mbar_arrive(bar(kEmptyK, st));
+      softmax(t);
+      wgmma_wait<0>();
+      wgmma_pin(o);
+      wgmma_pin(pa);
+      if (lane == 0) mbar_arrive(bar(kEmptyV, sp));
+      rescale_rows(o, corr);
+      pack_probs<T>(pa, s);
+    }
+    const int sl = (tiles - 1) % kStages;
+    mbar_wait(bar(kFullV, sl), ((tiles - 1) / kStages) & 1);
+    wgmma_pin(pa);
+    wgmma_pin(o);
+    wgmma_fence();
+    wgmma_values_issue<T, kD>(o, pa, sKV + (2 * sl + 1) * kTile);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(o);
   }
-  cp_async_wait<0>();
+  if (wg == 0) named_sync(1, kSchedThreads);  // consumer 1's first arrival
   write_rows<T>(p, v, f, o, m, l, quad);
 #endif
 }
 
-template <class T, int kD>
-Status launch_sm90(const Problem& p, CUstream_st* stream) {
+// ---------------------------------------------------------------- tensor maps
+
+using EncodeTiled = decltype(&cuTensorMapEncodeTiled);
+
+/// The driver's cuTensorMapEncodeTiled through the runtime (no link to
+/// libcuda), looked up once; null where the driver has none.
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return EncodeTiled(nullptr);
+    }
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+/// A tensor map of operand `o` ([batch, heads, seq, d] of T, unit dim
+/// stride) with boxes of 64 dims by `rows` rows and the 128-byte swizzle:
+/// the layout of issue_swizzled, one column block a box. False where TMA
+/// cannot take it (strides not positive multiples of 16 bytes under 2^40, a
+/// base not 16-byte aligned, no driver entry point).
+template <class T>
+bool make_tensor_map(CUtensorMap& map, const Operand& o, int64_t batch, int64_t heads, int64_t seq, int64_t d,
+                     int rows) {
+  const EncodeTiled encode = encode_tiled();
+  if (!encode || o.dim != 1 || reinterpret_cast<uintptr_t>(o.data) % 16 || seq >= (int64_t(1) << 31)) return false;
+  const cuuint64_t dims[4] = {cuuint64_t(d), cuuint64_t(seq), cuuint64_t(heads), cuuint64_t(batch)};
+  const int64_t strides[3] = {o.seq, o.head, o.batch};
+  cuuint64_t bytes[3];
+  cuuint64_t extent = cuuint64_t(d) * sizeof(T);  // a stride for a dim of size 1 (never used)
+  for (int i = 0; i < 3; ++i) {
+    const int64_t b = strides[i] * int64_t(sizeof(T));
+    if (dims[i + 1] == 1) {
+      bytes[i] = extent;
+    } else {
+      if (b <= 0 || b % 16 || b >= (int64_t(1) << 40)) return false;
+      bytes[i] = cuuint64_t(b);
+    }
+    extent = bytes[i] * dims[i + 1];
+  }
+  const cuuint32_t box[4] = {64, cuuint32_t(rows), 1, 1}, unit[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return encode(&map, type, 4, o.data, dims, bytes, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <class T, int kD, bool kTma>
+Status launch_kernel(const TmaMaps& maps, const Problem& p, CUstream_st* stream) {
   constexpr size_t smem = wgmma_forward_smem(kD);
-  BARACUDA_TRY(allow_smem(attention_forward_sm90<T, kD>, smem));
+  BARACUDA_TRY(allow_smem(attention_forward_sm90<T, kD, kTma>, smem));
   const dim3 grid(unsigned((p.seq_q + kWgRows - 1) / kWgRows), unsigned(p.heads_q), unsigned(p.batch));
-  attention_forward_sm90<T, kD><<<grid, kWgThreads, smem, stream>>>(p);
+  attention_forward_sm90<T, kD, kTma><<<grid, kWgThreads, smem, stream>>>(maps, p);
   BARACUDA_CUDA_TRY(cudaGetLastError());
   return Status::ok();
+}
+
+/// TMA where every operand takes it (dense sequences: a packed one's rows
+/// past its length belong to the next, not zeros), cp.async elsewhere.
+template <class T, int kD>
+Status launch_sm90(const Problem& p, CUstream_st* stream) {
+  TmaMaps maps{};
+  const bool tma = !p.varlen() && make_tensor_map<T>(maps.q, p.q, p.batch, p.heads_q, p.seq_q, kD, kWgRows) &&
+                   make_tensor_map<T>(maps.k, p.k, p.batch, p.heads_kv, p.seq_kv, kD, kWgKeys) &&
+                   make_tensor_map<T>(maps.v, p.v, p.batch, p.heads_kv, p.seq_kv, kD, kWgKeys);
+  return tma ? launch_kernel<T, kD, true>(maps, p, stream) : launch_kernel<T, kD, false>(maps, p, stream);
 }
 
 // ---------------------------------------------------------------- self-test
@@ -182,6 +375,87 @@ Result<WgmmaCheck> run_probe() {
   return check;
 }
 
+/// One block of 128 threads loads the same 128-row tile of a [b, h, s, kD]
+/// tensor twice, by TMA (tensor map `map`, thread 0) and by cp.async
+/// (issue_swizzled), and writes both shared-memory images out byte for byte.
+template <class T, int kD>
+__global__ void __launch_bounds__(128)
+    tma_probe(const __grid_constant__ CUtensorMap map, const T* tile_rows, int64_t seq, int64_t len, int row0, int h,
+              int b, unsigned char* tma_out, unsigned char* cp_out) {
+#ifdef BARACUDA_WGMMA
+  constexpr int kBytes = 128 * kD * sizeof(T);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* sTma = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+  unsigned char* sCp = sTma + kBytes;
+  const uint32_t bar = shared_address(sCp + kBytes);
+  if (threadIdx.x == 0) {
+    mbar_init(bar, 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbar_expect_tx(bar, kBytes);
+    for (int cb = 0; cb < kD / 64; ++cb) tma_load_4d(sTma + cb * 128 * 128, &map, 64 * cb, row0, h, b, bar);
+  }
+  issue_swizzled<kD, 128, 128>(reinterpret_cast<T*>(sCp), tile_rows, seq, row0, len);
+  cp_async_commit();
+  cp_async_wait<0>();
+  mbar_wait(bar, 0);
+  __syncthreads();
+  for (int e = threadIdx.x; e < kBytes; e += 128) tma_out[e] = sTma[e], cp_out[e] = sCp[e];
+#endif
+}
+
+/// Loads the tile of rows 128..255 of head 2, batch 1 of a [2, 3, 200, kD]
+/// tensor (rows 200.. past the end: zeros) both ways and compares each with
+/// the swizzled image computed here.
+template <class T, int kD>
+Result<TmaCheck> run_tma_probe() {
+  constexpr int64_t kB = 2, kH = 3, kS = 200, kRow0 = 128, kHead = 2, kBatch = 1;
+  constexpr size_t kBytes = 128 * kD * sizeof(T);
+  std::vector<T> x(size_t(kB * kH * kS * kD));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = convert<T>(float(int(i * 7 % 251) - 125));
+  std::vector<unsigned char> want(kBytes, 0), tma(kBytes), cp(kBytes);
+  for (int r = 0; r < 128; ++r)
+    for (int c = 0; c < kD / 8; ++c) {
+      const int64_t row = kRow0 + r;
+      if (row >= kS) continue;
+      std::memcpy(want.data() + swizzled_chunk(128, r, c), &x[size_t(((kBatch * kH + kHead) * kS + row) * kD + c * 8)],
+                  16);
+    }
+  T* dx = nullptr;
+  unsigned char *dt = nullptr, *dc = nullptr;
+  auto run = [&]() -> Status {
+    BARACUDA_CUDA_TRY(cudaMalloc(&dx, x.size() * sizeof(T)));
+    BARACUDA_CUDA_TRY(cudaMalloc(&dt, kBytes));
+    BARACUDA_CUDA_TRY(cudaMalloc(&dc, kBytes));
+    BARACUDA_CUDA_TRY(cudaMemcpy(dx, x.data(), x.size() * sizeof(T), cudaMemcpyHostToDevice));
+    BARACUDA_CUDA_TRY(cudaMemset(dt, 0xff, kBytes));
+    BARACUDA_CUDA_TRY(cudaMemset(dc, 0xff, kBytes));
+    Operand o;
+    o.data = reinterpret_cast<char*>(dx);
+    o.batch = kH * kS * kD, o.head = kS * kD, o.seq = kD, o.dim = 1;
+    CUtensorMap map{};
+    if (!make_tensor_map<T>(map, o, kB, kH, kS, kD, 128))
+      return unsupported("tma_self_test: cuTensorMapEncodeTiled refused a contiguous [2, 3, 200, ", kD, "] tensor");
+    const size_t smem = 2 * kBytes + 1024 + 8;
+    BARACUDA_TRY(allow_smem(tma_probe<T, kD>, smem));
+    const T* rows = dx + (kBatch * kH + kHead) * kS * kD;
+    tma_probe<T, kD><<<1, 128, smem>>>(map, rows, kD, kS, int(kRow0), int(kHead), int(kBatch), dt, dc);
+    BARACUDA_CUDA_TRY(cudaGetLastError());
+    BARACUDA_CUDA_TRY(cudaMemcpy(tma.data(), dt, kBytes, cudaMemcpyDeviceToHost));
+    BARACUDA_CUDA_TRY(cudaMemcpy(cp.data(), dc, kBytes, cudaMemcpyDeviceToHost));
+    return Status::ok();
+  };
+  const Status st = run();
+  for (void* ptr : {static_cast<void*>(dx), static_cast<void*>(dt), static_cast<void*>(dc)})
+    if (ptr) (void)cudaFree(ptr);
+  if (!st.is_ok()) return st;
+  TmaCheck check;
+  for (size_t e = 0; e < kBytes; ++e) check.tma_bytes += tma[e] != want[e], check.cp_async_bytes += cp[e] != want[e];
+  return check;
+}
+
 }  // namespace
 
 template <class T>
@@ -196,6 +470,13 @@ Result<WgmmaCheck> wgmma_self_test(DType dtype, int head_dim) {
     return invalid("wgmma_self_test: f16/bf16 with head dim 64 or 128, got ", dtype_name(dtype), " and ", head_dim);
   if (dtype == DType::f16) return head_dim == 64 ? run_probe<__half, 64>() : run_probe<__half, 128>();
   return head_dim == 64 ? run_probe<__nv_bfloat16, 64>() : run_probe<__nv_bfloat16, 128>();
+}
+
+Result<TmaCheck> tma_self_test(DType dtype, int head_dim) {
+  if ((dtype != DType::f16 && dtype != DType::bf16) || (head_dim != 64 && head_dim != 128))
+    return invalid("tma_self_test: f16/bf16 with head dim 64 or 128, got ", dtype_name(dtype), " and ", head_dim);
+  if (dtype == DType::f16) return head_dim == 64 ? run_tma_probe<__half, 64>() : run_tma_probe<__half, 128>();
+  return head_dim == 64 ? run_tma_probe<__nv_bfloat16, 64>() : run_tma_probe<__nv_bfloat16, 128>();
 }
 
 }  // namespace baracuda::attn

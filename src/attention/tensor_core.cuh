@@ -114,14 +114,15 @@ __device__ __forceinline__ void tile_scores(float (&s)[kN][4], float (&tile_max)
 }
 
 /// One online-softmax step over a key tile of scores (log2 units) with row
-/// maxima `tile_max`: updates the running max `m` and sum `l`, rescales the
-/// output accumulators `o`, and leaves in `s` the probabilities times
+/// maxima `tile_max`, all but the rescaling of the output: updates the
+/// running max `m` and sum `l`, leaves in `corr` the factor the output
+/// accumulators take (rescale_rows) and in `s` the probabilities times
 /// dropout's factor (the sum counts them before dropout).
-template <int kN, int kDimTiles>
-__device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDimTiles][4], float (&m)[2],
-                                               float (&l)[2], const float (&tile_max)[2], const Problem& p,
-                                               const HeadView& v, const FragRows& f, int64_t k0, int quad) {
-  float corr[2], m_new[2], m_ref[2], sum[2] = {0, 0};
+template <int kN>
+__device__ __forceinline__ void softmax_rows(float (&s)[kN][4], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                             const float (&tile_max)[2], const Problem& p, const HeadView& v,
+                                             const FragRows& f, int64_t k0, int quad) {
+  float m_new[2], m_ref[2], sum[2] = {0, 0};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     m_new[r] = fmaxf(m[r], tile_max[r]);
@@ -143,14 +144,29 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDi
     l[r] = l[r] * corr[r] + sum[r];
     m[r] = m_new[r];
   }
-#pragma unroll
-  for (int dt = 0; dt < kDimTiles; ++dt) o[dt][0] *= corr[0], o[dt][1] *= corr[0], o[dt][2] *= corr[1], o[dt][3] *= corr[1];
   if (p.dropout_p > 0)
 #pragma unroll
     for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         if (s[nt][e] > 0) s[nt][e] *= dropout_factor<float>(p, v, f.row[e / 2], k0 + nt * 8 + 2 * quad + (e & 1));
+}
+
+/// Rescales a thread's output accumulators by softmax_rows' factors.
+template <int kDimTiles>
+__device__ __forceinline__ void rescale_rows(float (&o)[kDimTiles][4], const float (&corr)[2]) {
+#pragma unroll
+  for (int dt = 0; dt < kDimTiles; ++dt) o[dt][0] *= corr[0], o[dt][1] *= corr[0], o[dt][2] *= corr[1], o[dt][3] *= corr[1];
+}
+
+/// One whole online-softmax step (softmax_rows, then rescale_rows).
+template <int kN, int kDimTiles>
+__device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDimTiles][4], float (&m)[2],
+                                               float (&l)[2], const float (&tile_max)[2], const Problem& p,
+                                               const HeadView& v, const FragRows& f, int64_t k0, int quad) {
+  float corr[2];
+  softmax_rows(s, m, l, corr, tile_max, p, v, f, k0, quad);
+  rescale_rows(o, corr);
 }
 
 /// Writes a thread's rows of out (o / l) and lse (natural log; -inf for a row that saw no key).

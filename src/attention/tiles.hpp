@@ -50,12 +50,14 @@ inline bool tensor_core_layout(const Problem& p, int sm) {
 }
 
 /// The Hopper forward (kernels_fwd_sm90.cu, warpgroup MMA): 128 query rows
-/// a block (two warpgroups of 64 rows), 128-key tiles, a ring of K/V stages
-/// (3 at head dim 64, 2 at 128) in the 128-byte swizzled layout, 1024-byte aligned.
-constexpr int kWgRows = 128, kWgKeys = 128, kWgThreads = 256;
+/// a block, three warpgroups (a producer that loads, two consumers of 64
+/// rows each), 128-key tiles, a ring of K/V stages (3 at head dim 64, 2 at
+/// 128) in the 128-byte swizzled layout, 1024-byte aligned, then the
+/// mbarriers (a Q barrier and four a stage).
+constexpr int kWgRows = 128, kWgKeys = 128, kWgThreads = 384;
 constexpr int wgmma_stages(int64_t d) { return d == 64 ? 3 : 2; }
 constexpr size_t wgmma_forward_smem(int64_t d) {
-  return size_t(kWgRows * d + wgmma_stages(d) * 2 * kWgKeys * d) * 2 + 1024;
+  return size_t(kWgRows * d + wgmma_stages(d) * 2 * kWgKeys * d) * 2 + 1024 + 8 * (1 + 4 * wgmma_stages(d));
 }
 
 /// Whether the Hopper forward takes a problem on a device of compute

@@ -3,7 +3,8 @@
 // 128-byte swizzled shared-memory layout, the matrix descriptors that
 // describe it, and the three products the kernel issues: S = Q K^T with both
 // operands in shared memory (m64n128k16) and O += P V with P in registers
-// (m64n64k16 / m64n128k16, V read N-major).
+// (m64n64k16 / m64n128k16, V read N-major); and the warp-specialisation
+// pieces: mbarriers, TMA tile loads, named barriers and setmaxnreg.
 //
 // Note [Swizzled tiles and descriptors]
 // A tile of R rows by kD halves is stored as kD / 64 column blocks of R
@@ -34,7 +35,7 @@ namespace baracuda::attn {
 #endif
 
 /// Byte offset of 16-byte chunk `c` (of kD / 8) of row `r` in a swizzled tile of `rows` rows.
-__device__ __forceinline__ uint32_t swizzled_chunk(int rows, int r, int c) {
+__host__ __device__ inline uint32_t swizzled_chunk(int rows, int r, int c) {
   return uint32_t((c / 8) * rows * 128 + r * 128 + (((c % 8) ^ (r % 8)) << 4));
 }
 
@@ -168,11 +169,11 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 8][4], const uint32_t (
 #undef BCD_WG_D64
 #undef BCD_WG_D32
 
-/// S = Q K^T for one warpgroup: sQ is this warpgroup's 64 rows inside a
-/// swizzled tile of `q_rows` rows, sK a swizzled tile of 128 keys; kD / 16 steps.
+/// Issues S = Q K^T for one warpgroup (no fence, commit or wait): sQ is this
+/// warpgroup's 64 rows inside a swizzled tile of `q_rows` rows, sK a
+/// swizzled tile of 128 keys; kD / 16 steps.
 template <class T, int kD>
-__device__ __forceinline__ void wgmma_scores(float (&s)[16][4], const T* sQ, int q_rows, const T* sK) {
-  wgmma_fence();
+__device__ __forceinline__ void wgmma_scores_issue(float (&s)[16][4], const T* sQ, int q_rows, const T* sK) {
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
     const int col = (kk % 4) * 16;  // halves into the 128-byte row of column block kk / 4
@@ -180,16 +181,12 @@ __device__ __forceinline__ void wgmma_scores(float (&s)[16][4], const T* sQ, int
     const uint64_t b = sw128_desc(sK + (kk / 4) * 128 * 64 + col, 16);
     wgmma_ss_n128<T>(s, a, b, kk > 0);
   }
-  wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_pin(s);
 }
 
-/// O += P V for one warpgroup: P (64 x 128 keys) the probabilities in the
-/// score accumulator layout, V a swizzled tile of 128 keys by kD dims.
-template <class T, int kD>
-__device__ __forceinline__ void wgmma_values(float (&o)[kD / 8][4], const float (&s)[16][4], const T* sV) {
-  uint32_t a[8][4];  // P as eight A fragments of 16 keys, all written before the fence
+/// P (64 x 128 keys, the probabilities in the score accumulator layout) as
+/// eight A fragments of 16 keys.
+template <class T>
+__device__ __forceinline__ void pack_probs(uint32_t (&a)[8][4], const float (&s)[16][4]) {
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
     a[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
@@ -197,14 +194,132 @@ __device__ __forceinline__ void wgmma_values(float (&o)[kD / 8][4], const float 
     a[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
     a[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
   }
+}
+
+/// Issues O += P V for one warpgroup (no fence, commit or wait): P as
+/// pack_probs' fragments, V a swizzled tile of 128 keys by kD dims.
+template <class T, int kD>
+__device__ __forceinline__ void wgmma_values_issue(float (&o)[kD / 8][4], const uint32_t (&a)[8][4], const T* sV) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) wgmma_rs<T, kD>(o, a[kk], sw128_desc(sV + kk * 16 * 64, 128 * 128));
+}
+
+/// S = Q K^T for one warpgroup, waited for (wgmma_scores_issue's operands).
+template <class T, int kD>
+__device__ __forceinline__ void wgmma_scores(float (&s)[16][4], const T* sQ, int q_rows, const T* sK) {
+  wgmma_fence();
+  wgmma_scores_issue<T, kD>(s, sQ, q_rows, sK);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_pin(s);
+}
+
+/// O += P V for one warpgroup, waited for: P (64 x 128 keys) the
+/// probabilities in the score accumulator layout, V a swizzled tile of 128
+/// keys by kD dims.
+template <class T, int kD>
+__device__ __forceinline__ void wgmma_values(float (&o)[kD / 8][4], const float (&s)[16][4], const T* sV) {
+  uint32_t a[8][4];  // all written before the fence
+  pack_probs<T>(a, s);
   wgmma_pin(a);
   wgmma_pin(o);
   wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) wgmma_rs<T, kD>(o, a[kk], sw128_desc(sV + kk * 16 * 64, 128 * 128));
+  wgmma_values_issue<T, kD>(o, a, sV);
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_pin(o);
+}
+
+// ---------------------------------------------------------------- warp specialisation
+// Note [mbarriers and TMA]
+// An mbarrier (8 bytes of shared memory) completes a phase when its pending
+// arrivals reach 0 and the bytes announced with arrive.expect_tx have all
+// landed (TMA's complete_tx counts them down); it then starts the next phase
+// with the arrival count of its init. try_wait.parity(P) returns once the
+// phase of parity P is over: waiting for parity 1 on a fresh barrier (phase
+// 0 running) returns at once, which lets a producer's first pass over an
+// "empty" barrier through. A consumer of the n-th use of a ring stage waits
+// for "full" parity n & 1, the producer of it for "empty" parity (n & 1) ^ 1.
+// TMA writes through the async proxy, as wgmma reads, so the barrier alone
+// orders them; generic writes (cp.async) need fence.proxy.async first.
+
+/// Initialises an mbarrier expecting `count` arrivals a phase (one thread).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+#ifdef BARACUDA_WGMMA
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+/// Makes the initialised barriers visible to the other threads and to the async proxy (before a block barrier).
+__device__ __forceinline__ void mbar_fence_init() {
+#ifdef BARACUDA_WGMMA
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+/// One arrival (release: this thread's earlier writes are visible to the waiters).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#ifdef BARACUDA_WGMMA
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+/// One arrival that also announces `bytes` of asynchronous copies the phase waits for.
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+#ifdef BARACUDA_WGMMA
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+/// Waits (acquire) until the phase of parity `parity` is over.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#ifdef BARACUDA_WGMMA
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+#endif
+}
+
+/// TMA: the box at coordinates (c0 innermost .. c3) of the 4-d tensor map
+/// `map` (a __grid_constant__ kernel parameter) into shared `dst`, counted on `bar`.
+__device__ __forceinline__ void tma_load_4d(void* dst, const void* map, int c0, int c1, int c2, int c3, uint32_t bar) {
+#ifdef BARACUDA_WGMMA
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(shared_address(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+#endif
+}
+/// Fetches a tensor map into the TMA unit's cache ahead of its first use.
+__device__ __forceinline__ void tma_prefetch(const void* map) {
+#ifdef BARACUDA_WGMMA
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+#endif
+}
+
+/// Named barriers (ids 1..15; 0 is __syncthreads): `threads` in all take
+/// part, those that sync wait, those that arrive do not.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+/// Lowers (producer) or raises (consumer) this warpgroup's registers a thread; every warp of it calls it.
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#ifdef BARACUDA_WGMMA
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#ifdef BARACUDA_WGMMA
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
 }
 
 }  // namespace baracuda::attn
