@@ -133,7 +133,7 @@ struct Config {
 
 constexpr size_t kAlignBytes = 256;
 inline size_t round_up(size_t x, size_t to = kAlignBytes) { return (x + to - 1) / to * to; }
-inline int64_t blocks(int64_t n) { return (n + kScaleBlock - 1) / kScaleBlock; }
+BCD_HD int64_t blocks(int64_t n) { return (n + kScaleBlock - 1) / kScaleBlock; }
 
 /// Where the block-wise scales are read: in place, or repacked in the
 /// workspace (Note [scaled_mm on CUTLASS]).
