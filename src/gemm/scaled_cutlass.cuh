@@ -15,11 +15,12 @@
 //   its own accumulators, then adds them scaled by scale_a[m, kb] *
 //   scale_b[kb, n / 128]. The same epilogue runs with null scale vectors
 //   (read as 1). Sm90 takes the scales M- and N-major only: scale_a as
-//   [ceil(K/128)] rows of M floats (a row stride ld_a, 16-byte multiple: TMA
-//   loads it), scale_b as [ceil(K/128)] rows of ceil(N/128) floats. Scales
-//   already laid out so (scale_a [M, kb] with strides [1, ld_a]; scale_b
-//   [kb, nb] row-major, torch's layouts) are read in place; others are
-//   repacked into the workspace by a small kernel first.
+//   [ceil(K/128)] rows of M floats (TMA loads it: M and the row stride
+//   multiples of 4, a 16-byte base), scale_b as [ceil(K/128)] rows of
+//   ceil(N/128) floats. Scales already laid out so (scale_a [M, kb] with
+//   strides [1, ld_a], M % 4 == 0; scale_b [kb, nb] row-major: torch's
+//   layouts) are read in place; others are repacked into the workspace by a
+//   small kernel first (scale_a padded with zero rows to a multiple of 4).
 // - CUTLASS has no K = 0 (accumulators unset) and TMA needs 16-byte bases,
 //   leading dims and contiguous extents (K, and N of D):
 //   cutlass_scaled_fits refuses the rest with the reason, and select's next
@@ -140,22 +141,26 @@ BCD_HD int64_t blocks(int64_t n) { return (n + kScaleBlock - 1) / kScaleBlock; }
 struct BlockScaleView {
   const float* sfa = nullptr;
   const float* sfb = nullptr;
+  int64_t rows_a = 0;          ///< scale_a's M extent as TMA sees it: a multiple of 4 (CUTLASS's check)
   int64_t ld_a = 0, ld_b = 0;  ///< row strides (over K blocks)
   bool pack_a = false, pack_b = false;
 };
 
-/// Floats of the repacked scales of an M x N x K problem (each part 256-byte aligned).
+/// Bytes of the repacked scales of an M x N x K problem (each part 256-byte aligned).
 inline size_t packed_a_bytes(int64_t m, int64_t k) { return round_up(size_t(blocks(k)) * round_up(size_t(m), 4) * 4); }
 inline size_t packed_b_bytes(int64_t n, int64_t k) { return round_up(size_t(blocks(k)) * size_t(blocks(n)) * 4); }
 
+/// scale_a is read in place when M-major with M a multiple of 4 and a
+/// 16-byte row stride and base (TMA loads it); scale_b when N-major.
 inline BlockScaleView block_scale_view(const Problem& p, void* ws) {
   BlockScaleView v;
   const int64_t kb = blocks(p.k), nb = blocks(p.n);
   const ScaleOperand &sa = p.scale_a, &sb = p.scale_b;
-  const bool a_in_place = (p.m == 1 || sa.stride == 1) && (kb == 1 || (sa.k_stride % 4 == 0 && sa.k_stride >= p.m)) &&
+  const bool a_in_place = p.m % 4 == 0 && sa.stride == 1 && (kb == 1 || (sa.k_stride % 4 == 0 && sa.k_stride >= p.m)) &&
                           reinterpret_cast<uintptr_t>(sa.data) % 16 == 0;
   v.pack_a = !a_in_place;
-  v.ld_a = a_in_place && kb > 1 ? sa.k_stride : int64_t(round_up(size_t(p.m), 4));
+  v.rows_a = int64_t(round_up(size_t(p.m), 4));
+  v.ld_a = a_in_place && kb > 1 ? sa.k_stride : v.rows_a;
   v.sfa = a_in_place ? static_cast<const float*>(sa.data) : static_cast<const float*>(ws);
   const bool b_in_place = (nb == 1 || sb.stride == 1) && (kb == 1 || sb.k_stride >= nb);
   v.pack_b = !b_in_place;
@@ -165,22 +170,23 @@ inline BlockScaleView block_scale_view(const Problem& p, void* ws) {
   return v;
 }
 
-/// Copies scale_a (M x kb, any strides) to [kb][ld_a] and scale_b (nb x kb) to [kb][nb].
+/// Copies scale_a (M x kb, any strides) to [kb][rows_a] (zeros past M) and
+/// scale_b (nb x kb) to [kb][nb].
 template <class Scale>
-__global__ void pack_block_scales(const Problem p, Scale* sfa, int64_t ld_a, Scale* sfb) {
+__global__ void pack_block_scales(const Problem p, Scale* sfa, int64_t rows_a, Scale* sfb) {
   const int64_t kb = blocks(p.k), nb = blocks(p.n);
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, threads = int64_t(gridDim.x) * blockDim.x;
   const Scale* sa = static_cast<const Scale*>(p.scale_a.data);
   const Scale* sb = static_cast<const Scale*>(p.scale_b.data);
   if (sfa)
-    for (int64_t i = tid; i < kb * p.m; i += threads) {
-      const int64_t k = i / p.m, m = i % p.m;
-      sfa[k * ld_a + m] = sa[m * p.scale_a.stride + k * p.scale_a.k_stride];
+    for (int64_t i = tid; i < kb * rows_a; i += threads) {
+      const int64_t k = i / rows_a, m = i % rows_a;
+      sfa[i] = m < p.m ? sa[m * p.scale_a.stride + k * p.scale_a.k_stride] : Scale(0);
     }
   if (sfb)
     for (int64_t i = tid; i < kb * nb; i += threads) {
       const int64_t k = i / nb, n = i % nb;
-      sfb[k * nb + n] = sb[n * p.scale_b.stride + k * p.scale_b.k_stride];
+      sfb[i] = sb[n * p.scale_b.stride + k * p.scale_b.k_stride];
     }
 }
 
@@ -212,7 +218,7 @@ typename Cfg::Gemm::Arguments arguments(const Problem* p, int64_t m, int64_t n, 
   if constexpr (kBlockwise) {
     const int kb = int(blocks(k)), nb = int(blocks(n));
     args.mainloop.ptr_SFA = scales.sfa;
-    args.mainloop.layout_SFA = make_layout(make_shape(make_shape(_1{}, int(m)), make_shape(_128{}, kb), 1),
+    args.mainloop.layout_SFA = make_layout(make_shape(make_shape(_1{}, int(scales.rows_a)), make_shape(_128{}, kb), 1),
                                            make_stride(make_stride(_0{}, _1{}), make_stride(_0{}, int(scales.ld_a)),
                                                        int(scales.ld_a * kb)));
     args.mainloop.ptr_SFB = scales.sfb;
@@ -251,15 +257,17 @@ struct Launch {
     if (p.m == 0 || p.n == 0) return Status::ok();
     const size_t own = scale_bytes(p.m, p.n, p.k), need = own + cutlass_bytes(p.m, p.n, p.k, sm_count);
     if (ws_bytes < need) return internal_error("scaled_mm: CUTLASS needs ", need, " workspace bytes, got ", ws_bytes);
+    if (need && reinterpret_cast<uintptr_t>(ws) % kAlignBytes != 0)
+      return invalid("scaled_mm: the CUTLASS kernel's workspace must be ", kAlignBytes, "-byte aligned");
     BlockScaleView scales;
     if constexpr (kBlockwise) {
       scales = block_scale_view(p, ws);
       if (scales.pack_a || scales.pack_b) {
         constexpr int kThreads = 256;
-        const int64_t work = blocks(p.k) * std::max(p.m, blocks(p.n));
+        const int64_t work = blocks(p.k) * std::max(scales.rows_a, blocks(p.n));
         const unsigned grid = unsigned(std::min<int64_t>((work + kThreads - 1) / kThreads, 1024));
         pack_block_scales<float><<<grid, kThreads, 0, stream>>>(p, scales.pack_a ? const_cast<float*>(scales.sfa) : nullptr,
-                                                         scales.ld_a,
+                                                         scales.rows_a,
                                                          scales.pack_b ? const_cast<float*>(scales.sfb) : nullptr);
         BARACUDA_CUDA_TRY(cudaGetLastError());
       }
