@@ -257,8 +257,8 @@ struct Launch {
     if (p.m == 0 || p.n == 0) return Status::ok();
     const size_t own = scale_bytes(p.m, p.n, p.k), need = own + cutlass_bytes(p.m, p.n, p.k, sm_count);
     if (ws_bytes < need) return internal_error("scaled_mm: CUTLASS needs ", need, " workspace bytes, got ", ws_bytes);
-    if (need && reinterpret_cast<uintptr_t>(ws) % kAlignBytes != 0)
-      return invalid("scaled_mm: the CUTLASS kernel's workspace must be ", kAlignBytes, "-byte aligned");
+    if (need && reinterpret_cast<uintptr_t>(ws) % kCutlassAlign != 0)
+      return invalid("scaled_mm: the CUTLASS kernel's workspace must be ", kCutlassAlign, "-byte aligned (TMA)");
     BlockScaleView scales;
     if constexpr (kBlockwise) {
       scales = block_scale_view(p, ws);
