@@ -61,8 +61,14 @@ def main():
             row(name, e4m3, ours, theirs, 2 * m * n * k, check=lambda: close(ours(), theirs(), 2e-2 * k ** 0.5))
         row(f"scaled_mm e4m3 {m}^3 vs torch bf16 mm", e4m3, lambda: F.scaled_mm(a, b, sa, sb, out_dtype=bf16, out=o1),
             lambda: torch.mm(a16, b16, out=o2), 2 * m * n * k)
+        # The kernel select picks for scaled_mm with these scales (CUTLASS on sm_90 for row-wise and block-wise).
+        no_bias, none = torch.empty(0, device="cuda", dtype=bf16), torch.empty(0, device="cuda")
+        attrs = {"out_dtype": baracuda._baracuda.dtype_code("bf16"), "use_fast_accum": 0}
+        sku = lambda xa, xb: baracuda.plan_info(  # noqa: E731
+            "scaled_mm", [F._spec(x) for x in (a, b, xa, xb, no_bias, none)], attrs, device="cuda")["sku"]
         # Row-wise scales (scale_a [M, 1], scale_b [1, N]), bf16 out: torch's row-wise form.
         ra, rb = torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
+        print(f"# scaled_mm row-wise runs {sku(ra, rb)}", flush=True)
         ours = lambda: F.scaled_mm(a, b, ra, rb, out_dtype=bf16, out=o1)  # noqa: E731
         theirs = lambda: torch._scaled_mm(a, b, ra, rb, out_dtype=bf16)  # noqa: E731
         if _torch_takes(theirs):
@@ -79,9 +85,10 @@ def main():
             top = torch.finfo(e4m3).max
             row(f"scaled_mm e4m3 {m}^3 -> e4m3 (scale_result)", e4m3, ours, theirs, 2 * m * n * k,
                 check=lambda: close(ours(), (theirs().float() * sr).clamp(-top, top).to(e4m3), 0.26))
-        # Block-wise scales (1 x 128 for a, 128 x 128 for b): the bespoke kernel; torch where it takes them.
+        # Block-wise scales (1 x 128 for a, 128 x 128 for b); against torch where it takes them.
         ba = (torch.rand(k // 128, m, device="cuda") + 0.5).t()  # M-major, as torch wants
         bb = torch.rand(k // 128, n // 128, device="cuda") + 0.5
+        print(f"# scaled_mm block-wise runs {sku(ba, bb)}", flush=True)
         ours = lambda: F.scaled_mm(a, b, ba, bb, out_dtype=bf16, out=o1)  # noqa: E731
         theirs = lambda: torch._scaled_mm(a, b, ba, bb, out_dtype=bf16)  # noqa: E731
         if _torch_takes(theirs):

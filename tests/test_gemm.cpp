@@ -11,6 +11,7 @@
 
 #include "baracuda/registry.hpp"
 #include "core/errors.hpp"
+#include "gemm/scaled_cutlass.hpp"
 #include "harness.hpp"
 #include "exec.hpp"
 #include "sweep.hpp"
@@ -45,6 +46,8 @@ TEST_P(Gemm, CublasLtMatchesReference) {
 }
 TEST_P(Gemm, CutlassMatchesReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  // CUTLASS's fp8 GEMM takes only a row-major a and a column-major b (K contiguous in both), which no sweep layout gives.
+  if (GetParam() == "scaled_mm") GTEST_SKIP() << "ScaledMm.* and ScaledMmCutlass.* cover CUTLASS's fp8 layouts";
   OpInfo halves = *find_op(GetParam());
   if (std::find(halves.backends.begin(), halves.backends.end(), Backend::cutlass) == halves.backends.end())
     GTEST_SKIP() << "no CUTLASS candidate";
@@ -273,6 +276,19 @@ TEST(GemmErrors, BadInputIsNamed) {
 
 // ---------------------------------------------------------------- scaled_mm
 
+/// Whether select takes scaled_mm's CUTLASS candidate (sm_90 and a build
+/// with the CUTLASS headers for sm_90a).
+bool cutlass_scaled_available() {
+  if (!cuda_available()) return false;
+  PlanPreference pref;
+  pref.backend = Backend::cutlass;
+  const DType e4 = DType::fp8_e4m3, f = DType::f32;
+  return bool(select(Stream::cuda(),
+                     OpDesc{"scaled_mm", {{e4, {16, 16}}, {e4, {16, 16}}, {f, {16, 1}}, {f, {1, 16}}, {DType::bf16, {0}}, {f, {0}}},
+                            {}, {}},
+                     pref));
+}
+
 /// Exact fp8 products: small integers (exact in e4m3 and e5m2), power-of-two
 /// scales != 1 and an integer bias keep every sum exact in bf16, f16 and f32.
 /// Every fp8 pair and output dtype, b column-major (cuBLASLt's layout) and
@@ -419,7 +435,9 @@ TEST(ScaledMm, ExactRowwiseAndBlockwiseScales) {
     for (double& x : v) x = std::ldexp(1.0, exponent(rng));
     return v;
   };
-  int lt_runs = 0;
+  int lt_runs = 0, cutlass_runs = 0;
+  std::vector<Backend> candidates = backends();
+  if (cutlass_scaled_available()) candidates.push_back(Backend::cutlass);
   for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{48, 160, 272}, {37, 45, 300}}) {
     const std::vector<double> a = small_ints(M * K, rng), b = small_ints(K * N, rng);
     const int64_t kb = (K + 127) / 128, nb = (N + 127) / 128;
@@ -428,7 +446,7 @@ TEST(ScaledMm, ExactRowwiseAndBlockwiseScales) {
       const std::vector<double> sa = powers(numel(sa_shape)), sb = powers(numel(sb_shape));
       auto scale_a = [&](int64_t m, int64_t k) { return block ? sa[m * kb + k / 128] : sa[m]; };
       auto scale_b = [&](int64_t k, int64_t n) { return block ? sb[(k / 128) * nb + n / 128] : sb[n]; };
-      for (Backend backend : backends()) {
+      for (Backend backend : candidates) {
         for (bool b_col_major : {true, false}) {
           // bf16 out: torch's row-wise form, the one cuBLASLt surely takes; its sums round once.
           for (DType out : {DType::f32, DType::bf16}) {
@@ -451,6 +469,12 @@ TEST(ScaledMm, ExactRowwiseAndBlockwiseScales) {
               std::printf("%s: %s\n", what.c_str(), r.status().message().c_str());  // lt_runs below needs one to run
               continue;
             }
+            // CUTLASS: TN only, K and N (of the output's 16 bytes) aligned; the second shape is neither.
+            if (backend == Backend::cutlass && (!b_col_major || K % 16 || N % 8)) {
+              ASSERT_FALSE(r) << what << ": CUTLASS cannot take this";
+              EXPECT_EQ(r.status().kind(), ErrorKind::unsupported) << what << ": " << r.status().to_string();
+              continue;
+            }
             ASSERT_TRUE(r) << what << ": " << r.status().to_string();
             for (int64_t m = 0; m < M; ++m)
               for (int64_t n = 0; n < N; ++n) {
@@ -461,10 +485,14 @@ TEST(ScaledMm, ExactRowwiseAndBlockwiseScales) {
                 ASSERT_EQ((*r)[0][m * N + n], load_double(rounded, out, 0)) << what << " at " << m << ", " << n;
               }
             if (backend == Backend::cublaslt) ++lt_runs;
+            if (backend == Backend::cutlass) ++cutlass_runs;
           }
         }
       }
     }
+  }
+  if (cutlass_scaled_available()) {
+    EXPECT_EQ(cutlass_runs, 4) << "CUTLASS ran both forms of the first shape to f32 and bf16";
   }
   // cuBLASLt 13.0 refuses outer-vector scales on H100 (INVALID_VALUE, a named unsupported); Blackwell takes them.
   if (cuda_available() && current_sm() >= 100) {
@@ -512,6 +540,158 @@ TEST(ScaledMm, Fp8OutputSaturatesAndKeepsNaN) {
   }
   if (cuda_available() && current_sm() >= 89) {
     EXPECT_GT(lt_runs, 0) << "cuBLASLt ran no fp8-output product";
+  }
+}
+
+/// How the CUTLASS candidate takes a problem's views, and what it refuses
+/// with the operand named (host logic, no device).
+TEST(ScaledMmCutlass, Fits) {
+  alignas(16) static char buffer[64];
+  const auto rowwise = gemm::CutlassScales::rowwise, blockwise = gemm::CutlassScales::blockwise;
+  auto fits = [&](const gemm::Problem& p, gemm::CutlassScales form = gemm::CutlassScales::rowwise) {
+    Status s = gemm::cutlass_scaled_fits(p, form);
+    return s ? std::string("ok") : s.message();
+  };
+  auto has = [](const std::string& m, const std::string& part) { return m.find(part) != std::string::npos; };
+  gemm::Problem p;
+  p.in_dtype = DType::fp8_e4m3, p.out_dtype = DType::bf16;
+  p.m = 200, p.n = 264, p.k = 272;
+  p.a.data = buffer, p.a.row_stride = 272, p.a.col_stride = 1;  // [M, K] row-major
+  p.b.data = buffer, p.b.row_stride = 1, p.b.col_stride = 288;  // [K, N] column-major, leading dim 288
+  p.d.data = buffer, p.d.row_stride = 264, p.d.col_stride = 1;  // [M, N] row-major
+  p.scale_a = {buffer, 1, 0, 1};
+  p.scale_b = {buffer, 1, 0, 1};
+  EXPECT_EQ(fits(p), "ok");
+  p.scale_a = {buffer, 1, 200, 1}, p.scale_b = {buffer, 1, 3, gemm::kScaleBlock};  // block-wise: any strides (repacked)
+  EXPECT_EQ(fits(p, blockwise), "ok");
+  p.scale_a = {buffer, 3, 1, 1};  // [M, 3] row-major: repacked, still fits
+  EXPECT_EQ(fits(p, blockwise), "ok");
+  EXPECT_TRUE(has(fits(p, rowwise), "row-wise scales must be contiguous")) << fits(p, rowwise);
+  p.scale_a = {buffer, 1, 0, 1};
+  gemm::Problem q = p;
+  q.k = 264;  // not a multiple of 16
+  EXPECT_TRUE(has(fits(q), "K (264) to be a multiple of 16")) << fits(q);
+  q = p, q.k = 0;
+  EXPECT_TRUE(has(fits(q), "K is 0")) << fits(q);
+  q = p, q.b.row_stride = 264, q.b.col_stride = 1;  // b row-major
+  EXPECT_TRUE(has(fits(q), "'b' column-major [K, N]")) << fits(q);
+  q = p, q.a.row_stride = 1, q.a.col_stride = 200;  // a column-major
+  EXPECT_TRUE(has(fits(q), "'a' row-major [M, K]")) << fits(q);
+  q = p, q.a.row_stride = 280;  // 280 bytes: not 16-byte rows
+  EXPECT_TRUE(has(fits(q), "leading dim of 'a' (280 elements)")) << fits(q);
+  q = p, q.a.data = buffer + 8;
+  EXPECT_TRUE(has(fits(q), "'a' 16-byte aligned")) << fits(q);
+  q = p, q.n = 260, q.d.row_stride = 264;  // 520 bytes of bf16: not whole 16-byte vectors
+  EXPECT_TRUE(has(fits(q), "N (260) to be a multiple of 8 for a bf16 'out'")) << fits(q);
+  q.out_dtype = DType::f32, q.d.row_stride = 260;  // f32 takes N % 4
+  EXPECT_EQ(fits(q), "ok");
+  q = p, q.d.row_stride = 1, q.d.col_stride = 200;  // column-major out
+  EXPECT_TRUE(has(fits(q), "'out' row-major [M, N]")) << fits(q);
+  q = p, q.bias.data = buffer, q.bias.col_stride = 2;
+  EXPECT_TRUE(has(fits(q), "contiguous 'bias'")) << fits(q);
+  q = p, q.m = 1, q.a.row_stride = 7;  // one row: its leading dim is never used
+  EXPECT_EQ(fits(q), "ok");
+  EXPECT_EQ(gemm::cutlass_leading_dim(7, 1, 40), 48);
+  EXPECT_EQ(gemm::cutlass_leading_dim(64, 2, 40), 64);
+}
+
+/// The CUTLASS candidate, forced, for both scale forms at sizes that are
+/// not tile multiples (M, N; K = 128 k + 16), every output dtype, with and
+/// without a bias, scale_a M- or K-major: small integers and power-of-two
+/// scales keep every sum exact in f32 (one rounding to the output), so the
+/// host reference in f64 must match exactly. Then random fp8 values against
+/// the f64 reference within the fp8 GEMM's f32-accumulation tolerance.
+TEST(ScaledMmCutlass, AwkwardSizesMatchReference) {
+  if (!cutlass_scaled_available()) GTEST_SKIP() << "no CUTLASS fp8 kernel (needs sm_90 and the CUTLASS headers)";
+  std::mt19937 rng(13);
+  std::uniform_int_distribution<int> exponent(-2, 1);
+  auto powers = [&](int64_t n) {
+    std::vector<double> v(n);
+    for (double& x : v) x = std::ldexp(1.0, exponent(rng));
+    return v;
+  };
+  const DType e4 = DType::fp8_e4m3;
+  for (bool block : {false, true}) {
+    // The sku names the CUTLASS kernel of the form.
+    PlanPreference pref;
+    pref.backend = Backend::cutlass;
+    const Shape sa0 = block ? Shape{64, 3} : Shape{64, 1}, sb0 = block ? Shape{3, 2} : Shape{1, 136};
+    auto plan = select(Stream::cuda(),
+                       OpDesc{"scaled_mm", {{e4, {64, 272}}, {e4, {272, 136}}, {DType::f32, sa0}, {DType::f32, sb0},
+                                            {DType::bf16, {0}}, {DType::f32, {0}}}, {}, {}},
+                       pref);
+    ASSERT_TRUE(plan) << plan.status().to_string();
+    EXPECT_NE(std::string((*plan)->sku().kernel).find(block ? "cutlass_sm90_fp8_blockwise" : "cutlass_sm90_fp8_rowwise"),
+              std::string::npos)
+        << (*plan)->sku().to_string();
+    for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{200, 264, 272}, {37, 136, 144}, {1, 128, 16}, {130, 8, 400}}) {
+      const int64_t kb = (K + 127) / 128, nb = (N + 127) / 128;
+      const std::vector<double> a = small_ints(M * K, rng), b = small_ints(K * N, rng), bias = small_ints(N, rng);
+      const Shape sa_shape = block ? Shape{M, kb} : Shape{M, 1}, sb_shape = block ? Shape{kb, nb} : Shape{1, N};
+      const std::vector<double> sa = powers(numel(sa_shape)), sb = powers(numel(sb_shape));
+      auto scale_a = [&](int64_t m, int64_t k) { return block ? sa[m * kb + k / 128] : sa[m]; };
+      auto scale_b = [&](int64_t k, int64_t n) { return block ? sb[(k / 128) * nb + n / 128] : sb[n]; };
+      std::vector<double> exact(M * N, 0);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t k = 0; k < K; ++k) exact[m * N + n] += a[m * K + k] * scale_a(m, k) * b[k * N + n] * scale_b(k, n);
+      for (DType out : {DType::bf16, DType::f16, DType::f32}) {
+        for (bool with_bias : {false, true}) {
+          for (bool sa_m_major : {false, true}) {
+            const DType bias_t = out == DType::f16 ? DType::f16 : DType::bf16;
+            const std::vector<Operand> in = {{a, {M, K}, e4},
+                                             {b, {K, N}, e4, Shape{1, K}},
+                                             {sa, sa_shape, DType::f32, sa_m_major ? Shape{1, M} : Shape{}},
+                                             {sb, sb_shape, DType::f32},
+                                             {with_bias ? bias : std::vector<double>{}, {with_bias ? N : 0}, bias_t},
+                                             {{}, {0}, DType::f32}};
+            auto r = exec(Backend::cutlass, "scaled_mm", in, {{"out_dtype", double(int(out))}});
+            const std::string what = cat(block ? "block-wise " : "row-wise ", M, "x", N, "x", K, " -> ", dtype_name(out),
+                                         with_bias ? " bias" : "", sa_m_major ? " scale_a M-major" : "");
+            ASSERT_TRUE(r) << what << ": " << r.status().to_string();
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = 0; n < N; ++n) {
+                char rounded[8];
+                store_double(rounded, out, 0, exact[m * N + n] + (with_bias ? bias[n] : 0));
+                ASSERT_EQ((*r)[0][m * N + n], load_double(rounded, out, 0)) << what << " at " << m << ", " << n;
+              }
+          }
+        }
+      }
+    }
+  }
+  // Random e4m3 values, scales in [0.5, 1.5], f32 out: the fp8 tensor cores add
+  // in less than f32 precision between CUTLASS's f32 promotions.
+  const int64_t M = 130, N = 200, K = 1040, kb = (K + 127) / 128, nb = (N + 127) / 128;
+  std::uniform_real_distribution<double> value(-2, 2), factor(0.5, 1.5);
+  auto fp8_values = [&](int64_t n) {
+    std::vector<double> v(n);
+    char buf[8];
+    for (double& x : v) store_double(buf, e4, 0, value(rng)), x = load_double(buf, e4, 0);
+    return v;
+  };
+  const std::vector<double> a = fp8_values(M * K), b = fp8_values(K * N);
+  for (bool block : {false, true}) {
+    const Shape sa_shape = block ? Shape{M, kb} : Shape{M, 1}, sb_shape = block ? Shape{kb, nb} : Shape{1, N};
+    std::vector<double> sa(numel(sa_shape)), sb(numel(sb_shape));
+    for (double& x : sa) x = float(factor(rng));
+    for (double& x : sb) x = float(factor(rng));
+    auto scale_a = [&](int64_t m, int64_t k) { return block ? sa[m * kb + k / 128] : sa[m]; };
+    auto scale_b = [&](int64_t k, int64_t n) { return block ? sb[(k / 128) * nb + n / 128] : sb[n]; };
+    const std::vector<Operand> in = {{a, {M, K}, e4},        {b, {K, N}, e4, Shape{1, K}}, {sa, sa_shape, DType::f32},
+                                     {sb, sb_shape, DType::f32}, {{}, {0}, DType::bf16},       {{}, {0}, DType::f32}};
+    auto r = exec(Backend::cutlass, "scaled_mm", in, {{"out_dtype", double(int(DType::f32))}});
+    ASSERT_TRUE(r) << r.status().to_string();
+    std::vector<double> want(M * N, 0);
+    double top = 0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double& w = want[m * N + n];
+        for (int64_t k = 0; k < K; ++k) w += a[m * K + k] * scale_a(m, k) * b[k * N + n] * scale_b(k, n);
+        top = std::max(top, std::abs(w));
+      }
+    for (int64_t i = 0; i < M * N; ++i)
+      ASSERT_NEAR((*r)[0][i], want[i], 1e-3 * top) << (block ? "block-wise" : "row-wise") << " random at " << i;
   }
 }
 

@@ -1167,8 +1167,10 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
     leading dims multiples of 16; other views run on the bespoke kernel).
     Scales are f32: per tensor (scalars [] or [1]), row-wise (scale_a [M, 1],
     scale_b [1, N]) or block-wise (scale_a [M, ceil(K/128)] per 1 x 128,
-    scale_b [ceil(K/128), ceil(N/128)] per 128 x 128; the bespoke kernel runs
-    these). bias [N] is bf16 (f16 for an f16 output; either for fp8).
+    scale_b [ceil(K/128), ceil(N/128)] per 128 x 128); on sm_90 CUTLASS runs
+    row-wise and block-wise e4m3 x e4m3 -> bf16/f16/f32 in cuBLASLt's layout
+    (K and N multiples of 16 bytes), the bespoke kernel the rest. bias [N] is
+    bf16 (f16 for an f16 output; either for fp8).
     out_dtype: bf16, f16, f32, or fp8 e4m3/e5m2 (saturated to the largest
     finite value); None takes out's dtype, else a's (torch's default, fp8).
     scale_result (an f32 scalar) multiplies an fp8 output only."""

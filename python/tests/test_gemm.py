@@ -251,22 +251,73 @@ def _torch_scaled_mm(*args, **kwargs):
         pytest.skip(f"torch._scaled_mm: {e}")
 
 
+def _scaled_mm_plan(a, b, sa, sb, bias, out_dtype, backend=None):
+    """plan_info of scaled_mm on these operands (select's choice, or `backend`'s)."""
+    none = torch.empty(0, device="cuda")
+    bias = bias if bias is not None else torch.empty(0, device="cuda", dtype=torch.bfloat16)
+    specs = [F._spec(x) for x in (a, b, sa, sb, bias, none)]
+    attrs = {"out_dtype": baracuda._baracuda.dtype_code(str(out_dtype).replace("torch.", "")), "use_fast_accum": 0}
+    return baracuda.plan_info("scaled_mm", specs, attrs, device="cuda", backend=backend)
+
+
+def _expect_cutlass(a, b, sa, sb, bias, out_dtype):
+    """On sm_90 with the CUTLASS kernels built, select picks them for row-wise and block-wise scales."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        return
+    try:
+        _scaled_mm_plan(a, b, sa, sb, bias, out_dtype, backend="cutlass")
+    except Exception:  # a build without the CUTLASS headers: nothing to check
+        return
+    info = _scaled_mm_plan(a, b, sa, sb, bias, out_dtype)
+    assert info["backend"] == "cutlass", info["sku"]
+
+
 @gpu
 @pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("m,k,n", [(64, 96, 80), (128, 512, 256)])
+@pytest.mark.parametrize("m,k,n", [(64, 96, 80), (128, 512, 256), (200, 272, 264)])
 def test_scaled_mm_rowwise_matches_torch(m, k, n, with_bias):
-    """torch's row-wise form: scale_a [M, 1], scale_b [1, N], bf16 out (cuBLASLt's OUTER_VEC_32F)."""
+    """torch's row-wise form: scale_a [M, 1], scale_b [1, N], bf16 out (CUTLASS on sm_90)."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("row-wise fp8 scales need sm_90")
     a, b = _fp8((m, k), "float8_e4m3fn"), _fp8((n, k), "float8_e4m3fn").t()
     sa = torch.rand(m, 1, device="cuda") + 0.5
     sb = torch.rand(1, n, device="cuda") + 0.5
     bias = _t((n,), "bfloat16") if with_bias else None
+    _expect_cutlass(a, b, sa, sb, bias, torch.bfloat16)
     got = F.scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16)
     want = (a.double() * sa.double()) @ (b.double() * sb.double()) + (bias.double() if with_bias else 0)
     close(got, want, "bfloat16", scale=8, msg="vs f64")
     close(got, _torch_scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16), "bfloat16", scale=8,
           msg="vs torch._scaled_mm")
+
+
+@gpu
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("m,k,n", [(256, 512, 384), (200, 272, 264), (37, 144, 136)])
+def test_scaled_mm_blockwise_matches_f64(m, k, n, out_dtype):
+    """DeepSeek's block-wise form: scale_a [M, K/128] (M-major, torch's layout), scale_b [K/128, N/128]."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the CUTLASS block-wise kernel needs sm_90")
+    kb, nb = (k + 127) // 128, (n + 127) // 128
+    a, b = _fp8((m, k), "float8_e4m3fn"), _fp8((n, k), "float8_e4m3fn").t()
+    sa = (torch.rand(kb, m, device="cuda") + 0.5).t()
+    sb = torch.rand(kb, nb, device="cuda") + 0.5
+    od = getattr(torch, out_dtype)
+    _expect_cutlass(a, b, sa, sb, None, od)
+    got = F.scaled_mm(a, b, sa, sb, out_dtype=od)
+    sa_full = sa.double().repeat_interleave(128, dim=1)[:, :k]
+    sb_full = sb.double().repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)[:k, :n]
+    want = (a.double() * sa_full) @ (b.double() * sb_full)
+    if out_dtype == "float32":  # fp8 tensor cores add in less than f32 between promotions
+        top = want.abs().max().item()
+        torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-3 * top)
+    else:
+        close(got, want, out_dtype, scale=8, msg="vs f64")
+    try:
+        theirs = torch._scaled_mm(a, b, sa, sb, out_dtype=od)
+    except (RuntimeError, ValueError):  # a form this torch build or GPU does not take
+        return
+    close(got, theirs, out_dtype, scale=8, msg="vs torch._scaled_mm")
 
 
 @gpu

@@ -3,8 +3,9 @@
 // tensor, per row/column or per block (Note [scaled_mm scales]) and a
 // bf16/f16/f32 or saturated fp8 output. It binds to gemm::Problem like the
 // rest of the family; the candidates are cuBLASLt (Hopper fp8, "TN" layout
-// only; per-tensor and row-wise scales), the bespoke CUDA kernel (any strides,
-// every form) and the host reference.
+// only; per-tensor and row-wise scales), CUTLASS (sm_90a, "TN" only; row-wise
+// and block-wise scales), the bespoke CUDA kernel (any strides, every form)
+// and the host reference.
 #include <cmath>
 
 #include "core/errors.hpp"
@@ -12,6 +13,10 @@
 #include "core/registry_internal.hpp"
 #include "core/tensor_util.hpp"
 #include "gemm/engine.hpp"
+#include "gemm/scaled_cutlass.hpp"
+#ifdef BARACUDA_HAS_CUDA
+#include "core/cuda_check.hpp"
+#endif
 
 namespace baracuda {
 namespace gemm {
@@ -188,6 +193,25 @@ class ScaledPlan final : public FamilyPlan {
   std::unique_ptr<const Engine> engine_;
 };
 
+/// scaled_mm's CUTLASS kernels: the per-run check of the views, the
+/// launcher, and the workspace fixed at plan time.
+class CutlassEngine final : public Engine {
+ public:
+  CutlassEngine(const CutlassScaledKernel* kernel, CutlassScales form, size_t workspace, int sm_count)
+      : kernel_(kernel), form_(form), workspace_(workspace), sm_count_(sm_count) {}
+  Status supports(const Problem& p) const override { return cutlass_scaled_fits(p, form_); }
+  Status run(const Problem& p, const Workspace& workspace, CUstream_st* stream) const override {
+    return kernel_->run(p, workspace.data, workspace.bytes, sm_count_, stream);
+  }
+  size_t workspace() const override { return workspace_; }
+
+ private:
+  const CutlassScaledKernel* kernel_;
+  CutlassScales form_;
+  size_t workspace_;
+  int sm_count_;
+};
+
 // Note [scaled_mm on cuBLASLt]
 // cuBLASLt (12.9 and newer: CUDA 13.0 here) runs Hopper fp8 GEMMs with scales
 // per tensor (SCALAR_32F), per row of A and column of B (OUTER_VEC_32F:
@@ -245,6 +269,29 @@ Result<PlanPtr> make_plan(const OpInfo& info, Backend backend, const OpDesc& des
 #else
     return unsupported("built without CUDA");
 #endif
+  } else if (backend == Backend::cutlass) {
+    // Note [scaled_mm on CUTLASS] (scaled_cutlass.cuh)
+    if (form == ScaleForm::tensor) return unsupported("per-tensor scales run on cuBLASLt (CUTLASS serves row-wise and block-wise)");
+    const CutlassScales cform = form == ScaleForm::row ? CutlassScales::rowwise : CutlassScales::blockwise;
+    const CutlassScaledKernel* kernel = cutlass_scaled().find(cutlass_scaled_key(cform, a, b, out));
+    if (!kernel)
+      return unsupported("no CUTLASS kernel for ", dtype_name(a), " x ", dtype_name(b), " -> ", dtype_name(out), " ",
+                         form_name(form), " (built: fp8_e4m3 x fp8_e4m3 -> bf16, f16, f32; none without the CUTLASS "
+                         "headers or sm_90a: scripts/carry_cutlass.sh)");
+    if (bias && full->inputs[4].dtype != kernel->bias)
+      return unsupported("the CUTLASS kernel for ", dtype_name(out), " output reads a ", dtype_name(kernel->bias),
+                         " 'bias', got ", dtype_name(full->inputs[4].dtype));
+#ifdef BARACUDA_HAS_CUDA
+    if (current_sm_version() != 90)
+      return unsupported("the CUTLASS fp8 GEMM is built for sm_90a, the device is sm_", current_sm_version());
+    const int sms = current_sm_count();
+#else
+    const int sms = 0;
+#endif
+    const int64_t k = a_shape[1];
+    engine = std::make_unique<CutlassEngine>(kernel, cform, kernel->workspace(a_shape[0], n_cols, k, sms), sms);
+    sku.kernel = kernel->name;
+    sku.layout = Layout::row_major;
   } else {
     auto e = table_engine(backend, scaled_key(a, b, out), cat(dtype_name(a), " x ", dtype_name(b), " -> ", dtype_name(out)));
     if (!e) return e.status();
@@ -271,6 +318,55 @@ std::optional<SampleShapes> sample_shapes(const Shape& shape, const Attrs& attrs
 }
 
 }  // namespace
+
+LaunchTable<const CutlassScaledKernel*>& cutlass_scaled() {
+  static LaunchTable<const CutlassScaledKernel*> table;
+  return table;
+}
+
+std::string cutlass_scaled_key(CutlassScales form, DType a, DType b, DType out) {
+  return launch_key(launch_key(form == CutlassScales::rowwise ? "scaled_mm_cutlass_rowwise" : "scaled_mm_cutlass_blockwise", a),
+                    b, out);
+}
+
+Status cutlass_scaled_fits(const Problem& p, CutlassScales form) {
+  if (p.batch_rank != 0 || p.red_rank != 0) return unsupported("CUTLASS's fp8 GEMM takes a single matrix product");
+  if (p.m == 0 || p.n == 0) return Status::ok();  // nothing to write: run returns at once
+  constexpr int64_t kMaxExtent = 0x7fffffff;
+  if (p.m > kMaxExtent || p.n > kMaxExtent || p.k > kMaxExtent) return unsupported("an extent exceeds 2^31 - 1");
+  if (p.k == 0) return unsupported("K is 0 (CUTLASS leaves the accumulators unset)");
+  if (p.k % kCutlassAlign)
+    return unsupported("CUTLASS's fp8 GEMM needs K (", p.k, ") to be a multiple of 16 (TMA moves 16-byte rows)");
+  const int64_t out_align = kCutlassAlign / int64_t(dtype_size(p.out_dtype));
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % kCutlassAlign == 0; };
+  // A [M, K] and B [K, N] with K contiguous, D [M, N] with N contiguous; a
+  // single row or column takes any leading dim (cutlass_leading_dim).
+  auto matrix = [&](const char* name, const Operand& o, int64_t inner_stride, int64_t outer_stride, int64_t outer,
+                    int64_t inner, int64_t align, const char* want) {
+    if (inner > 1 && inner_stride != 1)
+      return unsupported("CUTLASS's fp8 GEMM needs '", name, "' ", want, ", got strides [", o.row_stride, ", ",
+                         o.col_stride, "]");
+    if (outer > 1 && (outer_stride % align != 0 || outer_stride < inner))
+      return unsupported("CUTLASS's fp8 GEMM needs the leading dim of '", name, "' (", outer_stride,
+                         " elements) to be a multiple of ", align, " and at least ", inner);
+    if (!aligned(o.data)) return unsupported("CUTLASS's fp8 GEMM needs '", name, "' 16-byte aligned");
+    return Status::ok();
+  };
+  BARACUDA_TRY(matrix("a", p.a, p.a.col_stride, p.a.row_stride, p.m, p.k, kCutlassAlign, "row-major [M, K] (K contiguous)"));
+  BARACUDA_TRY(matrix("b", p.b, p.b.row_stride, p.b.col_stride, p.n, p.k, kCutlassAlign,
+                      "column-major [K, N] (K contiguous: the transpose of a row-major [N, K])"));
+  BARACUDA_TRY(matrix("out", p.d, p.d.col_stride, p.d.row_stride, p.m, p.n, out_align, "row-major [M, N]"));
+  if (p.n % out_align != 0)
+    return unsupported("CUTLASS's fp8 GEMM needs N (", p.n, ") to be a multiple of ", out_align, " for a ",
+                       dtype_name(p.out_dtype), " 'out' (TMA stores 16-byte rows)");
+  if (p.bias.data && p.n > 1 && p.bias.col_stride != 1)
+    return unsupported("CUTLASS's fp8 GEMM needs a contiguous 'bias', got stride ", p.bias.col_stride);
+  if (form == CutlassScales::rowwise && ((p.m > 1 && p.scale_a.stride != 1) || (p.n > 1 && p.scale_b.stride != 1)))
+    return unsupported("CUTLASS's row-wise scales must be contiguous vectors ('scale_a' stride ", p.scale_a.stride,
+                       ", 'scale_b' stride ", p.scale_b.stride, ")");
+  return Status::ok();
+}
+
 }  // namespace gemm
 
 void register_scaled_mm_ops(std::vector<OpInfo>& ops) {
@@ -286,11 +382,11 @@ void register_scaled_mm_ops(std::vector<OpInfo>& ops) {
                  "dtype code of out: bf16, f16, f32, fp8_e4m3 or fp8_e5m2 (saturated); -1: the given out's dtype, "
                  "else bf16"},
                 {"use_fast_accum", 0, "1: cuBLASLt's fp8 fast accumulation (fewer f32 promotions; other backends ignore it)"}};
-  info.backends = {Backend::cublaslt, Backend::bespoke_cuda, Backend::host_reference};
+  info.backends = {Backend::cublaslt, Backend::cutlass, Backend::bespoke_cuda, Backend::host_reference};
   info.doc =
       "torch._scaled_mm: scale_result * ((a * scale_a) @ (b * scale_b) + bias) with fp8 a [M, K] and b [K, N] "
       "(e4m3/e5m2; cuBLASLt takes no e5m2 x e5m2 and needs a row-major, b column-major, leading dims multiple of "
-      "16), f32 scales per tensor ([] or [1] each), row-wise (scale_a [M, 1], scale_b [1, N]) or block-wise "
+      "16; CUTLASS (sm_90a) runs row-wise and block-wise e4m3 x e4m3 in that layout), f32 scales per tensor ([] or [1] each), row-wise (scale_a [M, 1], scale_b [1, N]) or block-wise "
       "(scale_a [M, ceil(K/128)] per 1 x 128, scale_b [ceil(K/128), ceil(N/128)] per 128 x 128), bias [N] "
       "bf16/f16 or [0] (none), scale_result an f32 scalar (fp8 out only) or [0] (none), f32 accumulation; fp8 "
       "outputs saturate to the largest finite value";
