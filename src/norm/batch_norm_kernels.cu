@@ -8,6 +8,11 @@
 // Workspace (A = f32, f64 for f64): coefficients [C][kCoef] (forward: mean,
 // scale, bias; backward: k_g, mean_g, k_x, mean), then partials
 // [C][splits][kWidth] (forward: count, mean, M2; backward: sum g, sum g (x - mean)).
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
 #include "norm/batch_norm.hpp"
@@ -120,6 +125,11 @@ __device__ __forceinline__ void store_y(char* base, int64_t off, const A (&v)[V]
   }
 }
 
+template <class U>
+__device__ __forceinline__ U& at(const ChannelVec& v, int64_t c) {
+  return reinterpret_cast<U*>(v.data)[c * v.stride];
+}
+
 /// What one pass does for one channel: the accumulator (reductions) or the
 /// coefficients (elementwise), and the step for one element.
 template <Pass kPass, class T>
@@ -131,7 +141,7 @@ struct Step {
 
   __device__ __forceinline__ void init(const BatchNormLaunch& l, int64_t c) {
     const A* coef = static_cast<const A*>(l.workspace) + c * kCoef<kPass>;
-    if constexpr (kPass == Pass::grad_sums) acc.mean = coef[3];
+    if constexpr (kPass == Pass::grad_sums) acc.mean = l.training ? at<A>(l.save_mean, c) : coef[3];
     if constexpr (!kReduces<kPass>)
 #pragma unroll
       for (int i = 0; i < kCoef<kPass>; ++i) k[i] = coef[i];
@@ -290,11 +300,6 @@ __global__ void __launch_bounds__(kThreads) last_kernel(BatchNormLaunch l) {
   }
 }
 
-template <class U>
-__device__ __forceinline__ U& at(const ChannelVec& v, int64_t c) {
-  return reinterpret_cast<U*>(v.data)[c * v.stride];
-}
-
 /// The partials of channel c merged in a fixed order: lane j takes splits
 /// j, j + 32, ... in turn, then the warp's tree; lane 0 holds the result.
 /// Loads go kInFlight at a time ahead of the merges (channels-last walks
@@ -354,20 +359,16 @@ __global__ void __launch_bounds__(kThreads) finalize_forward(BatchNormLaunch l) 
   coef[2] = l.bias.data ? convert<A>(at<P>(l.bias, c)) : A(0);
 }
 
-/// Thread per channel: the mean and invstd the backward uses (coef[3], coef[2]).
+/// Thread per channel: the mean and invstd an eval backward uses (coef[3],
+/// coef[2]); training reads save_mean / save_invstd where it needs them.
 template <class T, class P>
 __global__ void __launch_bounds__(kThreads) prepare_backward(BatchNormLaunch l) {
   using A = acc_t<T>;
   const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= l.channels) return;
   A* coef = static_cast<A*>(l.workspace) + c * 4;
-  if (l.training) {
-    coef[3] = at<A>(l.save_mean, c);
-    coef[2] = at<A>(l.save_invstd, c);
-  } else {
-    coef[3] = convert<A>(at<P>(l.running_mean, c));
-    coef[2] = invstd_of(convert<A>(at<P>(l.running_var, c)), l.eps);
-  }
+  coef[3] = convert<A>(at<P>(l.running_mean, c));
+  coef[2] = invstd_of(convert<A>(at<P>(l.running_var, c)), l.eps);
 }
 
 /// One warp per channel: grad_weight, grad_bias and the grad_input coefficients.
@@ -385,7 +386,7 @@ __global__ void __launch_bounds__(kThreads) finalize_backward(BatchNormLaunch l)
     return;
   }
   A* coef = static_cast<A*>(l.workspace) + c * 4;
-  const A mean = coef[3], invstd = coef[2];
+  const A mean = l.training ? at<A>(l.save_mean, c) : coef[3], invstd = l.training ? at<A>(l.save_invstd, c) : coef[2];
   at<P>(l.grad_weight, c) = convert<P>(sums.gxm * invstd);
   at<P>(l.grad_bias, c) = convert<P>(sums.g);
   const A w = l.weight.data ? convert<A>(at<P>(l.weight, c)) : A(1);
@@ -411,22 +412,56 @@ bool vectors_fit(const BatchNormLaunch& l, size_t elem, bool across_channels) {
   return true;
 }
 
+/// Blocks of `kernel` (kThreads threads) the device holds at once: resident
+/// blocks per SM times SMs, asked once per kernel and device; 0 if unknown.
+inline int64_t resident_blocks(const void* kernel) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int64_t> known;
+  int device = 0, per_sm = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  const std::lock_guard lock(mutex);
+  if (const auto it = known.find({kernel, device}); it != known.end()) return it->second;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return known[{kernel, device}] = int64_t(per_sm) * sms;
+}
+
+// Note [Channels-last waves]
+// A channels-last pass runs tiles x splits blocks. The plan's splits (at most
+// 1024: the workspace holds that many partials) assume small blocks, but the
+// 16-byte kernels hold 60-100 registers a thread: 2-4 blocks an SM, so 1024
+// blocks are 2.6-3.9 waves and the last wave leaves SMs idle (a
+// quarter of the pass at 2.6). Each pass takes the most whole waves of its
+// own kernel that fit the plan's splits (a reduction and the merge of its
+// partials use the same count; the elementwise passes chunk independently).
+inline int whole_wave_splits(const void* kernel, int64_t tiles, int splits) {
+  const int64_t wave = resident_blocks(kernel), total = tiles * splits;
+  if (wave == 0 || total <= wave) return splits;
+  return int(std::max<int64_t>(1, total / wave * wave / tiles));
+}
+
+/// Runs one pass; returns the splits it used (channels-last: whole waves).
 template <Pass kPass, class T>
-void launch_pass(const BatchNormLaunch& l, cudaStream_t stream) {
+int launch_pass(BatchNormLaunch l, cudaStream_t stream) {
   constexpr int V = rows::kVecOf<T>;
   if (l.channels_last) {
     const dim3 block(32, kWarps);
-    if (vectors_fit<kPass, V>(l, sizeof(T), /*across_channels=*/true))
-      last_kernel<kPass, T, V><<<dim3(unsigned((l.channels + 32 * V - 1) / (32 * V)), l.splits), block, 0, stream>>>(l);
-    else
-      last_kernel<kPass, T, 1><<<dim3(unsigned((l.channels + 31) / 32), l.splits), block, 0, stream>>>(l);
-    return;
+    const bool vec = vectors_fit<kPass, V>(l, sizeof(T), /*across_channels=*/true);
+    const int64_t tiles = vec ? (l.channels + 32 * V - 1) / (32 * V) : (l.channels + 31) / 32;
+    const auto kernel = vec ? last_kernel<kPass, T, V> : last_kernel<kPass, T, 1>;
+    l.splits = whole_wave_splits(reinterpret_cast<const void*>(kernel), tiles, l.splits);
+    kernel<<<dim3(unsigned(tiles), l.splits), block, 0, stream>>>(l);
+    return l.splits;
   }
   const dim3 grid(unsigned(l.channels), l.splits);
   if (vectors_fit<kPass, V>(l, sizeof(T), /*across_channels=*/false))
     first_kernel<kPass, T, V><<<grid, kThreads, 0, stream>>>(l);
   else
     first_kernel<kPass, T, 1><<<grid, kThreads, 0, stream>>>(l);
+  return l.splits;
 }
 
 template <class T, class P, bool kBackward>
@@ -434,16 +469,17 @@ struct CudaBatchNorm {
   static Status run(const BatchNormLaunch& l, CUstream_st* stream) {
     if (l.channels == 0) return Status::ok();
     const unsigned warp_blocks = unsigned((l.channels + kWarps - 1) / kWarps);
+    BatchNormLaunch merged = l;  // the merge reads the partials of the splits its reduction used
     if constexpr (!kBackward) {
-      if (l.training && l.count > 0) launch_pass<Pass::stats, T>(l, stream);
-      finalize_forward<T, P><<<warp_blocks, kThreads, 0, stream>>>(l);
+      if (l.training && l.count > 0) merged.splits = launch_pass<Pass::stats, T>(l, stream);
+      finalize_forward<T, P><<<warp_blocks, kThreads, 0, stream>>>(merged);
       if (l.count > 0) launch_pass<Pass::normalize, T>(l, stream);
     } else {
       if (l.count > 0) {
-        prepare_backward<T, P><<<unsigned((l.channels + kThreads - 1) / kThreads), kThreads, 0, stream>>>(l);
-        launch_pass<Pass::grad_sums, T>(l, stream);
+        if (!l.training) prepare_backward<T, P><<<unsigned((l.channels + kThreads - 1) / kThreads), kThreads, 0, stream>>>(l);
+        merged.splits = launch_pass<Pass::grad_sums, T>(l, stream);
       }
-      finalize_backward<T, P><<<warp_blocks, kThreads, 0, stream>>>(l);
+      finalize_backward<T, P><<<warp_blocks, kThreads, 0, stream>>>(merged);
       if (l.count > 0) launch_pass<Pass::grad_input, T>(l, stream);
     }
     BARACUDA_CUDA_TRY(cudaGetLastError());
