@@ -250,9 +250,10 @@ __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
 
 /// Channels-last: lane x owns channels V (32 tile + x) .. + V - 1 (one
 /// 16-byte vector, or 1), the warps of the block take every kWarps-th space
-/// position of chunk s. Partials merge across the warps in warp order.
+/// position of chunk s, four positions in flight. Partials merge across the
+/// warps in warp order.
 template <Pass kPass, class T, int V>
-__global__ void __launch_bounds__(kThreads) last_kernel(BatchNormLaunch l) {
+__global__ void __launch_bounds__(kThreads, 2) last_kernel(BatchNormLaunch l) {
   using A = acc_t<T>;
   constexpr bool kReverse = !kReduces<kPass>;
   const int64_t tile = kReverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -275,12 +276,42 @@ __global__ void __launch_bounds__(kThreads) last_kernel(BatchNormLaunch l) {
     }
   };
   if (valid) {
-    for (int64_t p = lo + threadIdx.y; p < hi; p += 2 * kWarps) {
-      const bool second = p + kWarps < hi;
-      int64_t o[kFull], q[kFull];
-      offsets(p, o);
-      offsets(second ? p + kWarps : p, q);
-      visit<kPass, T, V, 1>(l, o, q, second, steps);
+    // kInFlight positions a warp: every load first, kept in storage form
+    // (a 16-byte vector is 4 registers), then each position's elements in
+    // turn; stores never precede the loads of their own elements, so y may
+    // alias x or g. Offsets are recomputed for the store (no 3 x kInFlight
+    // 64-bit offsets live across the loads).
+    constexpr int kInFlight = 4;
+    using P = rows::Vec<T, V>;
+    auto at_offset = [&](int k, int64_t off) { return reinterpret_cast<const P*>(reinterpret_cast<const T*>(l.data[k]) + off); };
+    for (int64_t p = lo + threadIdx.y; p < hi; p += kInFlight * kWarps) {
+      P xs[kInFlight], gs[kInFlight];
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i) {
+        const int64_t pi = p + i * kWarps;
+        if (pi >= hi) continue;
+        int64_t o[kFull];
+        offsets(pi, o);
+        xs[i] = *at_offset(kX, o[kX]);
+        if constexpr (kReadsG<kPass>) gs[i] = *at_offset(kG, o[kG]);
+      }
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i) {
+        const int64_t pi = p + i * kWarps;
+        if (pi >= hi) continue;
+        A y[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          A g = 0;
+          if constexpr (kReadsG<kPass>) g = convert<A>(gs[i].v[e]);
+          y[e] = steps[e](convert<A>(xs[i].v[e]), g);
+        }
+        if constexpr (!kReduces<kPass>) {
+          int64_t o[kFull];
+          offsets(pi, o);
+          store_y<T, V>(l.data[kY], o[kY], y);
+        }
+      }
     }
   }
   if constexpr (kReduces<kPass>) {
@@ -432,7 +463,8 @@ inline int64_t resident_blocks(const void* kernel) {
 // Note [Channels-last waves]
 // A channels-last pass runs tiles x splits blocks. The plan's splits (at most
 // 1024: the workspace holds that many partials) assume small blocks, but the
-// 16-byte kernels hold 60-100 registers a thread: 2-4 blocks an SM, so 1024
+// 16-byte kernels hold 70-128 registers a thread (four positions in flight;
+// at most 128 so that two blocks fit an SM): 2-3 blocks an SM, so 1024
 // blocks are 2.6-3.9 waves and the last wave leaves SMs idle (a
 // quarter of the pass at 2.6). Each pass takes the most whole waves of its
 // own kernel that fit the plan's splits (a reduction and the merge of its
