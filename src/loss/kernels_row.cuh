@@ -13,6 +13,12 @@ namespace baracuda::loss {
 /// The threads of one row, for the loss bodies.
 template <int TPR, int RPB, class M>
 struct CudaRow {
+  /// Vectors of U in flight a thread in each_of_wide and map_of: at most 16
+  /// elements (bf16: 2; f32: 4), so that the unrolled body holds no more
+  /// values than for_row's two bf16 vectors (at four bf16 vectors multi_margin
+  /// went from 40 to 61 registers, six to four blocks an SM).
+  template <class U>
+  static constexpr int kWide = rows::kVecOf<U> >= 8 ? 2 : 4;
   int lane;
   int64_t cols;
   M* scratch;  ///< RPB * (TPR / 32) values of shared memory
@@ -24,54 +30,52 @@ struct CudaRow {
   __device__ __forceinline__ void each_of(const U* p, int64_t stride, F&& f) const {
     rows::for_row<TPR>(p, stride, cols, rows::vector_ok<U>(p, stride, cols), lane, f);
   }
-  /// each_of with four vectors in flight a thread (the same columns a thread).
+  /// each_of with up to kWide vectors in flight a thread (the same columns a
+  /// thread; a short row's few vectors all in flight at once).
   template <class U, class F>
   __device__ __forceinline__ void each_of_wide(const U* p, int64_t stride, F&& f) const {
-    constexpr int V = rows::kVecOf<U>, kInFlight = 4;
+    constexpr int V = rows::kVecOf<U>, kW = kWide<U>;
     using P = rows::Vec<U, V>;
-    if (!rows::vector_ok<U>(p, stride, cols)) return each_of(p, stride, f);
+    if (kW == 2 || !rows::vector_ok<U>(p, stride, cols)) return each_of(p, stride, f);  // for_row keeps two
     const auto* packs = reinterpret_cast<const P*>(p);
     const int64_t n = cols / V;
-    int64_t i = lane;
-    for (; i + (kInFlight - 1) * TPR < n; i += kInFlight * TPR) {
-      P a[kInFlight];
+    for (int64_t i = lane; i < n; i += kW * TPR) {
+      P a[kW];
 #pragma unroll
-      for (int k = 0; k < kInFlight; ++k) a[k] = packs[i + k * TPR];
+      for (int k = 0; k < kW; ++k)
+        if (i + k * TPR < n) a[k] = packs[i + k * TPR];
 #pragma unroll
-      for (int k = 0; k < kInFlight; ++k)
+      for (int k = 0; k < kW; ++k)
+        if (i + k * TPR < n)
 #pragma unroll
-        for (int e = 0; e < V; ++e) f((i + k * TPR) * V + e, a[k].v[e]);
-    }
-    for (; i < n; i += TPR) {
-      const P a = packs[i];
-#pragma unroll
-      for (int e = 0; e < V; ++e) f(i * V + e, a.v[e]);
+          for (int e = 0; e < V; ++e) f((i + k * TPR) * V + e, a[k].v[e]);
     }
   }
-  /// q[c] = f(c, p[c]): whole vectors in and out when both rows allow, two in
-  /// flight (a vector's elements stored one at a time would cost a partial
-  /// sector write each); each thread stores only what it has read.
+  /// q[c] = f(c, p[c]): whole vectors in and out when both rows allow, up to
+  /// kWide in flight (a vector's elements stored one at a time would cost a
+  /// partial sector write each); each thread stores only what it has read.
   template <class U, class F>
   __device__ __forceinline__ void map_of(const U* p, int64_t stride, U* q, int64_t qstride, F&& f) const {
-    constexpr int V = rows::kVecOf<U>;
+    constexpr int V = rows::kVecOf<U>, kW = kWide<U>;
     using P = rows::Vec<U, V>;
     if (rows::vector_ok<U>(p, stride, cols) && rows::vector_ok<U>(q, qstride, cols)) {
       const auto* in = reinterpret_cast<const P*>(p);
       auto* out = reinterpret_cast<P*>(q);
       const int64_t n = cols / V;
-      auto one = [&](int64_t i, const P& a) {
-        P y;
+      for (int64_t i = lane; i < n; i += kW * TPR) {
+        P a[kW];
 #pragma unroll
-        for (int e = 0; e < V; ++e) y.v[e] = f(i * V + e, a.v[e]);
-        out[i] = y;
-      };
-      int64_t i = lane;
-      for (; i + TPR < n; i += 2 * TPR) {
-        const P a = in[i], b = in[i + TPR];
-        one(i, a);
-        one(i + TPR, b);
+        for (int k = 0; k < kW; ++k)
+          if (i + k * TPR < n) a[k] = in[i + k * TPR];
+#pragma unroll
+        for (int k = 0; k < kW; ++k) {
+          if (i + k * TPR >= n) continue;
+          P y;
+#pragma unroll
+          for (int e = 0; e < V; ++e) y.v[e] = f((i + k * TPR) * V + e, a[k].v[e]);
+          out[i + k * TPR] = y;
+        }
       }
-      if (i < n) one(i, in[i]);
     } else {
       for (int64_t c = lane; c < cols; c += TPR) q[c * qstride] = f(c, p[c * stride]);
     }

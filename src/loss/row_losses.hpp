@@ -8,7 +8,7 @@
 //                vectors where the row allows, two in flight; the columns may
 //                differ from each()'s, so a body writes only what it reads),
 //   ctx.each_of_wide(p, stride, f) as each_of, more reads in flight (CUDA:
-//                four vectors; for bodies whose f holds few registers),
+//                up to four vectors; for bodies whose f holds few registers),
 //   ctx.map_of(p, stride, q, qstride, f) stores q[c] = f(c, p[c * stride])
 //                for the columns this thread owns (CUDA: whole vectors in and
 //                out where both rows allow; q may be p),
@@ -247,15 +247,16 @@ struct MultiMarginLoss {
                                     TargetKind::index_per_row, 2,
                                     "weight[y] / C sum over c != y of max(0, margin - x[y] + x[c])^p (p 1 or 2); "
                                     "weight [C] or [0] (none)"};
-  // The row is read in whole vectors (each_of): the target and x[t] are two
-  // dependent loads before it, the only serial steps of a row.
+  // The row is read in whole vectors, f32 four in flight (each_of_wide):
+  // the target and x[t] are two dependent loads before it, the only serial
+  // steps of a row (the CUDA kernel asks L2 for the row first).
   template <class M, class Ctx, class R>
   static BCD_HD M forward(const Ctx& ctx, const R& r, const RowParams& p) {
     const int64_t t = r.index(0);
     const M xt = r.template at<M>(0, t), margin = p.get<M>(1);
     const bool square = p.v[0] == 2;
     M s = 0;
-    ctx.each_of(r.x[0], r.sx[0], [&](int64_t c, auto x) {
+    ctx.each_of_wide(r.x[0], r.sx[0], [&](int64_t c, auto x) {
       const M z = margin - xt + convert<M>(x);
       if (c != t && z > M(0)) s += square ? z * z : z;
     });
@@ -307,7 +308,7 @@ struct MultilabelMarginLoss {
   static BCD_HD int64_t list_length(const Ctx& ctx, const R& r) {
     M first = M(r.cols);  // as M: exact up to 2^24 columns in f32
     bool bad = false;
-    ctx.each_of_wide(r.target, r.st, [&](int64_t c, auto t) {
+    ctx.each_of(r.target, r.st, [&](int64_t c, auto t) {
       const int64_t i = convert<int64_t>(t);
       if (i < -1 || i >= r.cols) bad = true;
       else if (i < 0 && M(c) < first) first = M(c);
