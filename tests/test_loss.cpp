@@ -368,6 +368,40 @@ TEST(RowLossKnownValues, TorchSemantics) {
   EXPECT_NEAR(dup[0][0], 2 * (0.3 + 0.4 + 0.6) / 4, 1e-12);
 }
 
+// multilabel_margin keeps lists of up to 8 classes in registers and marks longer ones in a mask
+// (Note [Multilabel lists in registers]): both against the sums written out, duplicates included.
+TEST(RowLossKnownValues, MultilabelShortAndLongLists) {
+  const int64_t N = 2, C = 14;
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> u(-1.5, 1.5);
+  std::vector<double> x(N * C), t(N * C, 0.0), go{0.7, -1.3};
+  for (auto& v : x) v = u(rng);
+  const std::vector<std::vector<int64_t>> lists{{3, 7, 0, 12, 7, 5, 9, 1, 13, 2}, {6, 2, 6}};
+  for (int64_t r = 0; r < N; ++r) {
+    for (size_t j = 0; j < lists[r].size(); ++j) t[r * C + j] = double(lists[r][j]);
+    t[r * C + lists[r].size()] = -1;  // entries after the -1 (zeros) are not listed
+  }
+  auto loss = must(host_exec("multilabel_margin_loss", {f64(x, {N, C}), idx(t, {N, C})}, {{"reduction", 0}}));
+  auto grad = must(host_exec("multilabel_margin_loss_backward", {f64(go, {N}), f64(x, {N, C}), idx(t, {N, C})},
+                             {{"reduction", 0}}));
+  for (int64_t r = 0; r < N; ++r) {
+    const double* xr = x.data() + r * C;
+    std::vector<bool> listed(C, false);
+    for (int64_t j : lists[r]) listed[j] = true;
+    double want = 0;
+    std::vector<double> g(C, 0.0);
+    for (int64_t j : lists[r])
+      for (int64_t c = 0; c < C; ++c) {
+        if (listed[c]) continue;
+        const double z = 1 - xr[j] + xr[c];
+        want += std::max(z, 0.0) / C;
+        if (z > 0) g[c] += go[r] / C, g[j] -= go[r] / C;
+      }
+    EXPECT_NEAR(loss[0][r], want, 1e-12) << "row " << r;
+    for (int64_t c = 0; c < C; ++c) EXPECT_NEAR(grad[0][r * C + c], g[c], 1e-12) << "row " << r << " class " << c;
+  }
+}
+
 /// d/dx_i of sum(g * loss(x)) numerically, for every differentiable operand and sample attribute set.
 TEST(RowLossFiniteDifferences, BackwardMatchesForward) {
   std::mt19937_64 rng(11);

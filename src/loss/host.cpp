@@ -143,6 +143,10 @@ struct HostRow {
   template <class U, class F> void each_of(const U* p, int64_t stride, F&& f) const {
     for (int64_t c = 0; c < cols; ++c) f(c, p[c * stride]);
   }
+  template <class U, class F> void each_of_wide(const U* p, int64_t stride, F&& f) const { each_of(p, stride, f); }
+  template <class U, class F> void map_of(const U* p, int64_t stride, U* q, int64_t qstride, F&& f) const {
+    for (int64_t c = 0; c < cols; ++c) q[c * qstride] = f(c, p[c * stride]);
+  }
   double sum(double v) const { return v; }
   double max(double v) const { return v; }
   void sync() const {}

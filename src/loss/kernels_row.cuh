@@ -13,6 +13,12 @@ namespace baracuda::loss {
 /// The threads of one row, for the loss bodies.
 template <int TPR, int RPB, class M>
 struct CudaRow {
+  /// Vectors of U in flight a thread in each_of_wide and map_of: at most 16
+  /// elements (bf16: 2; f32: 4), so that the unrolled body holds no more
+  /// values than for_row's two bf16 vectors (at four bf16 vectors multi_margin
+  /// went from 40 to 61 registers, six to four blocks an SM).
+  template <class U>
+  static constexpr int kWide = rows::kVecOf<U> >= 8 ? 2 : 4;
   int lane;
   int64_t cols;
   M* scratch;  ///< RPB * (TPR / 32) values of shared memory
@@ -23,6 +29,56 @@ struct CudaRow {
   template <class U, class F>
   __device__ __forceinline__ void each_of(const U* p, int64_t stride, F&& f) const {
     rows::for_row<TPR>(p, stride, cols, rows::vector_ok<U>(p, stride, cols), lane, f);
+  }
+  /// each_of with up to kWide vectors in flight a thread (the same columns a
+  /// thread; a short row's few vectors all in flight at once).
+  template <class U, class F>
+  __device__ __forceinline__ void each_of_wide(const U* p, int64_t stride, F&& f) const {
+    constexpr int V = rows::kVecOf<U>, kW = kWide<U>;
+    using P = rows::Vec<U, V>;
+    if (kW == 2 || !rows::vector_ok<U>(p, stride, cols)) return each_of(p, stride, f);  // for_row keeps two
+    const auto* packs = reinterpret_cast<const P*>(p);
+    const int64_t n = cols / V;
+    for (int64_t i = lane; i < n; i += kW * TPR) {
+      P a[kW];
+#pragma unroll
+      for (int k = 0; k < kW; ++k)
+        if (i + k * TPR < n) a[k] = packs[i + k * TPR];
+#pragma unroll
+      for (int k = 0; k < kW; ++k)
+        if (i + k * TPR < n)
+#pragma unroll
+          for (int e = 0; e < V; ++e) f((i + k * TPR) * V + e, a[k].v[e]);
+    }
+  }
+  /// q[c] = f(c, p[c]): whole vectors in and out when both rows allow, up to
+  /// kWide in flight (a vector's elements stored one at a time would cost a
+  /// partial sector write each); each thread stores only what it has read.
+  template <class U, class F>
+  __device__ __forceinline__ void map_of(const U* p, int64_t stride, U* q, int64_t qstride, F&& f) const {
+    constexpr int V = rows::kVecOf<U>, kW = kWide<U>;
+    using P = rows::Vec<U, V>;
+    if (rows::vector_ok<U>(p, stride, cols) && rows::vector_ok<U>(q, qstride, cols)) {
+      const auto* in = reinterpret_cast<const P*>(p);
+      auto* out = reinterpret_cast<P*>(q);
+      const int64_t n = cols / V;
+      for (int64_t i = lane; i < n; i += kW * TPR) {
+        P a[kW];
+#pragma unroll
+        for (int k = 0; k < kW; ++k)
+          if (i + k * TPR < n) a[k] = in[i + k * TPR];
+#pragma unroll
+        for (int k = 0; k < kW; ++k) {
+          if (i + k * TPR >= n) continue;
+          P y;
+#pragma unroll
+          for (int e = 0; e < V; ++e) y.v[e] = f((i + k * TPR) * V + e, a[k].v[e]);
+          out[i + k * TPR] = y;
+        }
+      }
+    } else {
+      for (int64_t c = lane; c < cols; c += TPR) q[c * qstride] = f(c, p[c * stride]);
+    }
   }
   __device__ __forceinline__ M sum(M v) const { return rows::row_all_reduce<TPR, RPB>(v, rows::SumOp{}, scratch); }
   __device__ __forceinline__ M max(M v) const { return rows::row_all_reduce<TPR, RPB>(v, rows::MaxOp{}, scratch); }
@@ -36,14 +92,34 @@ struct CudaRow {
 template <class T>
 using row_scratch_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-template <class L, class T, class Index, int TPR, int RPB>
+/// Asks L2 for the 128-byte lines of a unit-stride row, spread over the row's
+/// threads (no registers, nothing waits on it).
+template <int TPR, class U>
+__device__ __forceinline__ void prefetch_row(const U* p, int64_t stride, int64_t cols, int lane) {
+  if (stride != 1) return;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p + cols);
+  for (uintptr_t a = (reinterpret_cast<uintptr_t>(p) & ~uintptr_t(127)) + uintptr_t(lane) * 128; a < end; a += TPR * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+
+// Note [Row loss kernels]
+// Forward and backward are separate kernels (kBackward), so that a forward
+// does not carry the registers of its backward (multilabel_margin's kernel
+// had 125 registers a thread: two 256-thread blocks an SM). A warp-per-row
+// kernel with class targets first asks L2 for its rows: the target, then
+// x[target], then the row are dependent reads, and the last two then come
+// from L2 instead of HBM.
+template <class L, class T, class Index, int TPR, int RPB, bool kBackward>
 __global__ void __launch_bounds__(TPR * RPB)
-    row_loss_kernel(RowLossLaunch rl, RowParams p, rows::OffsetCalc<rows::kMaxOperands, int64_t> outer, uint8_t* mask) {
+    row_loss_kernel(RowLossLaunch rl, RowParams prm, rows::OffsetCalc<rows::kMaxOperands, int64_t> outer,
+                    uint8_t* mask) {
   // A row's body may loop a data-dependent number of times over row barriers:
   // a block holds one row, or rows of one warp each.
   static_assert(RPB == 1 || TPR == 32);
   using M = math_t<T, false>;
   __shared__ M scratch[RPB * (TPR / 32)];
+  RowParams p = prm;
+  p.backward = kBackward;
   const rows::RowLaunch& l = rl.rows;
   const int64_t row = int64_t(blockIdx.x) * RPB + threadIdx.x / TPR;
   if (row >= l.rows) return;
@@ -52,13 +128,17 @@ __global__ void __launch_bounds__(TPR * RPB)
   RowOperands<T, Index> r = bind_row<L, T, Index>(l, off, p);
   if constexpr (L::meta.target == TargetKind::index_list) r.mask = mask + row * l.cols;
   const CudaRow<TPR, RPB, M> ctx{int(threadIdx.x % TPR), l.cols, scratch};
+  if constexpr (TPR == 32 && L::meta.target != TargetKind::none && L::meta.target != TargetKind::sign) {
+    if constexpr (L::meta.target == TargetKind::index_list) prefetch_row<TPR>(r.target, r.st, l.cols, ctx.lane);
+    prefetch_row<TPR>(r.x[0], r.sx[0], l.cols, ctx.lane);
+  }
   M go = 0;
-  if (p.backward) {
+  if constexpr (kBackward) {
     const T* g = p.reduction == 0 ? reinterpret_cast<const T*>(l.data[0]) + off[0] : static_cast<const T*>(rl.scalar_grad);
     go = convert<M>(*g) * (p.reduction == 1 ? M(1) / M(l.rows) : M(1));
   }
   const M loss = row_loss<L, M>(ctx, r, p, go);
-  if (p.backward || !ctx.leader()) return;
+  if (kBackward || !ctx.leader()) return;
   constexpr int kOut = L::meta.inputs;
   if (p.reduction == 0) reinterpret_cast<T*>(l.data[kOut])[off[kOut]] = convert<T>(loss);
   else static_cast<row_scratch_t<T>*>(rl.workspace)[row] = row_scratch_t<T>(loss);
@@ -88,7 +168,8 @@ template <class L, class T, class Index, int TPR, int RPB>
 void launch_row_loss(const RowLossLaunch& rl, const RowParams& p, const rows::OffsetCalc<rows::kMaxOperands, int64_t>& outer,
                      uint8_t* mask, CUstream_st* stream) {
   const unsigned blocks = unsigned((rl.rows.rows + RPB - 1) / RPB);
-  row_loss_kernel<L, T, Index, TPR, RPB><<<blocks, TPR * RPB, 0, stream>>>(rl, p, outer, mask);
+  if (p.backward) row_loss_kernel<L, T, Index, TPR, RPB, true><<<blocks, TPR * RPB, 0, stream>>>(rl, p, outer, mask);
+  else row_loss_kernel<L, T, Index, TPR, RPB, false><<<blocks, TPR * RPB, 0, stream>>>(rl, p, outer, mask);
 }
 
 template <class L, class T, class Index>

@@ -7,6 +7,11 @@
 //                thread owns in a read of one operand (CUDA: whole 16-byte
 //                vectors where the row allows, two in flight; the columns may
 //                differ from each()'s, so a body writes only what it reads),
+//   ctx.each_of_wide(p, stride, f) as each_of, more reads in flight (CUDA:
+//                up to four vectors; for bodies whose f holds few registers),
+//   ctx.map_of(p, stride, q, qstride, f) stores q[c] = f(c, p[c * stride])
+//                for the columns this thread owns (CUDA: whole vectors in and
+//                out where both rows allow; q may be p),
 //   ctx.sum(v)   the sum over the row (every thread of the row gets it),
 //   ctx.sync()   orders the row's writes to its scratch before later reads,
 //   ctx.leader() one thread of the row.
@@ -16,6 +21,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "baracuda/registry.hpp"
 #include "core/dtype_traits.hpp"
@@ -241,15 +247,16 @@ struct MultiMarginLoss {
                                     TargetKind::index_per_row, 2,
                                     "weight[y] / C sum over c != y of max(0, margin - x[y] + x[c])^p (p 1 or 2); "
                                     "weight [C] or [0] (none)"};
-  // The row is read in whole vectors (each_of): the target and x[t] are two
-  // dependent loads before it, the only serial steps of a row.
+  // The row is read in whole vectors, f32 four in flight (each_of_wide):
+  // the target and x[t] are two dependent loads before it, the only serial
+  // steps of a row (the CUDA kernel asks L2 for the row first).
   template <class M, class Ctx, class R>
   static BCD_HD M forward(const Ctx& ctx, const R& r, const RowParams& p) {
     const int64_t t = r.index(0);
     const M xt = r.template at<M>(0, t), margin = p.get<M>(1);
     const bool square = p.v[0] == 2;
     M s = 0;
-    ctx.each_of(r.x[0], r.sx[0], [&](int64_t c, auto x) {
+    ctx.each_of_wide(r.x[0], r.sx[0], [&](int64_t c, auto x) {
       const M z = margin - xt + convert<M>(x);
       if (c != t && z > M(0)) s += square ? z * z : z;
     });
@@ -262,14 +269,19 @@ struct MultiMarginLoss {
     const M scale = go * r.template weight_at<M>(t) / M(r.cols);
     const bool square = p.v[0] == 2;
     M total = 0;
-    ctx.each_of(r.x[0], r.sx[0], [&](int64_t c, auto x) {
-      if (c == t) return;
+    // Whole vectors in and out (map_of): scalar stores at a vector's lane
+    // stride cost 8 (bf16) partial-sector writes per sector (fwd+bwd bf16
+    // 1.04x -> 0.73x torch). Column t gets x[t] back for now (the leader
+    // writes it after the sum), so x[t] stays intact for every thread when
+    // the gradient overwrites the input.
+    ctx.map_of(r.x[0], r.sx[0], r.g[0], r.sg[0], [&](int64_t c, auto x) {
+      if (c == t) return x;
       const M z = margin - xt + convert<M>(x);
       const M g = z > M(0) ? scale * (square ? M(2) * z : M(1)) : M(0);
       total += g;
-      r.set_grad(0, c, g);
+      return convert<decltype(x)>(g);
     });
-    total = ctx.sum(total);  // every thread has read x[t] before the leader overwrites it (in place)
+    total = ctx.sum(total);
     if (ctx.leader()) r.set_grad(0, t, -total);
   }
 };
@@ -277,66 +289,136 @@ struct MultiMarginLoss {
 /// 1 / C sum over listed targets j and non-targets c of max(0, 1 - x_j + x_c);
 /// the target row lists classes and ends at the first -1 (torch's CPU rule:
 /// entries after it are not targets). Duplicated targets count twice.
+//
+// Note [Multilabel lists in registers]
+// A row's first kCached listed classes and their values sit in registers.
+// Lists of at most kCached classes (the usual case) test "is c listed" against
+// them: no per-row mask, so a row costs one read of its targets (which also
+// validates them and finds the list's end) and one of its input, and the
+// backward finds every listed class's pair count in one pass (kCached sums)
+// and writes the gradient row in whole vectors. Longer lists mark the listed
+// classes in r.mask (C bytes of workspace) and loop over the list.
 struct MultilabelMarginLoss {
   static constexpr RowLossMeta meta{"multilabel_margin_loss", 2, 1, {"input", "target"},
                                     {{-2, 2}, {-1, 1, false, false, true}}, {}, TargetKind::index_list, 2,
                                     "1 / C sum over listed targets j and other classes c of max(0, 1 - x[j] + x[c]); "
                                     "target [N, C] lists classes, padded with -1"};
-  /// Marks the listed classes in r.mask; returns the list length.
+  /// The list length (the first -1, or C), or -1 when a class is outside [-1, C).
   template <class M, class Ctx, class R>
-  static BCD_HD int64_t mark(const Ctx& ctx, const R& r) {
-    M first = M(r.cols);  // the first -1 (as M: exact up to 2^24 columns in f32)
-    ctx.each([&](int64_t c) { r.mask[c] = 0; });
+  static BCD_HD int64_t list_length(const Ctx& ctx, const R& r) {
+    M first = M(r.cols);  // as M: exact up to 2^24 columns in f32
+    bool bad = false;
     ctx.each_of(r.target, r.st, [&](int64_t c, auto t) {
-      if (convert<int64_t>(t) < 0 && M(c) < first) first = M(c);
+      const int64_t i = convert<int64_t>(t);
+      if (i < -1 || i >= r.cols) bad = true;
+      else if (i < 0 && M(c) < first) first = M(c);
     });
-    const int64_t k = int64_t(-ctx.max(-first));
+    return int64_t(-ctx.max(bad ? M(1) : -first));  // a bad class anywhere: max 1, length -1
+  }
+  /// Marks the listed classes in r.mask (lists longer than kCached).
+  template <class Ctx, class R>
+  static BCD_HD void mark(const Ctx& ctx, const R& r, int64_t k) {
+    ctx.each([&](int64_t c) { r.mask[c] = 0; });
     ctx.sync();  // every row's mask cleared before it is marked
     ctx.each_of(r.target, r.st, [&](int64_t c, auto t) {
       if (c < k) r.mask[convert<int64_t>(t)] = 1;
     });
     ctx.sync();
-    return k;
   }
-  /// The first kCached listed targets' values, read once per row (independent loads).
   static constexpr int kCached = 8;
+  /// Entries past the list hold class -1 (never a column) and value +inf
+  /// (1 - inf + x is never a positive margin), so loops over all kCached need
+  /// no test of the length.
   template <class M>
   struct Listed {
     M x[kCached];
+    int32_t t[kCached];  ///< the classes (32 bits: registers), when `in_regs`
     int64_t k;
+    bool in_regs;  ///< k <= kCached (and C < 2^31): "is c listed" from t, else from r.mask
+    template <class R>
+    BCD_HD bool has(int64_t c, const R& r) const {
+      if (!in_regs) return r.mask[c] != 0;
+      bool in = false;
+      const int32_t c32 = int32_t(c);  // in_regs: C < 2^31
+      for (int j = 0; j < kCached; ++j) in |= t[j] == c32;
+      return in;
+    }
   };
+  template <class R>
+  static BCD_HD bool fits_regs(const R& r, int64_t k) {
+    return k <= kCached && r.cols <= INT32_MAX;
+  }
+  /// The first kCached listed classes and their values (independent loads).
   template <class M, class R>
   static BCD_HD Listed<M> listed(const R& r, int64_t k) {
     Listed<M> l;
     l.k = k;
-    for (int j = 0; j < kCached; ++j) l.x[j] = j < k ? r.template at<M>(0, r.index(j)) : M(0);
+    l.in_regs = fits_regs(r, k);
+    for (int j = 0; j < kCached; ++j) {
+      const int64_t t = j < k ? r.index(j) : 0;
+      l.t[j] = int32_t(j < k ? t : -1);
+      l.x[j] = j < k ? r.template at<M>(0, t) : M(INFINITY);
+    }
     return l;
   }
   /// f(x_j) for every listed target j, in list order.
   template <class M, class R, class F>
   static BCD_HD void each_listed(const Listed<M>& l, const R& r, F&& f) {
-    for (int j = 0; j < kCached; ++j)
-      if (j < l.k) f(l.x[j]);
+    for (int j = 0; j < kCached; ++j) f(l.x[j]);  // +inf past the list: no term
     for (int64_t j = kCached; j < l.k; ++j) f(r.template at<M>(0, r.index(j)));
   }
   template <class M, class Ctx, class R>
-  static BCD_HD M forward(const Ctx& ctx, const R& r, const RowParams&) {
-    const int64_t k = mark<M>(ctx, r);
+  static BCD_HD M forward(const Ctx& ctx, const R& r, const RowParams&, int64_t k) {
     const Listed<M> l = listed<M>(r, k);
     M s = 0;
-    ctx.each_of(r.x[0], r.sx[0], [&](int64_t c, auto v) {
-      if (r.mask[c]) return;
-      const M x = convert<M>(v);
-      each_listed(l, r, [&](M xt) { s += relu_(M(1) - xt + x); });
-    });
+    if (l.in_regs) {  // two loops: the short-list one holds no mask or list-tail state
+      ctx.each_of(r.x[0], r.sx[0], [&](int64_t c, auto v) {
+        if (l.has(c, r)) return;
+        const M x = convert<M>(v);
+        for (int j = 0; j < kCached; ++j) s += relu_(M(1) - l.x[j] + x);  // +inf past the list: no term
+      });
+    } else {
+      mark(ctx, r, k);
+      ctx.each_of(r.x[0], r.sx[0], [&](int64_t c, auto v) {
+        if (r.mask[c]) return;
+        const M x = convert<M>(v);
+        each_listed(l, r, [&](M xt) { s += relu_(M(1) - xt + x); });
+      });
+    }
     return ctx.sum(s) / M(r.cols);
   }
   template <class M, class Ctx, class R>
-  static BCD_HD void backward(const Ctx& ctx, const R& r, const RowParams&, M go) {
-    const int64_t k = mark<M>(ctx, r);
+  static BCD_HD void backward(const Ctx& ctx, const R& r, const RowParams&, M go, int64_t k) {
     const M scale = go / M(r.cols);
-    // A listed class: -scale (times its count in the list) per active pair; one pass of sums each.
+    const Listed<M> l = listed<M>(r, k);
     // Written only after every read of the input (in place is not supported: the plan says so).
+    if (l.in_regs) {
+      // Listed class j: -scale (times its count in the list) per active pair.
+      M pairs[kCached] = {};
+      ctx.each_of(r.x[0], r.sx[0], [&](int64_t c, auto v) {
+        if (l.has(c, r)) return;
+        const M x = convert<M>(v);
+        for (int j = 0; j < kCached; ++j) pairs[j] += M(1) - l.x[j] + x > M(0) ? M(1) : M(0);
+      });
+      M grad[kCached];
+      for (int j = 0; j < kCached; ++j) {  // k is the same for every thread of the row
+        M times = 0;
+        for (int i = 0; i < kCached; ++i) times += l.t[i] == l.t[j] ? M(1) : M(0);
+        grad[j] = j < k ? -scale * times * ctx.sum(pairs[j]) : M(0);
+      }
+      ctx.map_of(r.x[0], r.sx[0], r.g[0], r.sg[0], [&](int64_t c, auto v) {
+        const M x = convert<M>(v);
+        M n = 0, listed_grad = 0;
+        bool in = false;
+        for (int j = 0; j < kCached; ++j) {
+          if (l.t[j] == c) in = true, listed_grad = grad[j];
+          n += M(1) - l.x[j] + x > M(0) ? M(1) : M(0);
+        }
+        return convert<decltype(v)>(in ? listed_grad : scale * n);
+      });
+      return;
+    }
+    mark(ctx, r, k);
     for (int64_t j = 0; j < k; ++j) {
       const int64_t t = r.index(j);
       const M xt = r.template at<M>(0, t);
@@ -350,7 +432,6 @@ struct MultilabelMarginLoss {
       pairs = ctx.sum(pairs), times = ctx.sum(times);
       if (ctx.leader()) r.set_grad(0, t, -scale * times * pairs);
     }
-    const Listed<M> l = listed<M>(r, k);
     ctx.each_of(r.x[0], r.sx[0], [&](int64_t c, auto v) {
       if (r.mask[c]) return;
       const M x = convert<M>(v);
@@ -375,26 +456,25 @@ inline constexpr int64_t kTargetMin = L::meta.target == TargetKind::index_list ?
 template <class L, class M, class Ctx, class R>
 BCD_HD M row_loss(const Ctx& ctx, const R& r, const RowParams& p, M go) {
   constexpr TargetKind kind = L::meta.target;
-  if constexpr (kind == TargetKind::index_per_row || kind == TargetKind::index_list) {
-    M bad = 0;
+  auto bad_row = [&] {
+    if (p.backward) ctx.each([&](int64_t c) { r.set_grad(0, c, M(NAN)); });
+    return M(NAN);
+  };
+  if constexpr (kind == TargetKind::index_list) {  // the list's length and the check in one read
+    const int64_t k = L::template list_length<M>(ctx, r);
+    if (k < 0) return bad_row();
+    if (!p.backward) return L::template forward<M>(ctx, r, p, k);
+    L::template backward<M>(ctx, r, p, go, k);
+    return M(0);
+  } else {
     if constexpr (kind == TargetKind::index_per_row) {
       const int64_t t = r.index(0);
-      bad = t < kTargetMin<L> || t >= r.cols ? M(1) : M(0);
-    } else {
-      ctx.each([&](int64_t c) {
-        const int64_t t = r.index(c);
-        if (t < kTargetMin<L> || t >= r.cols) bad = M(1);
-      });
-      bad = ctx.sum(bad);
+      if (t < kTargetMin<L> || t >= r.cols) return bad_row();
     }
-    if (bad != M(0)) {
-      if (p.backward) ctx.each([&](int64_t c) { r.set_grad(0, c, M(NAN)); });
-      return M(NAN);
-    }
+    if (!p.backward) return L::template forward<M>(ctx, r, p);
+    L::template backward<M>(ctx, r, p, go);
+    return M(0);
   }
-  if (!p.backward) return L::template forward<M>(ctx, r, p);
-  L::template backward<M>(ctx, r, p, go);
-  return M(0);
 }
 
 /// Everything a launch needs: rows.data by operand of the op (forward:
