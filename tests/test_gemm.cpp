@@ -443,6 +443,7 @@ TEST(ScaledMm, ExactRowwiseAndBlockwiseScales) {
     const int64_t kb = (K + 127) / 128, nb = (N + 127) / 128;
     for (bool block : {false, true}) {
       const Shape sa_shape = block ? Shape{M, kb} : Shape{M, 1}, sb_shape = block ? Shape{kb, nb} : Shape{1, N};
+      if (numel(sa_shape) == 1 && numel(sb_shape) == 1) continue;  // one block each: read as per-tensor (cuBLASLt)
       const std::vector<double> sa = powers(numel(sa_shape)), sb = powers(numel(sb_shape));
       auto scale_a = [&](int64_t m, int64_t k) { return block ? sa[m * kb + k / 128] : sa[m]; };
       auto scale_b = [&](int64_t k, int64_t n) { return block ? sb[(k / 128) * nb + n / 128] : sb[n]; };
@@ -628,6 +629,7 @@ TEST(ScaledMmCutlass, AwkwardSizesMatchReference) {
       const int64_t kb = (K + 127) / 128, nb = (N + 127) / 128;
       const std::vector<double> a = small_ints(M * K, rng), b = small_ints(K * N, rng), bias = small_ints(N, rng);
       const Shape sa_shape = block ? Shape{M, kb} : Shape{M, 1}, sb_shape = block ? Shape{kb, nb} : Shape{1, N};
+      if (numel(sa_shape) == 1 && numel(sb_shape) == 1) continue;  // one block each: read as per-tensor (cuBLASLt)
       const std::vector<double> sa = powers(numel(sa_shape)), sb = powers(numel(sb_shape));
       auto scale_a = [&](int64_t m, int64_t k) { return block ? sa[m * kb + k / 128] : sa[m]; };
       auto scale_b = [&](int64_t k, int64_t n) { return block ? sb[(k / 128) * nb + n / 128] : sb[n]; };

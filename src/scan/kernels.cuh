@@ -132,8 +132,9 @@ struct ScanIo {
     }
   }
   // Runs of consecutive elements (Note [Vectorised single-pass tiles]): every
-  // operand is a plain array of its element type.
-  static constexpr bool kRuns = true;
+  // operand is a plain array of its element type. Sums and products of 4-byte
+  // elements move faster coalesced through shared memory.
+  static constexpr bool kRuns = !(sizeof(T) == 4 && sizeof(S) == 4 && cheap_combine<Op>::value);
   static constexpr size_t kInBytes = sizeof(T);
   /// True when every operand of this row has stride 1 or -1 (cumsum_backward's reversed views) and its runs
   /// of N are 16-byte aligned.
@@ -465,7 +466,12 @@ __device__ __forceinline__ S look_back(const States& st, int64_t slots, int64_t 
 // is published before the look-back, so later tiles' look-backs overlap
 // this tile's loads and its own look-back. Both paths give each
 // thread the same elements, so the combine order, hence every bit of the
-// result, is the same whichever path a tile takes.
+// result, is the same whichever path a tile takes. Runs pay where elements
+// are narrow or the combine dear; sums and products of 4-byte elements
+// (cheap_combine) take the shared-memory path for full tiles too: a thread's
+// 16-byte stores 64 bytes apart write each 32-byte sector in two halves
+// (H100, 64M elements, runs / coalesced TB/s: f32 cumsum 1.61 / 1.84, bf16
+// cumsum 1.34 / 1.02, f32 logcumsumexp 1.10 / 0.99).
 
 /// One tile (taken by ticket) of a row cut into `tiles` tiles.
 template <class Io>

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "core/dtype_traits.hpp"
 
@@ -32,6 +33,14 @@ struct CumProd {
   static BCD_HD S lift(M x, int64_t) { return x; }
   static BCD_HD S combine(S a, S b) { return a * b; }
 };
+
+/// Combines of one arithmetic instruction (the single-pass kernel's choice of tile path).
+template <class Op>
+struct cheap_combine : std::false_type {};
+template <class M>
+struct cheap_combine<CumSum<M>> : std::true_type {};
+template <class M>
+struct cheap_combine<CumProd<M>> : std::true_type {};
 
 /// log(exp(a) + exp(b)); -inf is the identity, NaN propagates.
 template <class M>
