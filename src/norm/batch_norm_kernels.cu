@@ -8,11 +8,6 @@
 // Workspace (A = f32, f64 for f64): coefficients [C][kCoef] (forward: mean,
 // scale, bias; backward: k_g, mean_g, k_x, mean), then partials
 // [C][splits][kWidth] (forward: count, mean, M2; backward: sum g, sum g (x - mean)).
-#include <algorithm>
-#include <map>
-#include <mutex>
-#include <utility>
-
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
 #include "norm/batch_norm.hpp"
@@ -125,11 +120,6 @@ __device__ __forceinline__ void store_y(char* base, int64_t off, const A (&v)[V]
   }
 }
 
-template <class U>
-__device__ __forceinline__ U& at(const ChannelVec& v, int64_t c) {
-  return reinterpret_cast<U*>(v.data)[c * v.stride];
-}
-
 /// What one pass does for one channel: the accumulator (reductions) or the
 /// coefficients (elementwise), and the step for one element.
 template <Pass kPass, class T>
@@ -141,7 +131,7 @@ struct Step {
 
   __device__ __forceinline__ void init(const BatchNormLaunch& l, int64_t c) {
     const A* coef = static_cast<const A*>(l.workspace) + c * kCoef<kPass>;
-    if constexpr (kPass == Pass::grad_sums) acc.mean = l.training ? at<A>(l.save_mean, c) : coef[3];
+    if constexpr (kPass == Pass::grad_sums) acc.mean = coef[3];
     if constexpr (!kReduces<kPass>)
 #pragma unroll
       for (int i = 0; i < kCoef<kPass>; ++i) k[i] = coef[i];
@@ -250,10 +240,9 @@ __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
 
 /// Channels-last: lane x owns channels V (32 tile + x) .. + V - 1 (one
 /// 16-byte vector, or 1), the warps of the block take every kWarps-th space
-/// position of chunk s, four positions in flight (two in the forward). Partials merge across the
-/// warps in warp order.
+/// position of chunk s. Partials merge across the warps in warp order.
 template <Pass kPass, class T, int V>
-__global__ void __launch_bounds__(kThreads, kReadsG<kPass> ? 2 : 1) last_kernel(BatchNormLaunch l) {
+__global__ void __launch_bounds__(kThreads) last_kernel(BatchNormLaunch l) {
   using A = acc_t<T>;
   constexpr bool kReverse = !kReduces<kPass>;
   const int64_t tile = kReverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -276,42 +265,12 @@ __global__ void __launch_bounds__(kThreads, kReadsG<kPass> ? 2 : 1) last_kernel(
     }
   };
   if (valid) {
-    // kInFlight positions a warp: every load first, kept in storage form
-    // (a 16-byte vector is 4 registers), then each position's elements in
-    // turn; stores never precede the loads of their own elements, so y may
-    // alias x or g. Offsets are recomputed for the store (no 3 x kInFlight
-    // 64-bit offsets live across the loads).
-    constexpr int kInFlight = kReadsG<kPass> ? 4 : 2;  // the forward passes measured faster at 2 (Note [Channels-last waves])
-    using P = rows::Vec<T, V>;
-    auto at_offset = [&](int k, int64_t off) { return reinterpret_cast<const P*>(reinterpret_cast<const T*>(l.data[k]) + off); };
-    for (int64_t p = lo + threadIdx.y; p < hi; p += kInFlight * kWarps) {
-      P xs[kInFlight], gs[kInFlight];
-#pragma unroll
-      for (int i = 0; i < kInFlight; ++i) {
-        const int64_t pi = p + i * kWarps;
-        if (pi >= hi) continue;
-        int64_t o[kFull];
-        offsets(pi, o);
-        xs[i] = *at_offset(kX, o[kX]);
-        if constexpr (kReadsG<kPass>) gs[i] = *at_offset(kG, o[kG]);
-      }
-#pragma unroll
-      for (int i = 0; i < kInFlight; ++i) {
-        const int64_t pi = p + i * kWarps;
-        if (pi >= hi) continue;
-        A y[V];
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-          A g = 0;
-          if constexpr (kReadsG<kPass>) g = convert<A>(gs[i].v[e]);
-          y[e] = steps[e](convert<A>(xs[i].v[e]), g);
-        }
-        if constexpr (!kReduces<kPass>) {
-          int64_t o[kFull];
-          offsets(pi, o);
-          store_y<T, V>(l.data[kY], o[kY], y);
-        }
-      }
+    for (int64_t p = lo + threadIdx.y; p < hi; p += 2 * kWarps) {
+      const bool second = p + kWarps < hi;
+      int64_t o[kFull], q[kFull];
+      offsets(p, o);
+      offsets(second ? p + kWarps : p, q);
+      visit<kPass, T, V, 1>(l, o, q, second, steps);
     }
   }
   if constexpr (kReduces<kPass>) {
@@ -329,6 +288,11 @@ __global__ void __launch_bounds__(kThreads, kReadsG<kPass> ? 2 : 1) last_kernel(
       store(partials_of<A>(l, c, Acc::kWidth, kCoef<kPass>) + s * Acc::kWidth, r);
     }
   }
+}
+
+template <class U>
+__device__ __forceinline__ U& at(const ChannelVec& v, int64_t c) {
+  return reinterpret_cast<U*>(v.data)[c * v.stride];
 }
 
 /// The partials of channel c merged in a fixed order: lane j takes splits
@@ -390,16 +354,20 @@ __global__ void __launch_bounds__(kThreads) finalize_forward(BatchNormLaunch l) 
   coef[2] = l.bias.data ? convert<A>(at<P>(l.bias, c)) : A(0);
 }
 
-/// Thread per channel: the mean and invstd an eval backward uses (coef[3],
-/// coef[2]); training reads save_mean / save_invstd where it needs them.
+/// Thread per channel: the mean and invstd the backward uses (coef[3], coef[2]).
 template <class T, class P>
 __global__ void __launch_bounds__(kThreads) prepare_backward(BatchNormLaunch l) {
   using A = acc_t<T>;
   const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= l.channels) return;
   A* coef = static_cast<A*>(l.workspace) + c * 4;
-  coef[3] = convert<A>(at<P>(l.running_mean, c));
-  coef[2] = invstd_of(convert<A>(at<P>(l.running_var, c)), l.eps);
+  if (l.training) {
+    coef[3] = at<A>(l.save_mean, c);
+    coef[2] = at<A>(l.save_invstd, c);
+  } else {
+    coef[3] = convert<A>(at<P>(l.running_mean, c));
+    coef[2] = invstd_of(convert<A>(at<P>(l.running_var, c)), l.eps);
+  }
 }
 
 /// One warp per channel: grad_weight, grad_bias and the grad_input coefficients.
@@ -417,7 +385,7 @@ __global__ void __launch_bounds__(kThreads) finalize_backward(BatchNormLaunch l)
     return;
   }
   A* coef = static_cast<A*>(l.workspace) + c * 4;
-  const A mean = l.training ? at<A>(l.save_mean, c) : coef[3], invstd = l.training ? at<A>(l.save_invstd, c) : coef[2];
+  const A mean = coef[3], invstd = coef[2];
   at<P>(l.grad_weight, c) = convert<P>(sums.gxm * invstd);
   at<P>(l.grad_bias, c) = convert<P>(sums.g);
   const A w = l.weight.data ? convert<A>(at<P>(l.weight, c)) : A(1);
@@ -443,61 +411,22 @@ bool vectors_fit(const BatchNormLaunch& l, size_t elem, bool across_channels) {
   return true;
 }
 
-/// Blocks of `kernel` (kThreads threads) the device holds at once: resident
-/// blocks per SM times SMs, asked once per kernel and device; 0 if unknown.
-inline int64_t resident_blocks(const void* kernel) {
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, int64_t> known;
-  int device = 0, per_sm = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  const std::lock_guard lock(mutex);
-  if (const auto it = known.find({kernel, device}); it != known.end()) return it->second;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return known[{kernel, device}] = int64_t(per_sm) * sms;
-}
-
-// Note [Channels-last waves]
-// A channels-last pass runs tiles x splits blocks. The plan's splits (at most
-// 1024: the workspace holds that many partials) assume small blocks, but the
-// 16-byte kernels hold 70-128 registers a thread (four positions in flight;
-// at most 128 so that two blocks fit an SM): 2-3 blocks an SM, so 1024
-// blocks are 2.6-3.9 waves and the last wave leaves SMs idle (a
-// quarter of the pass at 2.6). Each pass takes the most whole waves of its
-// own kernel that fit the plan's splits (a reduction and the merge of its
-// partials use the same count; the elementwise passes chunk independently).
-// The backward passes only: with four positions in flight and whole waves
-// the forward ran at half its former speed (H100, 32x256x56x56 NHWC f32:
-// 0.79 TB/s against 1.6), so its passes keep two positions, no register
-// cap and the plan's splits.
-inline int whole_wave_splits(const void* kernel, int64_t tiles, int splits) {
-  const int64_t wave = resident_blocks(kernel), total = tiles * splits;
-  if (wave == 0 || total <= wave) return splits;
-  return int(std::max<int64_t>(1, total / wave * wave / tiles));
-}
-
-/// Runs one pass; returns the splits it used (channels-last: whole waves).
 template <Pass kPass, class T>
-int launch_pass(BatchNormLaunch l, cudaStream_t stream) {
+void launch_pass(const BatchNormLaunch& l, cudaStream_t stream) {
   constexpr int V = rows::kVecOf<T>;
   if (l.channels_last) {
     const dim3 block(32, kWarps);
-    const bool vec = vectors_fit<kPass, V>(l, sizeof(T), /*across_channels=*/true);
-    const int64_t tiles = vec ? (l.channels + 32 * V - 1) / (32 * V) : (l.channels + 31) / 32;
-    const auto kernel = vec ? last_kernel<kPass, T, V> : last_kernel<kPass, T, 1>;
-    if constexpr (kReadsG<kPass>) l.splits = whole_wave_splits(reinterpret_cast<const void*>(kernel), tiles, l.splits);
-    kernel<<<dim3(unsigned(tiles), l.splits), block, 0, stream>>>(l);
-    return l.splits;
+    if (vectors_fit<kPass, V>(l, sizeof(T), /*across_channels=*/true))
+      last_kernel<kPass, T, V><<<dim3(unsigned((l.channels + 32 * V - 1) / (32 * V)), l.splits), block, 0, stream>>>(l);
+    else
+      last_kernel<kPass, T, 1><<<dim3(unsigned((l.channels + 31) / 32), l.splits), block, 0, stream>>>(l);
+    return;
   }
   const dim3 grid(unsigned(l.channels), l.splits);
   if (vectors_fit<kPass, V>(l, sizeof(T), /*across_channels=*/false))
     first_kernel<kPass, T, V><<<grid, kThreads, 0, stream>>>(l);
   else
     first_kernel<kPass, T, 1><<<grid, kThreads, 0, stream>>>(l);
-  return l.splits;
 }
 
 template <class T, class P, bool kBackward>
@@ -505,17 +434,16 @@ struct CudaBatchNorm {
   static Status run(const BatchNormLaunch& l, CUstream_st* stream) {
     if (l.channels == 0) return Status::ok();
     const unsigned warp_blocks = unsigned((l.channels + kWarps - 1) / kWarps);
-    BatchNormLaunch merged = l;  // the merge reads the partials of the splits its reduction used
     if constexpr (!kBackward) {
-      if (l.training && l.count > 0) merged.splits = launch_pass<Pass::stats, T>(l, stream);
-      finalize_forward<T, P><<<warp_blocks, kThreads, 0, stream>>>(merged);
+      if (l.training && l.count > 0) launch_pass<Pass::stats, T>(l, stream);
+      finalize_forward<T, P><<<warp_blocks, kThreads, 0, stream>>>(l);
       if (l.count > 0) launch_pass<Pass::normalize, T>(l, stream);
     } else {
       if (l.count > 0) {
-        if (!l.training) prepare_backward<T, P><<<unsigned((l.channels + kThreads - 1) / kThreads), kThreads, 0, stream>>>(l);
-        merged.splits = launch_pass<Pass::grad_sums, T>(l, stream);
+        prepare_backward<T, P><<<unsigned((l.channels + kThreads - 1) / kThreads), kThreads, 0, stream>>>(l);
+        launch_pass<Pass::grad_sums, T>(l, stream);
       }
-      finalize_backward<T, P><<<warp_blocks, kThreads, 0, stream>>>(merged);
+      finalize_backward<T, P><<<warp_blocks, kThreads, 0, stream>>>(l);
       if (l.count > 0) launch_pass<Pass::grad_input, T>(l, stream);
     }
     BARACUDA_CUDA_TRY(cudaGetLastError());
