@@ -63,15 +63,16 @@ constexpr size_t wgmma_forward_smem(int64_t d) {
 /// Whether the Hopper forward takes a problem on a device of compute
 /// capability `sm` with `sm_count` SMs and `max_smem` bytes of opt-in shared
 /// memory: a forward tensor_core_layout takes, on sm_90 (its sm_90a code runs
-/// nowhere else), in a build with sm_90a code. Where it does not pay, the
-/// mma.sync kernel serves: grids of fewer 128-row blocks than SMs (its 64-row
-/// blocks fill twice the SMs) and dropout (a Philox draw per score costs the
-/// wgmma kernel's register-held P more than mma.sync's).
+/// nowhere else), in a build with sm_90a code, with fewer than 2^31 blocks
+/// (a 1-d grid). Where it does not pay, the mma.sync kernel serves: grids of
+/// fewer 128-row blocks than SMs (its 64-row blocks fill twice the SMs) and
+/// dropout (a Philox draw per score costs the wgmma kernel's register-held P
+/// more than mma.sync's).
 inline bool wgmma_layout(const Problem& p, int sm, int sm_count, size_t max_smem) {
 #ifdef BARACUDA_HAS_SM90A
   const int64_t blocks = p.batch * p.heads_q * ((p.seq_q + kWgRows - 1) / kWgRows);
-  return !p.backward && sm == 90 && p.dropout_p == 0 && blocks >= sm_count && tensor_core_layout(p, sm) &&
-         wgmma_forward_smem(p.head_dim) <= max_smem;
+  return !p.backward && sm == 90 && p.dropout_p == 0 && blocks >= sm_count && blocks < (int64_t(1) << 31) &&
+         tensor_core_layout(p, sm) && wgmma_forward_smem(p.head_dim) <= max_smem;
 #else
   (void)p, (void)sm, (void)sm_count, (void)max_smem;
   return false;
