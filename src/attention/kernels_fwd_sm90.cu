@@ -49,7 +49,6 @@
 
 #include <cuda.h>  // CUtensorMap and cuTensorMapEncodeTiled's type (the driver is reached through the runtime)
 
-#include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -69,24 +68,6 @@ struct TmaMaps {
 constexpr int producer_regs(bool tma) { return tma ? 24 : 40; }
 constexpr int consumer_regs(bool tma) { return tma ? 240 : 232; }
 constexpr int kSchedThreads = 256;                       // the two consumer warpgroups
-
-/// The order of the blocks (Note [Hopper block order]): the (batch, head)
-/// pairs in sections of `section`; in each, the query blocks from the first
-/// (or from the last where `heavy_first`) with the pairs fastest.
-struct BlockOrder {
-  int64_t q_blocks = 1, section = 1;
-  bool heavy_first = false;
-};
-
-/// Block `idx` of the grid as (batch, head, query block).
-__device__ __forceinline__ void block_at(const Problem& p, const BlockOrder& o, int64_t idx, int64_t& b, int64_t& h,
-                                         int64_t& qb) {
-  const int64_t pairs = p.batch * p.heads_q, per = o.section * o.q_blocks;
-  const int64_t first = idx / per * o.section, r = idx % per, n = min(o.section, pairs - first);
-  qb = o.heavy_first ? o.q_blocks - 1 - r / n : r / n;
-  const int64_t bh = first + r % n;
-  b = bh / p.heads_q, h = bh % p.heads_q;
-}
 
 /// Score rules as types, for the loops specialised on them.
 template <TileRule kRule>
@@ -337,25 +318,11 @@ bool make_tensor_map(CUtensorMap& map, const Operand& o, int64_t batch, int64_t 
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/// The block order of a problem (Note [Hopper block order]).
-BlockOrder block_order(const Problem& p) {
-  constexpr int64_t kL2Share = int64_t(32) << 20;  // bytes of K and V a section keeps in L2
-  BlockOrder o;
-  o.q_blocks = (p.seq_q + kWgRows - 1) / kWgRows;
-  o.heavy_first = p.causal;
-  const int64_t pairs = p.batch * p.heads_q;
-  if (o.heavy_first) {
-    const int64_t kv_head = std::max<int64_t>(p.seq_kv, 1) * (p.head_dim + p.value_dim) * 2;
-    o.section = std::clamp<int64_t>(std::max<int64_t>(kL2Share / kv_head, 1) * p.group(), 1, pairs);
-  }
-  return o;
-}
-
 template <class T, int kD, bool kTma>
 Status launch_kernel(const TmaMaps& maps, const Problem& p, CUstream_st* stream) {
   constexpr size_t smem = wgmma_forward_smem(kD);
   BARACUDA_TRY(allow_smem(attention_forward_sm90<T, kD, kTma>, smem));
-  const BlockOrder order = block_order(p);
+  const BlockOrder order = wgmma_block_order(p);
   const unsigned grid = unsigned(order.q_blocks * p.batch * p.heads_q);  // below 2^31 (wgmma_layout)
   attention_forward_sm90<T, kD, kTma><<<grid, kWgThreads, smem, stream>>>(maps, p, order);
   BARACUDA_CUDA_TRY(cudaGetLastError());

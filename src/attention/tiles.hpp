@@ -2,6 +2,7 @@
 // they need, visible to the plan (which refuses what a device cannot hold).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -58,6 +59,41 @@ constexpr int kWgRows = 128, kWgKeys = 128, kWgThreads = 384;
 constexpr int wgmma_stages(int64_t d) { return d == 64 ? 3 : 2; }
 constexpr size_t wgmma_forward_smem(int64_t d) {
   return size_t(kWgRows * d + wgmma_stages(d) * 2 * kWgKeys * d) * 2 + 1024 + 8 * (1 + 4 * wgmma_stages(d));
+}
+
+/// The order of the Hopper forward's blocks on its 1-d grid (Note [Hopper
+/// block order] in kernels_fwd_sm90.cu): the (batch, head) pairs in sections
+/// of `section`; in each, the query blocks from the first (from the last
+/// where `heavy_first`) with the pairs fastest.
+struct BlockOrder {
+  int64_t q_blocks = 1, section = 1;
+  bool heavy_first = false;
+};
+
+/// Causal problems heaviest first in sections whose K and V fit in 32 MiB
+/// of L2 (a multiple of the query heads that share a key head); the rest in
+/// one order of query blocks fastest.
+inline BlockOrder wgmma_block_order(const Problem& p) {
+  constexpr int64_t kL2Share = int64_t(32) << 20;
+  BlockOrder o;
+  o.q_blocks = (p.seq_q + kWgRows - 1) / kWgRows;
+  o.heavy_first = p.causal;
+  const int64_t pairs = p.batch * p.heads_q;
+  if (o.heavy_first && pairs > 0) {
+    const int64_t kv_head = std::max<int64_t>(p.seq_kv, 1) * (p.head_dim + p.value_dim) * 2;
+    o.section = std::clamp<int64_t>(std::max<int64_t>(kL2Share / kv_head, 1) * p.group(), 1, pairs);
+  }
+  return o;
+}
+
+/// Block `idx` of the grid in order `o` as (batch, head, query block).
+BCD_HD void block_at(const Problem& p, const BlockOrder& o, int64_t idx, int64_t& b, int64_t& h, int64_t& qb) {
+  const int64_t pairs = p.batch * p.heads_q, per = o.section * o.q_blocks;
+  const int64_t first = idx / per * o.section, r = idx % per;
+  const int64_t n = pairs - first < o.section ? pairs - first : o.section;  // the last section may be short
+  qb = o.heavy_first ? o.q_blocks - 1 - r / n : r / n;
+  const int64_t bh = first + r % n;
+  b = bh / p.heads_q, h = bh % p.heads_q;
 }
 
 /// Whether the Hopper forward takes a problem on a device of compute
