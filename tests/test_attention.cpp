@@ -9,6 +9,7 @@
 #include <random>
 
 #include "attention/engine.hpp"
+#include "attention/tiles.hpp"
 #include "baracuda/registry.hpp"
 #include "core/errors.hpp"
 #ifdef BARACUDA_HAS_CUDA
@@ -507,6 +508,7 @@ TEST(AttentionCuda, LongSequencesAgainstReference) {
                                       Attrs{{"causal", 1}},
                                       Attrs{{"causal", 1}, {"bottom_right", 1}},
                                       Attrs{{"window_left", 100}, {"window_right", 20}, {"softcap", 5}},
+                                      Attrs{{"window_left", 400}, {"window_right", 10}},  // edges, plain middle
                                       Attrs{},  // ALiBi and a boolean mask
                                       Attrs{{"dropout_p", 0.15}, {"seed", 3}, {"offset", 2}}};
   auto repeated = [](const std::vector<double>& x, int64_t copies) {
@@ -519,7 +521,7 @@ TEST(AttentionCuda, LongSequencesAgainstReference) {
     for (int64_t d : {64, 128})
       for (size_t o = 0; o < options.size(); ++o)
         for (DType t : {DType::bf16, DType::f16}) {
-          const bool masked = o == 4, dropout = o == 5;
+          const bool masked = o == 5, dropout = o == 6;
           const int64_t copies = dropout ? 1 : kCopies;  // dropout draws per head: one copy
           std::vector<double> mask(size_t(sq * skv)), slopes{0.3, 0.1, 0.05, 0.01};
           for (auto& x : mask) x = rng() % 5 ? 1 : 0;
@@ -547,6 +549,45 @@ TEST(AttentionCuda, LongSequencesAgainstReference) {
             else ASSERT_NEAR(got, want, 1e-4) << what << " lse " << e;
           }
         }
+}
+
+/// The Hopper forward's 1-d grid visits every (batch, head, query block)
+/// once; causal problems heaviest first in each section of (batch, head)
+/// pairs, the last section possibly short; the others query blocks fastest.
+TEST(AttentionTiles, HopperBlockOrderVisitsEveryBlockOnce) {
+  auto check = [](const attn::Problem& p, const attn::tiles::BlockOrder& o) {
+    const int64_t pairs = p.batch * p.heads_q;
+    std::vector<int> seen(size_t(pairs * o.q_blocks), 0);
+    int64_t prev_bh = -1, prev_qb = -1;
+    for (int64_t idx = 0; idx < pairs * o.q_blocks; ++idx) {
+      int64_t b, h, qb;
+      attn::tiles::block_at(p, o, idx, b, h, qb);
+      ASSERT_TRUE(b >= 0 && b < p.batch && h >= 0 && h < p.heads_q && qb >= 0 && qb < o.q_blocks) << idx;
+      ++seen[size_t((b * p.heads_q + h) * o.q_blocks + qb)];
+      const int64_t bh = b * p.heads_q + h;
+      if (idx % (o.section * o.q_blocks) != 0) {  // inside a section
+        if (o.heavy_first) EXPECT_LE(qb, prev_qb) << idx;
+        else EXPECT_GE(qb, bh == prev_bh ? prev_qb : 0) << idx;
+      } else {
+        EXPECT_EQ(qb, o.heavy_first ? o.q_blocks - 1 : 0) << idx;
+      }
+      prev_bh = bh, prev_qb = qb;
+    }
+    for (size_t e = 0; e < seen.size(); ++e) ASSERT_EQ(seen[e], 1) << "block " << e;
+  };
+  attn::Problem p;
+  p.batch = 3, p.heads_q = 8, p.heads_kv = 2, p.seq_q = 1000, p.seq_kv = 1000, p.head_dim = p.value_dim = 128;
+  for (bool causal : {false, true}) {
+    p.causal = causal;
+    const attn::tiles::BlockOrder o = attn::tiles::wgmma_block_order(p);
+    EXPECT_EQ(o.q_blocks, 8);
+    EXPECT_EQ(o.heavy_first, causal);
+    EXPECT_EQ(o.section, causal ? 24 : 1);  // 32 MiB hold every pair's K and V
+    check(p, o);
+  }
+  p.seq_kv = 1 << 20;  // 512 MiB of K and V a head: sections of one key head's 4 query heads
+  EXPECT_EQ(attn::tiles::wgmma_block_order(p).section, 4);
+  for (int64_t section : {1, 5, 7, 24}) check(p, attn::tiles::BlockOrder{8, section, true});
 }
 
 /// The bespoke sku names the tensor-core kernels where they serve (halves,

@@ -19,20 +19,38 @@
 //               score rule and softmax of S_j while P_{j-1} V_{j-1} runs;
 //               wait for it, release V_{j-1}, rescale O, P_j = S_j as A fragments
 //   O += P_last V_last
-// (the rule, the online softmax and the epilogue are the mma.sync kernel's:
-// tensor_core.cuh). The two consumers take turns issuing their products
+// (the online softmax and the epilogue are the mma.sync kernel's:
+// tensor_core.cuh). The block visits only the key tiles its rows may see
+// (tile_key_span: none past the causal diagonal or outside the window), and
+// the loop runs in three phases, each specialised on its score rule
+// (TileRule): the tiles every row of the warpgroup sees whole take the scale
+// alone; the few on the window's left edge before them and on the causal
+// diagonal or the window's right edge after them take the key-range test
+// alone (-inf outside each row's range); a problem with a mask, ALiBi or
+// softcap takes the whole rule on every tile. The two consumers take turns issuing their products
 // (named barriers 1 and 2, "ping-pong"): while one warpgroup's products run
 // on the tensor cores the other computes its softmax. Consumer 1 arrives on
 // consumer 0's barrier first, so consumer 0 issues first; each consumer
 // syncs on its own barrier and arrives on the other's once a tile, and
 // consumer 0 takes the one extra arrival at the end. Sums run in a fixed
 // order: deterministic.
+//
+// Note [Hopper block order]
+// One block a (batch, head, 128-row query block), on a 1-d grid. Without the
+// causal rule every block has the same work and the query blocks go fastest,
+// so the blocks resident together share a few heads' K and V in L2. Causal
+// blocks have more key tiles the later their rows, so the order is
+// heaviest first (longest-processing-time first: the short blocks fill the
+// tail), but in sections of (batch, head) pairs whose K and V fit in 32 MiB
+// of L2 (a multiple of the query heads sharing a key head): in a section,
+// the query blocks from the last to the first with the pairs fastest.
 #include "attention/tensor_core.cuh"
 #include "attention/wgmma_sm90.cuh"
 
 #include <cuda.h>  // CUtensorMap and cuTensorMapEncodeTiled's type (the driver is reached through the runtime)
 
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace baracuda::attn {
@@ -51,9 +69,13 @@ constexpr int producer_regs(bool tma) { return tma ? 24 : 40; }
 constexpr int consumer_regs(bool tma) { return tma ? 240 : 232; }
 constexpr int kSchedThreads = 256;                       // the two consumer warpgroups
 
+/// Score rules as types, for the loops specialised on them.
+template <TileRule kRule>
+using Rule = std::integral_constant<TileRule, kRule>;
+
 template <class T, int kD, bool kTma>
 __global__ void __launch_bounds__(kWgThreads, 1)
-    attention_forward_sm90(const __grid_constant__ TmaMaps maps, const Problem p) {
+    attention_forward_sm90(const __grid_constant__ TmaMaps maps, const Problem p, const BlockOrder order) {
 #ifdef BARACUDA_WGMMA
   constexpr int kStages = wgmma_stages(kD), kTile = kWgKeys * kD;  // halves of a K or V tile
   constexpr uint32_t kTileBytes = kTile * sizeof(T), kQBytes = kWgRows * kD * sizeof(T);
@@ -65,8 +87,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // Stage s's barriers: K full, V full, K empty, V empty.
   auto bar = [&](int kind, int s) { return bar_q + 8 * (1 + 4 * s + kind); };
   enum { kFullK, kFullV, kEmptyK, kEmptyV };
-  const HeadView v = head_view(p, blockIdx.z, blockIdx.y);
-  const int64_t row0 = int64_t(blockIdx.x) * kWgRows;
+  int64_t batch, head, q_block;
+  block_at(p, order, blockIdx.x, batch, head, q_block);
+  const HeadView v = head_view(p, batch, head);
+  const int64_t row0 = q_block * kWgRows;
   if (!v.valid || row0 >= v.len_q) return;
   int64_t span_lo, span_hi;
   tile_key_span(p, v, row0, min(row0 + kWgRows, v.len_q) - 1, span_lo, span_hi);
@@ -155,27 +179,31 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
   float o[kD / 8][4] = {};
   if (wg == 1) named_arrive(1, kSchedThreads);  // consumer 0 issues first
+  // Three phases (Note [Hopper forward]): the tiles [plain_lo, plain_hi)
+  // every row of this warpgroup sees whole take the scale alone, the edges
+  // before and after them the key-range test, and all of them the whole rule
+  // where the problem has a mask, ALiBi or softcap.
+  const bool extras = p.mask.data || p.alibi_slopes || p.softcap > 0;
+  int plain_lo = 0, plain_hi = 0;
+  if (!extras && wg_first < v.len_q) {
+    int64_t lo_first, hi_first, lo_last, hi_last;
+    key_range(p, wg_first, v.len_q, v.len_kv, lo_first, hi_first);
+    key_range(p, wg_last, v.len_q, v.len_kv, lo_last, hi_last);
+    const int64_t first = lo_last > span_lo ? (lo_last - span_lo + kWgKeys - 1) / kWgKeys : 0;
+    const int64_t hi = min(hi_first, v.len_kv);
+    const int64_t end = hi > span_lo ? (hi - span_lo) / kWgKeys : 0;
+    plain_lo = int(min(first, int64_t(tiles)));
+    plain_hi = int(max(int64_t(plain_lo), min(end, int64_t(tiles))));
+  }
   if (tiles > 0) {
     float s[kWgKeys / 8][4], corr[2], tile_max[2];
     uint32_t pa[8][4];  // P of the previous tile as A fragments
-    auto softmax = [&](int t) {
+    auto softmax = [&](auto rule, int t) {
       const int64_t k0 = span_lo + int64_t(t) * kWgKeys;
-      tile_scores(s, tile_max, p, v, f, k0, quad, tile_plain(p, v, wg_first, wg_last, k0, kWgKeys), scale_log2);
+      tile_scores<decltype(rule)::value>(s, tile_max, p, v, f, k0, quad, scale_log2);
       softmax_rows(s, m, l, corr, tile_max, p, v, f, k0, quad);
     };
-    mbar_wait(bar_q, 0);
-    mbar_wait(bar(kFullK, 0), 0);
-    named_sync(own, kSchedThreads);
-    wgmma_fence();
-    wgmma_scores_issue<T, kD>(s, sQw, kWgRows, sKV);
-    wgmma_commit();
-    named_arrive(other, kSchedThreads);
-    wgmma_wait<0>();
-    wgmma_pin(s);
-    if (lane == 0) mbar_arrive(bar(kEmptyK, 0));
-    softmax(0);
-    pack_probs<T>(pa, s);
-    for (int t = 1; t < tiles; ++t) {
+    auto step = [&](auto rule, int t) {
       const int st = t % kStages, sp = (t - 1) % kStages;
       mbar_wait(bar(kFullK, st), (t / kStages) & 1);
       mbar_wait(bar(kFullV, sp), ((t - 1) / kStages) & 1);
@@ -192,13 +220,35 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       wgmma_wait<1>();  // S_t is done; P_{t-1} V_{t-1} may still run
       wgmma_pin(s);
       if (lane == 0) mbar_arrive(bar(kEmptyK, st));
-      softmax(t);
+      softmax(rule, t);
       wgmma_wait<0>();
       wgmma_pin(o);
       wgmma_pin(pa);
       if (lane == 0) mbar_arrive(bar(kEmptyV, sp));
       rescale_rows(o, corr);
       pack_probs<T>(pa, s);
+    };
+    mbar_wait(bar_q, 0);
+    mbar_wait(bar(kFullK, 0), 0);
+    named_sync(own, kSchedThreads);
+    wgmma_fence();
+    wgmma_scores_issue<T, kD>(s, sQw, kWgRows, sKV);
+    wgmma_commit();
+    named_arrive(other, kSchedThreads);
+    wgmma_wait<0>();
+    wgmma_pin(s);
+    if (lane == 0) mbar_arrive(bar(kEmptyK, 0));
+    if (extras) softmax(Rule<TileRule::full>{}, 0);
+    else if (plain_lo == 0 && plain_hi > 0) softmax(Rule<TileRule::plain>{}, 0);
+    else softmax(Rule<TileRule::bounds>{}, 0);
+    pack_probs<T>(pa, s);
+    int t = 1;
+    if (extras) {
+      for (; t < tiles; ++t) step(Rule<TileRule::full>{}, t);
+    } else {
+      for (; t < plain_lo; ++t) step(Rule<TileRule::bounds>{}, t);
+      for (; t < plain_hi; ++t) step(Rule<TileRule::plain>{}, t);
+      for (; t < tiles; ++t) step(Rule<TileRule::bounds>{}, t);
     }
     const int sl = (tiles - 1) % kStages;
     mbar_wait(bar(kFullV, sl), ((tiles - 1) / kStages) & 1);
@@ -272,8 +322,9 @@ template <class T, int kD, bool kTma>
 Status launch_kernel(const TmaMaps& maps, const Problem& p, CUstream_st* stream) {
   constexpr size_t smem = wgmma_forward_smem(kD);
   BARACUDA_TRY(allow_smem(attention_forward_sm90<T, kD, kTma>, smem));
-  const dim3 grid(unsigned((p.seq_q + kWgRows - 1) / kWgRows), unsigned(p.heads_q), unsigned(p.batch));
-  attention_forward_sm90<T, kD, kTma><<<grid, kWgThreads, smem, stream>>>(maps, p);
+  const BlockOrder order = wgmma_block_order(p);
+  const unsigned grid = unsigned(order.q_blocks * p.batch * p.heads_q);  // below 2^31 (wgmma_layout)
+  attention_forward_sm90<T, kD, kTma><<<grid, kWgThreads, smem, stream>>>(maps, p, order);
   BARACUDA_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }

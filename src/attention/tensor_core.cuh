@@ -76,41 +76,48 @@ struct FragRows {
   }
 };
 
-/// Turns the raw products q.k of a key tile into scores in log2 units: the
-/// scale alone where `plain` (tile_plain), else the whole score rule element
-/// by element (-inf outside each row's key range); the row maxima of the
-/// tile into `tile_max` (over the 4 lanes of a row).
-template <int kN>
+/// How a key tile's raw products become scores: `plain`, the scale alone
+/// (tile_plain); `bounds`, the scale and -inf outside each row's key range
+/// (the causal and window edges of a problem with no mask, ALiBi or
+/// softcap); `full`, the whole score rule element by element.
+enum class TileRule { plain, bounds, full };
+
+/// Turns the raw products q.k of a key tile into scores in log2 units by
+/// `kRule`; the row maxima of the tile into `tile_max` (over the 4 lanes of a row).
+template <TileRule kRule, int kN>
 __device__ __forceinline__ void tile_scores(float (&s)[kN][4], float (&tile_max)[2], const Problem& p,
-                                            const HeadView& v, const FragRows& f, int64_t k0, int quad, bool plain,
+                                            const HeadView& v, const FragRows& f, int64_t k0, int quad,
                                             float scale_log2) {
   tile_max[0] = tile_max[1] = -INFINITY;
-  if (plain) {
 #pragma unroll
-    for (int nt = 0; nt < kN; ++nt)
+  for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] *= scale_log2;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
-      }
-  } else {
-#pragma unroll
-    for (int nt = 0; nt < kN; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
+    for (int e = 0; e < 4; ++e) {
+      const int r = e / 2;
+      float x = s[nt][e] * scale_log2;
+      if constexpr (kRule != TileRule::plain) {
         const int64_t j = k0 + nt * 8 + 2 * quad + (e & 1);
-        float x = -INFINITY, capped;
-        if (j >= f.lo[r] && j < f.hi[r]) x = score<float>(p, v, s[nt][e], f.row[r], j, capped) * kLog2e;
-        s[nt][e] = x;
-        tile_max[r] = fmaxf(tile_max[r], x);
+        float capped;
+        if (j < f.lo[r] || j >= f.hi[r]) x = -INFINITY;
+        else if constexpr (kRule == TileRule::full) x = score<float>(p, v, s[nt][e], f.row[r], j, capped) * kLog2e;
       }
-  }
+      s[nt][e] = x;
+      tile_max[r] = fmaxf(tile_max[r], x);
+    }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
   }
+}
+
+/// tile_scores with the scale alone where `plain` (tile_plain), else the whole rule.
+template <int kN>
+__device__ __forceinline__ void tile_scores(float (&s)[kN][4], float (&tile_max)[2], const Problem& p,
+                                            const HeadView& v, const FragRows& f, int64_t k0, int quad, bool plain,
+                                            float scale_log2) {
+  if (plain) tile_scores<TileRule::plain>(s, tile_max, p, v, f, k0, quad, scale_log2);
+  else tile_scores<TileRule::full>(s, tile_max, p, v, f, k0, quad, scale_log2);
 }
 
 /// One online-softmax step over a key tile of scores (log2 units) with row

@@ -2,6 +2,7 @@
 // they need, visible to the plan (which refuses what a device cannot hold).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -60,18 +61,54 @@ constexpr size_t wgmma_forward_smem(int64_t d) {
   return size_t(kWgRows * d + wgmma_stages(d) * 2 * kWgKeys * d) * 2 + 1024 + 8 * (1 + 4 * wgmma_stages(d));
 }
 
+/// The order of the Hopper forward's blocks on its 1-d grid (Note [Hopper
+/// block order] in kernels_fwd_sm90.cu): the (batch, head) pairs in sections
+/// of `section`; in each, the query blocks from the first (from the last
+/// where `heavy_first`) with the pairs fastest.
+struct BlockOrder {
+  int64_t q_blocks = 1, section = 1;
+  bool heavy_first = false;
+};
+
+/// Causal problems heaviest first in sections whose K and V fit in 32 MiB
+/// of L2 (a multiple of the query heads that share a key head); the rest in
+/// one order of query blocks fastest.
+inline BlockOrder wgmma_block_order(const Problem& p) {
+  constexpr int64_t kL2Share = int64_t(32) << 20;
+  BlockOrder o;
+  o.q_blocks = (p.seq_q + kWgRows - 1) / kWgRows;
+  o.heavy_first = p.causal;
+  const int64_t pairs = p.batch * p.heads_q;
+  if (o.heavy_first && pairs > 0) {
+    const int64_t kv_head = std::max<int64_t>(p.seq_kv, 1) * (p.head_dim + p.value_dim) * 2;
+    o.section = std::clamp<int64_t>(std::max<int64_t>(kL2Share / kv_head, 1) * p.group(), 1, pairs);
+  }
+  return o;
+}
+
+/// Block `idx` of the grid in order `o` as (batch, head, query block).
+BCD_HD void block_at(const Problem& p, const BlockOrder& o, int64_t idx, int64_t& b, int64_t& h, int64_t& qb) {
+  const int64_t pairs = p.batch * p.heads_q, per = o.section * o.q_blocks;
+  const int64_t first = idx / per * o.section, r = idx % per;
+  const int64_t n = pairs - first < o.section ? pairs - first : o.section;  // the last section may be short
+  qb = o.heavy_first ? o.q_blocks - 1 - r / n : r / n;
+  const int64_t bh = first + r % n;
+  b = bh / p.heads_q, h = bh % p.heads_q;
+}
+
 /// Whether the Hopper forward takes a problem on a device of compute
 /// capability `sm` with `sm_count` SMs and `max_smem` bytes of opt-in shared
 /// memory: a forward tensor_core_layout takes, on sm_90 (its sm_90a code runs
-/// nowhere else), in a build with sm_90a code. Where it does not pay, the
-/// mma.sync kernel serves: grids of fewer 128-row blocks than SMs (its 64-row
-/// blocks fill twice the SMs) and dropout (a Philox draw per score costs the
-/// wgmma kernel's register-held P more than mma.sync's).
+/// nowhere else), in a build with sm_90a code, with fewer than 2^31 blocks
+/// (a 1-d grid). Where it does not pay, the mma.sync kernel serves: grids of
+/// fewer 128-row blocks than SMs (its 64-row blocks fill twice the SMs) and
+/// dropout (a Philox draw per score costs the wgmma kernel's register-held P
+/// more than mma.sync's).
 inline bool wgmma_layout(const Problem& p, int sm, int sm_count, size_t max_smem) {
 #ifdef BARACUDA_HAS_SM90A
   const int64_t blocks = p.batch * p.heads_q * ((p.seq_q + kWgRows - 1) / kWgRows);
-  return !p.backward && sm == 90 && p.dropout_p == 0 && blocks >= sm_count && tensor_core_layout(p, sm) &&
-         wgmma_forward_smem(p.head_dim) <= max_smem;
+  return !p.backward && sm == 90 && p.dropout_p == 0 && blocks >= sm_count && blocks < (int64_t(1) << 31) &&
+         tensor_core_layout(p, sm) && wgmma_forward_smem(p.head_dim) <= max_smem;
 #else
   (void)p, (void)sm, (void)sm_count, (void)max_smem;
   return false;
