@@ -36,6 +36,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #include "core/cuda_check.hpp"
+#include "gemm/cutlass_element.cuh"
 #include "gemm/grouped.hpp"
 
 namespace baracuda::gemm::cutlass_grouped_impl {
@@ -45,24 +46,13 @@ using Extent = ProblemShape::UnderlyingProblemShape;
 using RowMajor = cutlass::layout::RowMajor;
 using ColumnMajor = cutlass::layout::ColumnMajor;
 
-template <class T>
-struct Element;
-template <>
-struct Element<__nv_bfloat16> {
-  using type = cutlass::bfloat16_t;
-};
-template <>
-struct Element<__half> {
-  using type = cutlass::half_t;
-};
-
 /// One kernel: 128 x 256 x 64 CTA tiles, 2 x 1 clusters, cooperative (two
 /// consumer warp groups on one tile), 16-byte alignment, D = A @ B.
 /// A RowMajor: K-contiguous; B ColumnMajor: K-contiguous (CUTLASS's B is N x K).
 template <class T, class LayoutA, class LayoutB>
 struct Config {
   using Value = T;
-  using E = typename Element<T>::type;
+  using E = typename cutlass_element<T>::type;
   static constexpr int kAlign = 16 / sizeof(E);
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;

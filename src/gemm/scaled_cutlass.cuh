@@ -46,33 +46,13 @@
 
 #include "core/cuda_check.hpp"
 #include "core/dtype_traits.hpp"
+#include "gemm/cutlass_element.cuh"
 #include "gemm/scaled_cutlass.hpp"
 
 namespace baracuda::gemm::cutlass_scaled_impl {
 
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
-
-template <class T>
-struct Element {
-  using type = T;
-};
-template <>
-struct Element<__nv_fp8_e4m3> {
-  using type = cutlass::float_e4m3_t;
-};
-template <>
-struct Element<__nv_fp8_e5m2> {
-  using type = cutlass::float_e5m2_t;
-};
-template <>
-struct Element<__nv_bfloat16> {
-  using type = cutlass::bfloat16_t;
-};
-template <>
-struct Element<__half> {
-  using type = cutlass::half_t;
-};
 
 using TileShape = cute::Shape<_128, _128, _128>;
 using ClusterShape = cute::Shape<_1, _2, _1>;
@@ -109,10 +89,10 @@ using LayoutSFB = decltype(BlockScales::deduce_layoutSFB());
 
 template <class A, class B, class Out, class Bias, bool kBlockwise>
 struct Config {
-  using EA = typename Element<A>::type;
-  using EB = typename Element<B>::type;
-  using EOut = typename Element<Out>::type;
-  using EBias = typename Element<Bias>::type;
+  using EA = typename cutlass_element<A>::type;
+  using EB = typename cutlass_element<B>::type;
+  using EOut = typename cutlass_element<Out>::type;
+  using EBias = typename cutlass_element<Bias>::type;
   using Epilogue = ScaledEpilogue<EOut, EBias>;
   using LayoutA = std::conditional_t<kBlockwise, cute::tuple<cutlass::layout::RowMajor, LayoutSFA>, cutlass::layout::RowMajor>;
   using LayoutB =
