@@ -27,13 +27,13 @@
 // alone; the few on the window's left edge before them and on the causal
 // diagonal or the window's right edge after them take the key-range test
 // alone (-inf outside each row's range); a problem with a mask, ALiBi or
-// softcap takes the whole rule on every tile. The two consumers take turns issuing their products
-// (named barriers 1 and 2, "ping-pong"): while one warpgroup's products run
-// on the tensor cores the other computes its softmax. Consumer 1 arrives on
-// consumer 0's barrier first, so consumer 0 issues first; each consumer
-// syncs on its own barrier and arrives on the other's once a tile, and
-// consumer 0 takes the one extra arrival at the end. Sums run in a fixed
-// order: deterministic.
+// softcap takes the whole rule on every tile. The two consumers take turns
+// issuing their products (named barriers 1 and 2, "ping-pong"): while one
+// warpgroup's products run on the tensor cores the other computes its
+// softmax. Consumer 1 arrives on consumer 0's barrier first, so consumer 0
+// issues first; each consumer syncs on its own barrier and arrives on the
+// other's once a tile, and consumer 0 takes the one extra arrival at the
+// end. Sums run in a fixed order: deterministic.
 //
 // Note [Hopper block order]
 // One block a (batch, head, 128-row query block), on a 1-d grid. Without the
