@@ -129,13 +129,17 @@ def main():
         row(f"sdpa fwd dropout 0.1 B{b} H{h} S{s} D{d} (bespoke mma.sync)",
             lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, seed=1),
             lambda: TF.scaled_dot_product_attention(q, k, v, dropout_p=0.1), 4 * b * h * s * s * d)
-        out, lse = F.scaled_dot_product_attention(q, k, v, softcap=30.0, return_lse=True)
-        g = torch.randn_like(out)
+        row(f"sdpa fwd softcap 30 B{b} H{h} S{s} D{d} (bespoke)",
+            lambda: F.scaled_dot_product_attention(q, k, v, softcap=30.0),
+            lambda: TF.scaled_dot_product_attention(q, k, v), 4 * b * h * s * s * d)
         qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
         ref = TF.scaled_dot_product_attention(qr, kr, vr)
-        row(f"sdpa bwd softcap 30 B{b} H{h} S{s} D{d} (bespoke)",
-            lambda: F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, softcap=30.0),
-            lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True), 10 * b * h * s * s * d)
+        g = torch.randn_like(q)
+        for name, extra in (("softcap 30", dict(softcap=30.0)), ("dropout 0.1", dict(dropout_p=0.1, seed=1))):
+            out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, **extra)
+            row(f"sdpa bwd {name} B{b} H{h} S{s} D{d} (bespoke)",
+                lambda: F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **extra),
+                lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True), 10 * b * h * s * s * d)
 
 
 def rel_close(a, b, tol):

@@ -365,7 +365,9 @@ TEST(AttentionCuda, MultiTileAgainstReference) {
   const std::vector<Attrs> options = {Attrs{{"causal", 1}},
                                       Attrs{{"window_left", 70}, {"window_right", 5}, {"bottom_right", 1}, {"softcap", 3}},
                                       Attrs{},
-                                      Attrs{{"dropout_p", 0.2}, {"seed", 5}, {"offset", 11}}};
+                                      Attrs{{"dropout_p", 0.2}, {"seed", 5}, {"offset", 11}},
+                                      // whole key tiles with a softcap (the backward's inline capped path), then a short last one
+                                      Attrs{{"softcap", 3}, {"scale", 0.4}}};
   for (int64_t d : {64, 128})
     for (size_t o = 0; o < options.size(); ++o)
       for (DType t : {DType::bf16, DType::f16, DType::f32}) {

@@ -15,7 +15,8 @@
 //   as above, untransposed, and dQ += dS K.
 // See Note [Fragments of the transposed products] for the operand layouts.
 // Both apply the whole score rule of score.hpp element by element, except on
-// tiles every row sees whole with no mask, ALiBi or softcap (tile_plain).
+// tiles every row sees whole with no mask, ALiBi or dropout (tile_whole),
+// which take the scale and the softcap inline (grad_score_whole).
 #include "attention/tensor_core.cuh"
 
 namespace baracuda::attn {
@@ -82,11 +83,125 @@ __device__ __noinline__ float2 grad_score_rule(const Problem& p, const HeadView&
   return make_float2(prob * (z * dprob - rdot) * slope, prob * z);
 }
 
-/// dS (x) and P (y) on a tile every row sees whole with no rule and no dropout.
-__device__ __forceinline__ float2 grad_score_plain(float raw, float dprob, float scale_log2, float scale, float lse2,
-                                                   float rdot) {
-  const float prob = fast_exp2(raw * scale_log2 - lse2);
-  return make_float2(prob * (dprob - rdot) * scale, prob);
+/// The constants of the scores on whole tiles (tile_whole).
+struct WholeTileRule {
+  float scale, scale_log2;
+  float scale_over_cap, cap_log2;  // with a softcap
+  float kept_scale;                 // with dropout: a kept probability's factor
+  __device__ explicit WholeTileRule(const Problem& p)
+      : scale(float(p.scale)),
+        scale_log2(float(p.scale * 1.4426950408889634)),
+        scale_over_cap(p.softcap > 0 ? float(p.scale / p.softcap) : 0.f),
+        cap_log2(float(p.softcap * 1.4426950408889634)),
+        kept_scale(p.dropout_p > 0 ? dropout_scale<float>(p) : 1.f) {}
+};
+
+/// Which score code a key tile takes: the whole rule element by element, or
+/// grad_score_whole with or without the softcap. With dropout a whole tile
+/// also needs its keys from a multiple of 16 (whole dropout groups, Note
+/// [Attention dropout draws]).
+enum class TileScores { rule, whole, whole_capped };
+__device__ __forceinline__ TileScores tile_scores_of(const Problem& p, const HeadView& v, int64_t row0, int64_t row_last,
+                                                     int64_t k0) {
+  if (!tile_whole(p, v, row0, row_last, k0, kTcKeys) || (p.dropout_p > 0 && (k0 & 15) != 0)) return TileScores::rule;
+  return p.softcap > 0 ? TileScores::whole_capped : TileScores::whole;
+}
+
+/// Dropout keep bits of a dQ-pass fragment (bit 4 nt + e: row rows[e / 2],
+/// key k0 + 8 nt + 2 quad + (e % 2)): tiles nt and nt + 1 (nt even) are one
+/// dropout group, one Philox call per 8 scores. k0 % 16 == 0 and the
+/// thread's first row has bit 3 clear.
+template <int kN>
+__device__ __forceinline__ uint32_t dropout_bits_rows(const Problem& p, const HeadView& v, const int64_t (&rows)[2],
+                                                      int64_t k0, int quad) {
+  static_assert(kN % 2 == 0 && kN * 4 <= 32, "whole groups, one bit a score");
+  const uint32_t threshold = dropout_threshold(p.dropout_p);
+  uint32_t bits = 0;
+#pragma unroll
+  for (int nt = 0; nt < kN; nt += 2) {
+    const int64_t j = k0 + nt * 8 + 2 * quad;
+    const PhiloxWords w = dropout_draws(p, v.b, v.h, rows[0], j);
+#pragma unroll
+    for (int d = 0; d < 2; ++d)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        bits |= uint32_t(dropout_draw(w, rows[e / 2], j + 8 * d + (e & 1)) >= threshold) << (4 * (nt + d) + e);
+  }
+  return bits;
+}
+
+/// Dropout keep bits of a dK/dV-pass fragment (bit 4 nt + e: row r + 8 nt +
+/// (e % 2), key key + 8 (e / 2)): for each row parity, tiles nt and nt + 1
+/// (nt even) hold half a dropout group, one Philox call per 4 scores. r % 16
+/// < 7 and key % 16 < 8 (the row and key with bit 3 clear).
+template <int kN>
+__device__ __forceinline__ uint32_t dropout_bits_keys(const Problem& p, const HeadView& v, int64_t r, int64_t key) {
+  static_assert(kN % 2 == 0 && kN * 4 <= 32, "whole groups, one bit a score");
+  const uint32_t threshold = dropout_threshold(p.dropout_p);
+  uint32_t bits = 0;
+#pragma unroll
+  for (int nt = 0; nt < kN; nt += 2)
+#pragma unroll
+    for (int parity = 0; parity < 2; ++parity) {
+      const int64_t i = r + nt * 8 + parity;
+      const PhiloxWords w = dropout_draws(p, v.b, v.h, i, key);
+#pragma unroll
+      for (int d = 0; d < 2; ++d)
+#pragma unroll
+        for (int kh = 0; kh < 2; ++kh)
+          bits |= uint32_t(dropout_draw(w, i + 8 * d, key + 8 * kh) >= threshold) << (4 * (nt + d) + 2 * kh + parity);
+    }
+  return bits;
+}
+
+/// dS (x) and P times dropout's factor z (y) on a whole tile (tile_whole):
+/// the scale alone, or with kCapped the softcap too (score = cap tanh(scale
+/// raw / cap), d score / d raw = scale (1 - tanh^2)), inline where
+/// grad_score_rule would pay a call and the key-range test per element.
+/// dS = P (z dP - dO.O) d score / d raw.
+template <bool kCapped>
+__device__ __forceinline__ float2 grad_score_whole(float raw, float dprob, const WholeTileRule& w, float lse2,
+                                                   float rdot, float z) {
+  if constexpr (kCapped) {
+    const float t = tanhf(raw * w.scale_over_cap);
+    const float prob = fast_exp2(t * w.cap_log2 - lse2);
+    return make_float2(prob * (z * dprob - rdot) * (w.scale * (1.f - t * t)), prob * z);
+  } else {
+    const float prob = fast_exp2(raw * w.scale_log2 - lse2);
+    return make_float2(prob * (z * dprob - rdot) * w.scale, prob * z);
+  }
+}
+
+/// grad_score_whole over a warp's fragments: dp becomes dS and s becomes P
+/// times dropout's factor; lse_rdot(nt, e) gives the element's row lse (log2
+/// units) and dO . O; with kDropout, bit 4 nt + e of `kept` says whether
+/// dropout keeps the element (dropout_bits_*).
+template <bool kCapped, bool kDropout, int kN, class RowOf>
+__device__ __forceinline__ void whole_tile_grads(float (&s)[kN][4], float (&dp)[kN][4], const WholeTileRule& w,
+                                                 RowOf&& lse_rdot, uint32_t kept) {
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 row = lse_rdot(nt, e);
+      const float z = !kDropout ? 1.f : (kept >> (4 * nt + e)) & 1 ? w.kept_scale : 0.f;
+      const float2 g = grad_score_whole<kCapped>(s[nt][e], dp[nt][e], w, row.x, row.y, z);
+      dp[nt][e] = g.x, s[nt][e] = g.y;
+    }
+}
+
+/// whole_tile_grads specialised on the softcap and dropout; `kept` is read
+/// only with dropout.
+template <int kN, class RowOf>
+__device__ __forceinline__ void whole_tile_grads(TileScores kind, bool dropout, float (&s)[kN][4], float (&dp)[kN][4],
+                                                 const WholeTileRule& w, RowOf&& lse_rdot, uint32_t kept) {
+  if (kind == TileScores::whole_capped) {
+    if (dropout) whole_tile_grads<true, true>(s, dp, w, lse_rdot, kept);
+    else whole_tile_grads<true, false>(s, dp, w, lse_rdot, kept);
+  } else {
+    if (dropout) whole_tile_grads<false, true>(s, dp, w, lse_rdot, kept);
+    else whole_tile_grads<false, false>(s, dp, w, lse_rdot, kept);
+  }
 }
 
 /// c[0..2 * kD / 16) += a (16 x 16, registers) * tile rows [k0, k0 + 16) x all kD dims (ldmatrix.trans).
@@ -190,7 +305,8 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
   if (have) load_stage(0, h, i0);
   cp_async_commit();
 
-  const float scale = float(p.scale), scale_log2 = float(p.scale * 1.4426950408889634);
+  const WholeTileRule rule(p);
+  const bool dropout = p.dropout_p > 0;
   float dk[kDimTiles][4] = {}, dv[kDimTiles][4] = {};
   const int key_row = warp * 16 + lane % 16;  // this lane's ldmatrix row of the warp's 16 keys
   for (int stage = 0; have; stage ^= 1) {
@@ -206,7 +322,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
     const float* tR = sR + stage * kTcRows;
     const HeadView v = head_view(p, b, h);
 
-    const bool plain = p.dropout_p <= 0 && tile_plain(p, v, i0, min(i0 + kTcRows, v.len_q) - 1, k0, kTcKeys);
+    const TileScores kind = tile_scores_of(p, v, i0, min(i0 + kTcRows, v.len_q) - 1, k0);
     // The 64 query rows in two halves of 32 (S^T and dP^T of a whole tile
     // beside dK and dV would spill at kD = 128).
 #pragma unroll 1
@@ -215,15 +331,14 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
       float s[4][4] = {}, dp[4][4] = {};
       score_fragments<T, kD, 32>(s, dp, sK, sV, key_row, tQ, tG, q0, lane);
       // Element (nt, e): key k0 + warp * 16 + lane / 4 + 8 (e / 2), row i0 + q0 + nt * 8 + 2 quad + (e & 1).
-      if (plain) {
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = q0 + nt * 8 + 2 * quad + (e & 1);
-            const float2 g = grad_score_plain(s[nt][e], dp[nt][e], scale_log2, scale, tL[r], tR[r]);
-            dp[nt][e] = g.x, s[nt][e] = g.y;
-          }
+      auto lse_rdot = [&](int nt, int e) {
+        const int r = q0 + nt * 8 + 2 * quad + (e & 1);
+        return make_float2(tL[r], tR[r]);
+      };
+      if (kind != TileScores::rule) {
+        const uint32_t kept =
+            dropout ? dropout_bits_keys<4>(p, v, i0 + q0 + 2 * quad, k0 + warp * 16 + lane / 4) : 0u;
+        whole_tile_grads(kind, dropout, s, dp, rule, lse_rdot, kept);
       } else {
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
@@ -302,7 +417,8 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
     lse2[r] = row_lse2(p, v, row[r]);
     rdot[r] = row[r] < v.len_q ? ws[row_index(p, v, row[r])] : 0.f;
   }
-  const float scale = float(p.scale), scale_log2 = float(p.scale * 1.4426950408889634);
+  const WholeTileRule rule(p);
+  const bool dropout = p.dropout_p > 0;
   float dq[kDimTiles][4] = {};
   int stage = 0;
   for (int64_t k0 = span_lo; k0 < span_hi; k0 += kTcKeys, stage ^= 1) {
@@ -312,12 +428,11 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
     // S = Q K^T and dP = dO V^T: the warp's 16 rows x 64 keys.
     float s[8][4] = {}, dp[8][4] = {};
     score_fragments<T, kD, kTcKeys>(s, dp, sQ, sG, q_row, tK, tV, 0, lane);
-    if (p.dropout_p <= 0 && tile_plain(p, v, row0, row_last, k0, kTcKeys)) {
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          dp[nt][e] = grad_score_plain(s[nt][e], dp[nt][e], scale_log2, scale, lse2[e / 2], rdot[e / 2]).x;
+    const TileScores kind = tile_scores_of(p, v, row0, row_last, k0);
+    auto lse_rdot = [&](int, int e) { return make_float2(lse2[e / 2], rdot[e / 2]); };
+    if (kind != TileScores::rule) {
+      const uint32_t kept = dropout ? dropout_bits_rows<8>(p, v, row, k0, quad) : 0u;
+      whole_tile_grads(kind, dropout, s, dp, rule, lse_rdot, kept);
     } else {
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)

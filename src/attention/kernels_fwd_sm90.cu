@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     auto softmax = [&](auto rule, int t) {
       const int64_t k0 = span_lo + int64_t(t) * kWgKeys;
       tile_scores<decltype(rule)::value>(s, tile_max, p, v, f, k0, quad, scale_log2);
-      softmax_rows(s, m, l, corr, tile_max, p, v, f, k0, quad);
+      softmax_rows<false>(s, m, l, corr, tile_max, p, v, f, k0, quad);
     };
     auto step = [&](auto rule, int t) {
       const int st = t % kStages, sp = (t - 1) % kStages;

@@ -87,11 +87,18 @@ BCD_HD Acc score_slope(const Problem& p, Acc capped) {
   return Acc(p.scale);
 }
 
-/// Dropout's factor on a kept probability: 1 / (1 - p), 0 when dropped.
+/// Dropout's scale on a kept probability: 2^16 / (2^16 - threshold), 1 / (1 - p)
+/// to 16 bits (Note [Attention dropout draws]), one rounded f32 quotient on every backend.
+template <class Acc>
+BCD_HD Acc dropout_scale(const Problem& p) {
+  return Acc(65536.f / float(65536u - dropout_threshold(p.dropout_p)));
+}
+
+/// Dropout's factor on a probability: dropout_scale when kept, 0 when dropped.
 template <class Acc>
 BCD_HD Acc dropout_factor(const Problem& p, const HeadView& v, int64_t i, int64_t j) {
   if (p.dropout_p <= 0) return Acc(1);
-  return dropout_keep(p, v.b, v.h, i, j) ? Acc(1) / (Acc(1) - Acc(p.dropout_p)) : Acc(0);
+  return dropout_keep(p, v.b, v.h, i, j) ? dropout_scale<Acc>(p) : Acc(0);
 }
 
 }  // namespace baracuda::attn

@@ -45,15 +45,21 @@ __device__ __forceinline__ void await_kv_stage(T* dst, const T* k, int64_t k_seq
   __syncthreads();
 }
 
-/// Whether no score of the tile needs the rule: every key is inside every
-/// row's range and there is no mask, ALiBi or softcap.
-__device__ __forceinline__ bool tile_plain(const Problem& p, const HeadView& v, int64_t row0, int64_t row_last,
+/// Whether every key of the tile is inside every row's range and there is no
+/// mask or ALiBi: its scores need at most the scale and the softcap.
+__device__ __forceinline__ bool tile_whole(const Problem& p, const HeadView& v, int64_t row0, int64_t row_last,
                                            int64_t k0, int keys) {
-  if (p.mask.data || p.alibi_slopes || p.softcap > 0 || k0 + keys > v.len_kv) return false;
+  if (p.mask.data || p.alibi_slopes || k0 + keys > v.len_kv) return false;
   int64_t lo_first, hi_first, lo_last, hi_last;
   key_range(p, row0, v.len_q, v.len_kv, lo_first, hi_first);
   key_range(p, row_last, v.len_q, v.len_kv, lo_last, hi_last);
   return k0 >= lo_last && k0 + keys <= hi_first;
+}
+
+/// Whether no score of the tile needs the rule: tile_whole and no softcap.
+__device__ __forceinline__ bool tile_plain(const Problem& p, const HeadView& v, int64_t row0, int64_t row_last,
+                                           int64_t k0, int keys) {
+  return p.softcap <= 0 && tile_whole(p, v, row0, row_last, k0, keys);
 }
 
 // ---------------------------------------------------------------- forward steps
@@ -120,12 +126,45 @@ __device__ __forceinline__ void tile_scores(float (&s)[kN][4], float (&tile_max)
   else tile_scores<TileRule::full>(s, tile_max, p, v, f, k0, quad, scale_log2);
 }
 
+/// Dropout on a thread's probabilities s[nt][e] (rows f.row[e / 2], keys k0
+/// + 8 nt + 2 quad + (e % 2)). With k0 a multiple of 16 and the warp's rows
+/// from a multiple of 16, tiles nt and nt + 1 (nt even) are one dropout
+/// group (Note [Attention dropout draws]): one Philox call per 8 scores.
+/// Other key tiles (a window's span may start anywhere) draw per score.
+template <int kN>
+__device__ __forceinline__ void apply_dropout(float (&s)[kN][4], const Problem& p, const HeadView& v,
+                                              const FragRows& f, int64_t k0, int quad) {
+  static_assert(kN % 2 == 0, "key tiles pair up into dropout groups");
+  if ((k0 & 15) == 0 && (f.row[0] & 15) < 8) {
+    const uint32_t threshold = dropout_threshold(p.dropout_p);
+    const float scale = dropout_scale<float>(p);
+#pragma unroll
+    for (int nt = 0; nt < kN; nt += 2) {
+      const int64_t j = k0 + nt * 8 + 2 * quad;
+      const PhiloxWords w = dropout_draws(p, v.b, v.h, f.row[0], j);
+#pragma unroll
+      for (int d = 0; d < 2; ++d)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[nt + d][e] *= dropout_draw(w, f.row[e / 2], j + 8 * d + (e & 1)) >= threshold ? scale : 0.f;
+    }
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (s[nt][e] > 0) s[nt][e] *= dropout_factor<float>(p, v, f.row[e / 2], k0 + nt * 8 + 2 * quad + (e & 1));
+  }
+}
+
 /// One online-softmax step over a key tile of scores (log2 units) with row
 /// maxima `tile_max`, all but the rescaling of the output: updates the
 /// running max `m` and sum `l`, leaves in `corr` the factor the output
 /// accumulators take (rescale_rows) and in `s` the probabilities times
-/// dropout's factor (the sum counts them before dropout).
-template <int kN>
+/// dropout's factor (the sum counts them before dropout). kDropout false
+/// leaves dropout out, for kernels dropout never selects (the Hopper
+/// forward: tiles::wgmma_layout), which its code would cost registers.
+template <bool kDropout = true, int kN>
 __device__ __forceinline__ void softmax_rows(float (&s)[kN][4], float (&m)[2], float (&l)[2], float (&corr)[2],
                                              const float (&tile_max)[2], const Problem& p, const HeadView& v,
                                              const FragRows& f, int64_t k0, int quad) {
@@ -151,12 +190,8 @@ __device__ __forceinline__ void softmax_rows(float (&s)[kN][4], float (&m)[2], f
     l[r] = l[r] * corr[r] + sum[r];
     m[r] = m_new[r];
   }
-  if (p.dropout_p > 0)
-#pragma unroll
-    for (int nt = 0; nt < kN; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (s[nt][e] > 0) s[nt][e] *= dropout_factor<float>(p, v, f.row[e / 2], k0 + nt * 8 + 2 * quad + (e & 1));
+  if constexpr (kDropout)
+    if (p.dropout_p > 0) apply_dropout(s, p, v, f, k0, quad);
 }
 
 /// Rescales a thread's output accumulators by softmax_rows' factors.

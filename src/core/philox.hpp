@@ -24,11 +24,6 @@ BCD_HD PhiloxWords philox(uint64_t key, uint32_t c0, uint32_t c1, uint32_t c2, u
   return {{c0, c1, c2, c3}};
 }
 
-/// The first word alone.
-BCD_HD uint32_t philox_first(uint64_t key, uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3) {
-  return philox(key, c0, c1, c2, c3).v[0];
-}
-
 /// A uniform in (0, 1) from 32 random bits: the top 23 bits k give
 /// u = (2k + 1) / 2^24, in [2^-24, 1 - 2^-24]. u is exact in f32 and f64 (24
 /// significant bits), so every backend sees the same u whatever its math type.
