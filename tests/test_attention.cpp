@@ -512,7 +512,9 @@ TEST(AttentionCuda, LongSequencesAgainstReference) {
                                       Attrs{{"window_left", 100}, {"window_right", 20}, {"softcap", 5}},
                                       Attrs{{"window_left", 400}, {"window_right", 10}},  // edges, plain middle
                                       Attrs{},  // ALiBi and a boolean mask
-                                      Attrs{{"dropout_p", 0.15}, {"seed", 3}, {"offset", 2}}};
+                                      Attrs{{"dropout_p", 0.15}, {"seed", 3}, {"offset", 2}},
+                                      // whole tiles with the softcap inline, the diagonal's edges with it too
+                                      Attrs{{"causal", 1}, {"softcap", 5}}};
   auto repeated = [](const std::vector<double>& x, int64_t copies) {
     std::vector<double> out;
     out.reserve(x.size() * size_t(copies));

@@ -120,6 +120,14 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+/// tanh(x) = 1 - 2 / (2^(2 x log2 e) + 1) on the special-function unit
+/// (ex2.approx, rcp.approx): absolute error about 2^-22, so a softcap's
+/// score cap tanh(.) is off by about cap 2^-22 (tanh.approx's 2^-11 relative
+/// would move a probability by up to cap 2^-11). Saturates to +-1.
+__device__ __forceinline__ float fast_tanh(float x) {
+  return 1.f - __fdividef(2.f, fast_exp2(x * 2.8853900817779268f) + 1.f);
+}
+
 /// Two floats as one register of two f16/bf16 (the first in the low half).
 template <class T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {

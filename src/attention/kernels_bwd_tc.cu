@@ -83,17 +83,12 @@ __device__ __noinline__ float2 grad_score_rule(const Problem& p, const HeadView&
   return make_float2(prob * (z * dprob - rdot) * slope, prob * z);
 }
 
-/// The constants of the scores on whole tiles (tile_whole).
-struct WholeTileRule {
-  float scale, scale_log2;
-  float scale_over_cap, cap_log2;  // with a softcap
-  float kept_scale;                 // with dropout: a kept probability's factor
+/// The constants of the scores on whole tiles (tile_whole): the forward's
+/// (ScoreScales), the scale itself and dropout's factor on a kept probability.
+struct WholeTileRule : ScoreScales {
+  float scale, kept_scale;
   __device__ explicit WholeTileRule(const Problem& p)
-      : scale(float(p.scale)),
-        scale_log2(float(p.scale * 1.4426950408889634)),
-        scale_over_cap(p.softcap > 0 ? float(p.scale / p.softcap) : 0.f),
-        cap_log2(float(p.softcap * 1.4426950408889634)),
-        kept_scale(p.dropout_p > 0 ? dropout_scale<float>(p) : 1.f) {}
+      : ScoreScales(p), scale(float(p.scale)), kept_scale(p.dropout_p > 0 ? dropout_scale<float>(p) : 1.f) {}
 };
 
 /// Which score code a key tile takes: the whole rule element by element, or
@@ -163,7 +158,7 @@ template <bool kCapped>
 __device__ __forceinline__ float2 grad_score_whole(float raw, float dprob, const WholeTileRule& w, float lse2,
                                                    float rdot, float z) {
   if constexpr (kCapped) {
-    const float t = tanhf(raw * w.scale_over_cap);
+    const float t = fast_tanh(raw * w.scale_over_cap);  // as the forward (tile_scores)
     const float prob = fast_exp2(t * w.cap_log2 - lse2);
     return make_float2(prob * (z * dprob - rdot) * (w.scale * (1.f - t * t)), prob * z);
   } else {

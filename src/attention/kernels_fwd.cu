@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
 
   // This thread's rows: g and g + 8 of the warp's 16.
   const FragRows f(p, v, row0 + warp * 16 + lane / 4);
-  const float scale_log2 = float(p.scale * 1.4426950408889634);
+  const ScoreScales scales(p);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
   float o[kDimTiles][4] = {};
   int stage = 0;
@@ -169,7 +169,8 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
     // The score rule (only scale where the whole tile is visible), then the
     // online softmax over this tile.
     float tile_max[2];
-    tile_scores(s, tile_max, p, v, f, k0, quad, tile_plain(p, v, row0, row_last, k0, kTcKeys), scale_log2);
+    tile_scores(s, tile_max, p, v, f, k0, quad,
+                tile_whole(p, v, row0, row_last, k0, kTcKeys) ? inline_rule(p, true) : TileRule::full, scales);
     online_softmax(s, o, m, l, tile_max, p, v, f, k0, quad);
     // O += P V: the probabilities of two key tiles form one A fragment.
 #pragma unroll

@@ -26,8 +26,9 @@
 // (TileRule): the tiles every row of the warpgroup sees whole take the scale
 // alone; the few on the window's left edge before them and on the causal
 // diagonal or the window's right edge after them take the key-range test
-// alone (-inf outside each row's range); a problem with a mask, ALiBi or
-// softcap takes the whole rule on every tile. The two consumers take turns
+// alone (-inf outside each row's range); a softcap is inline in both (tanh
+// on the special-function unit); a problem with a mask or ALiBi takes the
+// whole rule on every tile. The two consumers take turns
 // issuing their products (named barriers 1 and 2, "ping-pong"): while one
 // warpgroup's products run on the tensor cores the other computes its
 // softmax. Consumer 1 arrives on consumer 0's barrier first, so consumer 0
@@ -175,15 +176,16 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int64_t wg_first = row0 + 64 * wg, wg_last = max(min(wg_first + 63, v.len_q - 1), wg_first);
   const FragRows f(p, v, wg_first + warp * 16 + lane / 4);
   const T* sQw = sQ + 64 * wg * 64;  // row 64 wg of every column block
-  const float scale_log2 = float(p.scale * 1.4426950408889634);
+  const ScoreScales scales(p);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
   float o[kD / 8][4] = {};
   if (wg == 1) named_arrive(1, kSchedThreads);  // consumer 0 issues first
   // Three phases (Note [Hopper forward]): the tiles [plain_lo, plain_hi)
   // every row of this warpgroup sees whole take the scale alone, the edges
-  // before and after them the key-range test, and all of them the whole rule
-  // where the problem has a mask, ALiBi or softcap.
-  const bool extras = p.mask.data || p.alibi_slopes || p.softcap > 0;
+  // before and after them the key-range test (both with the softcap inline
+  // where the problem has one), and all of them the whole rule where the
+  // problem has a mask or ALiBi.
+  const bool extras = p.mask.data || p.alibi_slopes;
   int plain_lo = 0, plain_hi = 0;
   if (!extras && wg_first < v.len_q) {
     int64_t lo_first, hi_first, lo_last, hi_last;
@@ -200,7 +202,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     uint32_t pa[8][4];  // P of the previous tile as A fragments
     auto softmax = [&](auto rule, int t) {
       const int64_t k0 = span_lo + int64_t(t) * kWgKeys;
-      tile_scores<decltype(rule)::value>(s, tile_max, p, v, f, k0, quad, scale_log2);
+      tile_scores<decltype(rule)::value>(s, tile_max, p, v, f, k0, quad, scales);
       softmax_rows<false>(s, m, l, corr, tile_max, p, v, f, k0, quad);
     };
     auto step = [&](auto rule, int t) {
@@ -238,18 +240,21 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     wgmma_wait<0>();
     wgmma_pin(s);
     if (lane == 0) mbar_arrive(bar(kEmptyK, 0));
-    if (extras) softmax(Rule<TileRule::full>{}, 0);
-    else if (plain_lo == 0 && plain_hi > 0) softmax(Rule<TileRule::plain>{}, 0);
-    else softmax(Rule<TileRule::bounds>{}, 0);
-    pack_probs<T>(pa, s);
-    int t = 1;
-    if (extras) {
-      for (; t < tiles; ++t) step(Rule<TileRule::full>{}, t);
-    } else {
-      for (; t < plain_lo; ++t) step(Rule<TileRule::bounds>{}, t);
-      for (; t < plain_hi; ++t) step(Rule<TileRule::plain>{}, t);
-      for (; t < tiles; ++t) step(Rule<TileRule::bounds>{}, t);
-    }
+    // Every tile by phase: the edges by `edge`, [plain_lo, plain_hi) by `whole`.
+    auto phases = [&](auto edge, auto whole) {
+      if (plain_lo == 0 && plain_hi > 0) softmax(whole, 0);
+      else softmax(edge, 0);
+      pack_probs<T>(pa, s);
+      int t = 1;
+      if constexpr (!std::is_same_v<decltype(edge), decltype(whole)>) {
+        for (; t < plain_lo; ++t) step(edge, t);
+        for (; t < plain_hi; ++t) step(whole, t);
+      }
+      for (; t < tiles; ++t) step(edge, t);
+    };
+    if (extras) phases(Rule<TileRule::full>{}, Rule<TileRule::full>{});
+    else if (p.softcap > 0) phases(Rule<TileRule::bounds_capped>{}, Rule<TileRule::capped>{});
+    else phases(Rule<TileRule::bounds>{}, Rule<TileRule::plain>{});
     const int sl = (tiles - 1) % kStages;
     mbar_wait(bar(kFullV, sl), ((tiles - 1) / kStages) & 1);
     wgmma_pin(pa);

@@ -56,12 +56,6 @@ __device__ __forceinline__ bool tile_whole(const Problem& p, const HeadView& v, 
   return k0 >= lo_last && k0 + keys <= hi_first;
 }
 
-/// Whether no score of the tile needs the rule: tile_whole and no softcap.
-__device__ __forceinline__ bool tile_plain(const Problem& p, const HeadView& v, int64_t row0, int64_t row_last,
-                                           int64_t k0, int keys) {
-  return p.softcap <= 0 && tile_whole(p, v, row0, row_last, k0, keys);
-}
-
 // ---------------------------------------------------------------- forward steps
 // The tensor-core forwards (mma.sync in kernels_fwd.cu, wgmma in
 // kernels_fwd_sm90.cu) share the accumulator layout of a thread: s[n][e] is
@@ -83,25 +77,46 @@ struct FragRows {
 };
 
 /// How a key tile's raw products become scores: `plain`, the scale alone
-/// (tile_plain); `bounds`, the scale and -inf outside each row's key range
+/// (tile_whole, no softcap); `bounds`, the scale and -inf outside each row's key range
 /// (the causal and window edges of a problem with no mask, ALiBi or
-/// softcap); `full`, the whole score rule element by element.
-enum class TileRule { plain, bounds, full };
+/// softcap); `capped` and `bounds_capped`, the same with the softcap inline
+/// (a softcap problem with no mask or ALiBi); `full`, the whole score rule
+/// element by element.
+enum class TileRule { plain, bounds, capped, bounds_capped, full };
+
+/// The factors a tile's scores take, once per kernel: raw products to log2
+/// units, and with a softcap raw / cap and cap in log2 units.
+struct ScoreScales {
+  float scale_log2, scale_over_cap, cap_log2;
+  __device__ explicit ScoreScales(const Problem& p)
+      : scale_log2(float(p.scale * 1.4426950408889634)),
+        scale_over_cap(p.softcap > 0 ? float(p.scale / p.softcap) : 0.f),
+        cap_log2(float(p.softcap * 1.4426950408889634)) {}
+};
+
+/// The rule of a tile of a problem with no mask or ALiBi: whole (every key in
+/// every row's range) or on an edge, with or without the softcap.
+__device__ __forceinline__ TileRule inline_rule(const Problem& p, bool whole) {
+  if (p.softcap > 0) return whole ? TileRule::capped : TileRule::bounds_capped;
+  return whole ? TileRule::plain : TileRule::bounds;
+}
 
 /// Turns the raw products q.k of a key tile into scores in log2 units by
 /// `kRule`; the row maxima of the tile into `tile_max` (over the 4 lanes of a row).
 template <TileRule kRule, int kN>
 __device__ __forceinline__ void tile_scores(float (&s)[kN][4], float (&tile_max)[2], const Problem& p,
                                             const HeadView& v, const FragRows& f, int64_t k0, int quad,
-                                            float scale_log2) {
+                                            const ScoreScales& sc) {
+  constexpr bool kCapped = kRule == TileRule::capped || kRule == TileRule::bounds_capped;
+  constexpr bool kBounds = kRule == TileRule::bounds || kRule == TileRule::bounds_capped || kRule == TileRule::full;
   tile_max[0] = tile_max[1] = -INFINITY;
 #pragma unroll
   for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = e / 2;
-      float x = s[nt][e] * scale_log2;
-      if constexpr (kRule != TileRule::plain) {
+      float x = kCapped ? fast_tanh(s[nt][e] * sc.scale_over_cap) * sc.cap_log2 : s[nt][e] * sc.scale_log2;
+      if constexpr (kBounds) {
         const int64_t j = k0 + nt * 8 + 2 * quad + (e & 1);
         float capped;
         if (j < f.lo[r] || j >= f.hi[r]) x = -INFINITY;
@@ -117,13 +132,16 @@ __device__ __forceinline__ void tile_scores(float (&s)[kN][4], float (&tile_max)
   }
 }
 
-/// tile_scores with the scale alone where `plain` (tile_plain), else the whole rule.
+/// tile_scores by a rule known only at run time.
 template <int kN>
 __device__ __forceinline__ void tile_scores(float (&s)[kN][4], float (&tile_max)[2], const Problem& p,
-                                            const HeadView& v, const FragRows& f, int64_t k0, int quad, bool plain,
-                                            float scale_log2) {
-  if (plain) tile_scores<TileRule::plain>(s, tile_max, p, v, f, k0, quad, scale_log2);
-  else tile_scores<TileRule::full>(s, tile_max, p, v, f, k0, quad, scale_log2);
+                                            const HeadView& v, const FragRows& f, int64_t k0, int quad, TileRule rule,
+                                            const ScoreScales& sc) {
+  switch (rule) {
+    case TileRule::plain: return tile_scores<TileRule::plain>(s, tile_max, p, v, f, k0, quad, sc);
+    case TileRule::capped: return tile_scores<TileRule::capped>(s, tile_max, p, v, f, k0, quad, sc);
+    default: return tile_scores<TileRule::full>(s, tile_max, p, v, f, k0, quad, sc);
+  }
 }
 
 /// Dropout on a thread's probabilities s[nt][e] (rows f.row[e / 2], keys k0
