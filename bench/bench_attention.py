@@ -5,7 +5,8 @@ candidate (cuDNN's fused attention where it serves), the bespoke kernels
 forced through the backend preference (forward; backward on tensor cores
 at D128 and D64, causal, and on CUDA cores at D96), and cases cuDNN
 refuses (dropout, softcap) where the default is the bespoke kernel.
-`--only bespoke` runs the bespoke rows."""
+`--only bespoke` runs the bespoke rows, `--only refused` only the
+dropout and softcap rows."""
 import argparse
 
 import torch
@@ -122,24 +123,26 @@ def main():
                 10 * b * h * s * s * d // (2 if causal else 1),
                 check=lambda: all(rel_close(a, r, 2e-2) for a, r in zip(ours(), theirs())))
             del q, k, v, g, out, lse, grads, qr, kr, vr, ref
-        # Cases cuDNN refuses, so the default candidate is the bespoke kernel: dropout (its RNG is not ours)
-        # and softcap; torch has no softcap, its column is plain attention.
-        b, h, s, d = 4, 32, 4096, 128
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=bf16) for _ in range(3))
-        row(f"sdpa fwd dropout 0.1 B{b} H{h} S{s} D{d} (bespoke mma.sync)",
-            lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, seed=1),
-            lambda: TF.scaled_dot_product_attention(q, k, v, dropout_p=0.1), 4 * b * h * s * s * d)
-        row(f"sdpa fwd softcap 30 B{b} H{h} S{s} D{d} (bespoke)",
-            lambda: F.scaled_dot_product_attention(q, k, v, softcap=30.0),
-            lambda: TF.scaled_dot_product_attention(q, k, v), 4 * b * h * s * s * d)
-        qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
-        ref = TF.scaled_dot_product_attention(qr, kr, vr)
-        g = torch.randn_like(q)
-        for name, extra in (("softcap 30", dict(softcap=30.0)), ("dropout 0.1", dict(dropout_p=0.1, seed=1))):
-            out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, **extra)
-            row(f"sdpa bwd {name} B{b} H{h} S{s} D{d} (bespoke)",
-                lambda: F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **extra),
-                lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True), 10 * b * h * s * s * d)
+    if not (want("bespoke") or want("refused")):
+        return
+    # Cases cuDNN refuses, so the default candidate is the bespoke kernel: dropout (its RNG is not ours)
+    # and softcap; torch has no softcap, its column is plain attention.
+    b, h, s, d = 4, 32, 4096, 128
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=bf16) for _ in range(3))
+    row(f"sdpa fwd dropout 0.1 B{b} H{h} S{s} D{d} (bespoke mma.sync)",
+        lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, seed=1),
+        lambda: TF.scaled_dot_product_attention(q, k, v, dropout_p=0.1), 4 * b * h * s * s * d)
+    row(f"sdpa fwd softcap 30 B{b} H{h} S{s} D{d} (bespoke)",
+        lambda: F.scaled_dot_product_attention(q, k, v, softcap=30.0),
+        lambda: TF.scaled_dot_product_attention(q, k, v), 4 * b * h * s * s * d)
+    qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
+    ref = TF.scaled_dot_product_attention(qr, kr, vr)
+    g = torch.randn_like(q)
+    for name, extra in (("softcap 30", dict(softcap=30.0)), ("dropout 0.1", dict(dropout_p=0.1, seed=1))):
+        out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, **extra)
+        row(f"sdpa bwd {name} B{b} H{h} S{s} D{d} (bespoke)",
+            lambda: F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **extra),
+            lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True), 10 * b * h * s * s * d)
 
 
 def rel_close(a, b, tol):

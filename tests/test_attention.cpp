@@ -5,10 +5,12 @@
 // sequences against per-sequence dense attention; bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
 #include "attention/engine.hpp"
+#include "attention/score.hpp"
 #include "attention/tiles.hpp"
 #include "baracuda/registry.hpp"
 #include "core/errors.hpp"
@@ -274,6 +276,52 @@ TEST(AttentionDropout, RateAndReproducibility) {
     ASSERT_TRUE(host && cuda);
     EXPECT_EQ((*host)[0], (*cuda)[0]);
   }
+}
+
+/// The grouped draws (Note [Attention dropout draws]): every score of a group
+/// reads its group's one Philox call, the group's 8 scores take its 8
+/// distinct 16-bit halves, and each of the 8 positions keeps at rate 1 - p;
+/// the scale makes the expected weight exactly 1 for the rounded threshold.
+TEST(AttentionDropout, GroupsDrawDistinctBitsAtTheRate) {
+  using namespace baracuda::attn;
+  Problem p;
+  p.heads_q = 3, p.seed = 0x5eedULL, p.offset = 7, p.dropout_p = 0.3f;
+  const uint32_t threshold = dropout_threshold(p.dropout_p);
+  EXPECT_EQ(threshold, 19661u);  // round(0.3 * 65536)
+  EXPECT_EQ(dropout_threshold(0.25f), 16384u);
+  EXPECT_EQ(dropout_scale<double>(p), double(65536.f / float(65536 - threshold)));
+  const int64_t n = 256, b = 1, h = 2;
+  int64_t kept_at[8] = {}, groups = 0;
+  for (int64_t i0 = 0; i0 < n; i0 += 16)
+    for (int64_t i0b : {i0, i0 + 1, i0 + 7})        // group bases: bit 3 of i clear
+      for (int64_t j0 = 0; j0 < n; j0 += 2)         // bits 0 and 3 of j clear
+        if ((j0 & 8) == 0) {
+          const PhiloxWords base = dropout_draws(p, b, h, i0b, j0);
+          std::vector<uint32_t> halves, drawn;
+          for (uint32_t w : base.v) halves.push_back(w & 0xffffu), halves.push_back(w >> 16);
+          int slot = 0;
+          for (int64_t di : {0, 8})
+            for (int64_t dj : {0, 1, 8, 9}) {
+              const int64_t i = i0b + di, j = j0 + dj;
+              const PhiloxWords w = dropout_draws(p, b, h, i, j);
+              for (int k = 0; k < 4; ++k) ASSERT_EQ(w.v[k], base.v[k]) << "score " << i << "," << j;
+              const uint32_t draw = dropout_draw(w, i, j);
+              drawn.push_back(draw);
+              EXPECT_EQ(dropout_keep(p, b, h, i, j), draw >= threshold);
+              kept_at[slot++] += draw >= threshold;
+            }
+          std::sort(halves.begin(), halves.end());
+          std::sort(drawn.begin(), drawn.end());
+          ASSERT_EQ(drawn, halves) << "group " << i0b << "," << j0 << " reads each half once";
+          ++groups;
+        }
+  // Each slot keeps at 0.7 (3072 groups: a std of 0.0083).
+  for (int slot = 0; slot < 8; ++slot) EXPECT_NEAR(double(kept_at[slot]) / double(groups), 0.7, 0.035) << slot;
+  // Another head, offset or seed draws other bits.
+  Problem q = p;
+  q.offset = 8;
+  EXPECT_NE(dropout_draws(q, b, h, 0, 0).v[0], dropout_draws(p, b, h, 0, 0).v[0]);
+  EXPECT_NE(dropout_draws(p, b, h + 1, 0, 0).v[0], dropout_draws(p, b, h, 0, 0).v[0]);
 }
 
 /// Packed sequences: each sequence of varlen_attention (and its backward)

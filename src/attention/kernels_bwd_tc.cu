@@ -120,7 +120,7 @@ __device__ __forceinline__ uint32_t dropout_bits_rows(const Problem& p, const He
     for (int d = 0; d < 2; ++d)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        bits |= uint32_t(dropout_draw(w, rows[e / 2], j + 8 * d + (e & 1)) >= threshold) << (4 * (nt + d) + e);
+        bits |= uint32_t(group_draw(w, e / 2, d, e & 1) >= threshold) << (4 * (nt + d) + e);  // rows[1] = rows[0] + 8
   }
   return bits;
 }
@@ -144,7 +144,7 @@ __device__ __forceinline__ uint32_t dropout_bits_keys(const Problem& p, const He
       for (int d = 0; d < 2; ++d)
 #pragma unroll
         for (int kh = 0; kh < 2; ++kh)
-          bits |= uint32_t(dropout_draw(w, i + 8 * d, key + 8 * kh) >= threshold) << (4 * (nt + d) + 2 * kh + parity);
+          bits |= uint32_t(group_draw(w, d, kh, key & 1) >= threshold) << (4 * (nt + d) + 2 * kh + parity);
     }
   return bits;
 }

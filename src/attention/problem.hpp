@@ -108,10 +108,18 @@ BCD_HD PhiloxWords dropout_draws(const Problem& p, int64_t b, int64_t h, int64_t
   return philox(p.seed, uint32_t(j & ~int64_t(9)), uint32_t(i & ~int64_t(8)), uint32_t(head), uint32_t(head >> 32));
 }
 
+/// The draw of a group's score whose row has bit 3 `row_hi` and whose key
+/// has bit 3 `key_hi` and bit 0 `key_odd`: word 2 row_hi + key_hi, high half
+/// when key_odd. Selects, not an indexed word: an index the compiler cannot
+/// fold would put the words in local memory.
+BCD_HD uint32_t group_draw(const PhiloxWords& w, bool row_hi, bool key_hi, bool key_odd) {
+  const uint32_t word = row_hi ? (key_hi ? w.v[3] : w.v[2]) : (key_hi ? w.v[1] : w.v[0]);
+  return key_odd ? word >> 16 : word & 0xffffu;
+}
+
 /// Score (i, j)'s 16-bit draw from its group's words.
 BCD_HD uint32_t dropout_draw(const PhiloxWords& w, int64_t i, int64_t j) {
-  const int slot = int((i >> 3) & 1) * 4 + int((j >> 3) & 1) * 2 + int(j & 1);
-  return (w.v[slot / 2] >> (16 * (slot & 1))) & 0xffffu;
+  return group_draw(w, (i >> 3) & 1, (j >> 3) & 1, j & 1);
 }
 
 /// Whether dropout keeps score (i, j) of head (b, h).

@@ -164,7 +164,7 @@ __device__ __forceinline__ void apply_dropout(float (&s)[kN][4], const Problem& 
       for (int d = 0; d < 2; ++d)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          s[nt + d][e] *= dropout_draw(w, f.row[e / 2], j + 8 * d + (e & 1)) >= threshold ? scale : 0.f;
+          s[nt + d][e] *= group_draw(w, e / 2, d, e & 1) >= threshold ? scale : 0.f;  // row[1] = row[0] + 8
     }
   } else {
 #pragma unroll
