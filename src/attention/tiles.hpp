@@ -102,8 +102,8 @@ BCD_HD void block_at(const Problem& p, const BlockOrder& o, int64_t idx, int64_t
 /// nowhere else), in a build with sm_90a code, with fewer than 2^31 blocks
 /// (a 1-d grid). Where it does not pay, the mma.sync kernel serves: grids of
 /// fewer 128-row blocks than SMs (its 64-row blocks fill twice the SMs) and
-/// dropout (a Philox draw per score costs the wgmma kernel's register-held P
-/// more than mma.sync's).
+/// dropout (the grouped draws inside the Hopper consumers spill 1-2 KiB at
+/// D128: ptxas, sm_90a; the Hopper kernel carries no dropout code).
 inline bool wgmma_layout(const Problem& p, int sm, int sm_count, size_t max_smem) {
 #ifdef BARACUDA_HAS_SM90A
   const int64_t blocks = p.batch * p.heads_q * ((p.seq_q + kWgRows - 1) / kWgRows);
