@@ -321,6 +321,9 @@ TEST(AttentionDropout, GroupsDrawDistinctBitsAtTheRate) {
   Problem q = p;
   q.offset = 8;
   EXPECT_NE(dropout_draws(q, b, h, 0, 0).v[0], dropout_draws(p, b, h, 0, 0).v[0]);
+  q = p;
+  q.seed = p.seed + 1;
+  EXPECT_NE(dropout_draws(q, b, h, 0, 0).v[0], dropout_draws(p, b, h, 0, 0).v[0]);
   EXPECT_NE(dropout_draws(p, b, h + 1, 0, 0).v[0], dropout_draws(p, b, h, 0, 0).v[0]);
 }
 

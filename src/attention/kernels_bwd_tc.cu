@@ -15,8 +15,9 @@
 //   as above, untransposed, and dQ += dS K.
 // See Note [Fragments of the transposed products] for the operand layouts.
 // Both apply the whole score rule of score.hpp element by element, except on
-// tiles every row sees whole with no mask, ALiBi or dropout (tile_whole),
-// which take the scale and the softcap inline (grad_score_whole).
+// tiles every row sees whole with no mask or ALiBi (tile_whole; with dropout,
+// keys from a multiple of 16), which take the scale, the softcap and
+// dropout's grouped draws inline (grad_score_whole).
 #include "attention/tensor_core.cuh"
 
 namespace baracuda::attn {
@@ -91,37 +92,27 @@ struct WholeTileRule : ScoreScales {
       : ScoreScales(p), scale(float(p.scale)), kept_scale(p.dropout_p > 0 ? dropout_scale<float>(p) : 1.f) {}
 };
 
-/// Which score code a key tile takes: the whole rule element by element, or
-/// grad_score_whole with or without the softcap. With dropout a whole tile
-/// also needs its keys from a multiple of 16 (whole dropout groups, Note
+/// A key tile's score code, by the forwards' rules (TileRule): inline on a
+/// whole tile (plain, or capped with a softcap: grad_score_whole), else the
+/// whole rule element by element (full). With dropout a whole tile also
+/// needs its keys from a multiple of 16 (whole dropout groups, Note
 /// [Attention dropout draws]).
-enum class TileScores { rule, whole, whole_capped };
-__device__ __forceinline__ TileScores tile_scores_of(const Problem& p, const HeadView& v, int64_t row0, int64_t row_last,
-                                                     int64_t k0) {
-  if (!tile_whole(p, v, row0, row_last, k0, kTcKeys) || (p.dropout_p > 0 && (k0 & 15) != 0)) return TileScores::rule;
-  return p.softcap > 0 ? TileScores::whole_capped : TileScores::whole;
+__device__ __forceinline__ TileRule backward_rule(const Problem& p, const HeadView& v, int64_t row0, int64_t row_last,
+                                                  int64_t k0) {
+  const bool whole = tile_whole(p, v, row0, row_last, k0, kTcKeys) && (p.dropout_p <= 0 || (k0 & 15) == 0);
+  return whole ? inline_rule(p, true) : TileRule::full;
 }
 
 /// Dropout keep bits of a dQ-pass fragment (bit 4 nt + e: row rows[e / 2],
-/// key k0 + 8 nt + 2 quad + (e % 2)): tiles nt and nt + 1 (nt even) are one
-/// dropout group, one Philox call per 8 scores. k0 % 16 == 0 and the
-/// thread's first row has bit 3 clear.
+/// key k0 + 8 nt + 2 quad + (e % 2)), by for_each_row_draw: k0 % 16 == 0
+/// and rows[1] = rows[0] + 8 with bit 3 of rows[0] clear.
 template <int kN>
 __device__ __forceinline__ uint32_t dropout_bits_rows(const Problem& p, const HeadView& v, const int64_t (&rows)[2],
                                                       int64_t k0, int quad) {
-  static_assert(kN % 2 == 0 && kN * 4 <= 32, "whole groups, one bit a score");
-  const uint32_t threshold = dropout_threshold(p.dropout_p);
+  static_assert(kN * 4 <= 32, "one bit a score");
   uint32_t bits = 0;
-#pragma unroll
-  for (int nt = 0; nt < kN; nt += 2) {
-    const int64_t j = k0 + nt * 8 + 2 * quad;
-    const PhiloxWords w = dropout_draws(p, v.b, v.h, rows[0], j);
-#pragma unroll
-    for (int d = 0; d < 2; ++d)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        bits |= uint32_t(group_draw(w, e / 2, d, e & 1) >= threshold) << (4 * (nt + d) + e);  // rows[1] = rows[0] + 8
-  }
+  for_each_row_draw<kN>(p, v, rows[0], k0, quad,
+                        [&](int nt, int e, bool kept) { bits |= uint32_t(kept) << (4 * nt + e); });
   return bits;
 }
 
@@ -185,12 +176,12 @@ __device__ __forceinline__ void whole_tile_grads(float (&s)[kN][4], float (&dp)[
     }
 }
 
-/// whole_tile_grads specialised on the softcap and dropout; `kept` is read
-/// only with dropout.
+/// whole_tile_grads specialised on the softcap (`rule` capped or plain) and
+/// dropout; `kept` is read only with dropout.
 template <int kN, class RowOf>
-__device__ __forceinline__ void whole_tile_grads(TileScores kind, bool dropout, float (&s)[kN][4], float (&dp)[kN][4],
+__device__ __forceinline__ void whole_tile_grads(TileRule rule, bool dropout, float (&s)[kN][4], float (&dp)[kN][4],
                                                  const WholeTileRule& w, RowOf&& lse_rdot, uint32_t kept) {
-  if (kind == TileScores::whole_capped) {
+  if (rule == TileRule::capped) {
     if (dropout) whole_tile_grads<true, true>(s, dp, w, lse_rdot, kept);
     else whole_tile_grads<true, false>(s, dp, w, lse_rdot, kept);
   } else {
@@ -317,7 +308,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
     const float* tR = sR + stage * kTcRows;
     const HeadView v = head_view(p, b, h);
 
-    const TileScores kind = tile_scores_of(p, v, i0, min(i0 + kTcRows, v.len_q) - 1, k0);
+    const TileRule tile_rule = backward_rule(p, v, i0, min(i0 + kTcRows, v.len_q) - 1, k0);
     // The 64 query rows in two halves of 32 (S^T and dP^T of a whole tile
     // beside dK and dV would spill at kD = 128).
 #pragma unroll 1
@@ -330,10 +321,10 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
         const int r = q0 + nt * 8 + 2 * quad + (e & 1);
         return make_float2(tL[r], tR[r]);
       };
-      if (kind != TileScores::rule) {
+      if (tile_rule != TileRule::full) {
         const uint32_t kept =
             dropout ? dropout_bits_keys<4>(p, v, i0 + q0 + 2 * quad, k0 + warp * 16 + lane / 4) : 0u;
-        whole_tile_grads(kind, dropout, s, dp, rule, lse_rdot, kept);
+        whole_tile_grads(tile_rule, dropout, s, dp, rule, lse_rdot, kept);
       } else {
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
@@ -423,11 +414,11 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
     // S = Q K^T and dP = dO V^T: the warp's 16 rows x 64 keys.
     float s[8][4] = {}, dp[8][4] = {};
     score_fragments<T, kD, kTcKeys>(s, dp, sQ, sG, q_row, tK, tV, 0, lane);
-    const TileScores kind = tile_scores_of(p, v, row0, row_last, k0);
+    const TileRule tile_rule = backward_rule(p, v, row0, row_last, k0);
     auto lse_rdot = [&](int, int e) { return make_float2(lse2[e / 2], rdot[e / 2]); };
-    if (kind != TileScores::rule) {
+    if (tile_rule != TileRule::full) {
       const uint32_t kept = dropout ? dropout_bits_rows<8>(p, v, row, k0, quad) : 0u;
-      whole_tile_grads(kind, dropout, s, dp, rule, lse_rdot, kept);
+      whole_tile_grads(tile_rule, dropout, s, dp, rule, lse_rdot, kept);
     } else {
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)

@@ -144,28 +144,35 @@ __device__ __forceinline__ void tile_scores(float (&s)[kN][4], float (&tile_max)
   }
 }
 
+/// Dropout's keep decisions on a fragment of rows {row0, row0 + 8} x keys
+/// k0 + 8 nt + 2 quad + (e % 2), the layout of the forward and the backward's
+/// dQ pass: keep(nt, e, kept) for each. With k0 % 16 == 0 and row0 % 16 < 8,
+/// tiles nt and nt + 1 (nt even) are one dropout group (Note [Attention
+/// dropout draws]): one Philox call per 8 scores.
+template <int kN, class Keep>
+__device__ __forceinline__ void for_each_row_draw(const Problem& p, const HeadView& v, int64_t row0, int64_t k0,
+                                                  int quad, Keep&& keep) {
+  static_assert(kN % 2 == 0, "key tiles pair up into dropout groups");
+  const uint32_t threshold = dropout_threshold(p.dropout_p);
+#pragma unroll
+  for (int nt = 0; nt < kN; nt += 2) {
+    const PhiloxWords w = dropout_draws(p, v.b, v.h, row0, k0 + nt * 8 + 2 * quad);
+#pragma unroll
+    for (int d = 0; d < 2; ++d)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) keep(nt + d, e, group_draw(w, e / 2, d, e & 1) >= threshold);
+  }
+}
+
 /// Dropout on a thread's probabilities s[nt][e] (rows f.row[e / 2], keys k0
-/// + 8 nt + 2 quad + (e % 2)). With k0 a multiple of 16 and the warp's rows
-/// from a multiple of 16, tiles nt and nt + 1 (nt even) are one dropout
-/// group (Note [Attention dropout draws]): one Philox call per 8 scores.
-/// Other key tiles (a window's span may start anywhere) draw per score.
+/// + 8 nt + 2 quad + (e % 2)): by groups (for_each_row_draw) where the tile
+/// starts on the 16-key grid, else per score (a window's span may start anywhere).
 template <int kN>
 __device__ __forceinline__ void apply_dropout(float (&s)[kN][4], const Problem& p, const HeadView& v,
                                               const FragRows& f, int64_t k0, int quad) {
-  static_assert(kN % 2 == 0, "key tiles pair up into dropout groups");
   if ((k0 & 15) == 0 && (f.row[0] & 15) < 8) {
-    const uint32_t threshold = dropout_threshold(p.dropout_p);
     const float scale = dropout_scale<float>(p);
-#pragma unroll
-    for (int nt = 0; nt < kN; nt += 2) {
-      const int64_t j = k0 + nt * 8 + 2 * quad;
-      const PhiloxWords w = dropout_draws(p, v.b, v.h, f.row[0], j);
-#pragma unroll
-      for (int d = 0; d < 2; ++d)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          s[nt + d][e] *= group_draw(w, e / 2, d, e & 1) >= threshold ? scale : 0.f;  // row[1] = row[0] + 8
-    }
+    for_each_row_draw<kN>(p, v, f.row[0], k0, quad, [&](int nt, int e, bool kept) { s[nt][e] *= kept ? scale : 0.f; });
   } else {
 #pragma unroll
     for (int nt = 0; nt < kN; ++nt)
