@@ -3,7 +3,7 @@ one run: TFLOP/s with FLOPs = 4*B*H*S^2*D (halved when causal; backward
 2.5x forward), CUDA-event medians for both libraries. Rows: the default
 candidate (cuDNN's fused attention where it serves), the bespoke kernels
 forced through the backend preference (forward; backward on tensor cores
-at D128 and D64, causal, and on CUDA cores at D96), and cases cuDNN
+at D128 and D64, causal, and padded to 128 at D96), and cases cuDNN
 refuses (dropout, softcap) where the default is the bespoke kernel.
 `--only bespoke` runs the bespoke rows, `--only refused` only the
 dropout and softcap rows."""
@@ -77,21 +77,21 @@ def main():
     if want("bespoke"):
         # The bespoke kernels serve what cuDNN refuses (dropout, softcap, ALiBi, boolean masks, f32/f64...),
         # forced here through the backend preference: on tensor cores for f16/bf16 at head dims 64 and 128,
-        # on CUDA cores otherwise (the D96 row).
+        # and padded to 128 at D96.
         # The forward on tensor cores: the warpgroup-MMA kernel on sm_90 (kernels_fwd_sm90.cu) where its
         # 128-row blocks fill the device, mma.sync elsewhere and for dropout.
         m, sl = torch.empty(0, device="cuda", dtype=bf16), torch.empty(0, device="cuda")
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         hopper = torch.cuda.get_device_capability() == (9, 0)
         for b, h, s, d, causal in ((4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (4, 32, 4096, 64, False),
-                                   (1, 8, 1024, 128, False)):
+                                   (1, 8, 1024, 128, False), (4, 32, 4096, 96, False)):
             attrs = dict(ATTRS, causal=int(causal))
             q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=bf16) for _ in range(3))
             out, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
             ours = lambda: run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out, lse], attrs,  # noqa: E731
                                        "cuda")[0]
             theirs = lambda: TF.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
-            fwd_kernel = "wgmma" if hopper and b * h * -(-s // 128) >= sms else "mma.sync"
+            fwd_kernel = "wgmma" if hopper and d in (64, 128) and b * h * -(-s // 128) >= sms else "mma.sync"
             row(f"bespoke CUDA fwd B{b} H{h} S{s} D{d}{' causal' if causal else ''} ({fwd_kernel})", ours, theirs,
                 4 * b * h * s * s * d // (2 if causal else 1), check=lambda: close(ours(), theirs(), 3e-2))
             del q, k, v, out, lse
@@ -118,7 +118,7 @@ def main():
             ours = lambda: run_backend("scaled_dot_product_attention_backward", [g, q, k, v, out, lse, m, sl],  # noqa: E731
                                        grads, attrs, "cuda")
             theirs = lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True)  # noqa: E731
-            kernel = "tensor cores" if d in (64, 128) else "CUDA cores"
+            kernel = "tensor cores" if d in (64, 128) else "tensor cores, padded to 128"
             row(f"bespoke CUDA bwd B{b} H{h} S{s} D{d}{' causal' if causal else ''} ({kernel})", ours, theirs,
                 10 * b * h * s * s * d // (2 if causal else 1),
                 check=lambda: all(rel_close(a, r, 2e-2) for a, r in zip(ours(), theirs())))

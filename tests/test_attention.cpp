@@ -419,7 +419,7 @@ TEST(AttentionCuda, MultiTileAgainstReference) {
                                       Attrs{{"dropout_p", 0.2}, {"seed", 5}, {"offset", 11}},
                                       // whole key tiles with a softcap (the backward's inline capped path), then a short last one
                                       Attrs{{"softcap", 3}, {"scale", 0.4}}};
-  for (int64_t d : {64, 128})
+  for (int64_t d : {64, 128, 40, 96})  // 40 and 96: padded to 64 and 128 (tc_head_dim)
     for (size_t o = 0; o < options.size(); ++o)
       for (DType t : {DType::bf16, DType::f16, DType::f32}) {
         const auto q = uniform(b * hq * sq * d, rng), k = uniform(b * hkv * skv * d, rng),
@@ -654,7 +654,7 @@ TEST(AttentionCuda, SkuNamesTensorCoreKernel) {
   pref.backend = Backend::bespoke_cuda;
   for (const std::string op : {"scaled_dot_product_attention", "scaled_dot_product_attention_backward"})
     for (DType t : {DType::bf16, DType::f16, DType::f32})
-      for (int64_t d : {64, 96, 128})
+      for (int64_t d : {64, 96, 100, 128})
         for (int64_t heads : {2, 256}) {  // one 128-row block a head: 256 fill any Hopper, 2 do not
           const Shape x{1, heads, 100, d}, lse{1, heads, 100};
           std::vector<TensorSpec> in{{t, x}, {t, x}, {t, x}, {t, {0}}, {DType::f32, {0}}};
@@ -662,8 +662,9 @@ TEST(AttentionCuda, SkuNamesTensorCoreKernel) {
             in = {{t, x}, {t, x}, {t, x}, {t, x}, {t, x}, {DType::f32, lse}, {t, {0}}, {DType::f32, {0}}};
           auto plan = select(Stream::cuda(), OpDesc{op, in, {}, {}}, pref);
           ASSERT_TRUE(plan) << plan.status().to_string();
-          const bool tc = t != DType::f32 && d != 96 && (*plan)->sku().arch >= 80;
-          const bool hopper = tc && hopper_forward() && !op.ends_with("backward") && heads == 256;
+          // Head dims that are multiples of 8 run on tensor cores (96 padded to 128); 100 does not.
+          const bool tc = t != DType::f32 && d % 8 == 0 && (*plan)->sku().arch >= 80;
+          const bool hopper = tc && d != 96 && hopper_forward() && !op.ends_with("backward") && heads == 256;
           EXPECT_EQ(std::string((*plan)->sku().kernel), hopper ? "wgmma" : tc ? "tensor_cores" : "")
               << op << " " << dtype_name(t) << " d=" << d << " heads=" << heads;
         }

@@ -3,7 +3,7 @@
 // dK and dV over every query row and every query head of its group in a
 // fixed order, and one kernel per query tile for dQ. Scores are recomputed
 // tile by tile, never stored. f16/bf16 problems the tensor-core kernels
-// take (tensor_core_layout: head dims 64 and 128) run those
+// take (tensor_core_layout: head dims that are multiples of 8 up to 128) run those
 // (kernels_bwd_tc.cu) after the same dO . O pass; the rest run these, on
 // CUDA cores.
 #include "attention/tensor_core.cuh"
@@ -227,7 +227,8 @@ struct CudaBackward {
       BARACUDA_CUDA_TRY(cudaGetLastError());
     }
     if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
-      if (tensor_core_layout(p, current_sm_version()) && tc_backward_smem(p.head_dim) <= current_optin_smem())
+      if (tensor_core_layout(p, current_sm_version()) &&
+          tc_backward_smem(tc_head_dim(p.head_dim)) <= current_optin_smem())
         return attention_backward_tc<T>(p, ws, stream);
     }
     if (p.seq_q > 0) {

@@ -271,15 +271,16 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
   const HeadView first = head_view(p, b, hk * p.group());
   if (!first.valid || k0 >= first.len_kv) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
+  const int dims = int(p.head_dim);  // kD or less (padded: tc_head_dim)
   const int64_t k_last = min(k0 + kTcKeys, first.len_kv) - 1;
-  issue_tile<kD>(sK, p.k.ptr<const T>(b, hk, first.tok_kv), p.k.seq, k0, first.len_kv);
-  issue_tile<kD>(sV, p.v.ptr<const T>(b, hk, first.tok_kv), p.v.seq, k0, first.len_kv);
+  issue_tile<kD>(sK, p.k.ptr<const T>(b, hk, first.tok_kv), p.k.seq, k0, first.len_kv, dims);
+  issue_tile<kD>(sV, p.v.ptr<const T>(b, hk, first.tok_kv), p.v.seq, k0, first.len_kv, dims);
 
   // Stage s takes query tile (h, i0): Q and dO by cp.async, lse and dO . O by plain stores.
   auto load_stage = [&](int s, int64_t h, int64_t i0) {
     const HeadView v = head_view(p, b, h);
-    issue_tile<kD>(sQ[s], p.q.ptr<const T>(b, h, v.tok_q), p.q.seq, i0, v.len_q);
-    issue_tile<kD>(sQ[s] + kTile, p.grad_out.ptr<const T>(b, h, v.tok_q), p.grad_out.seq, i0, v.len_q);
+    issue_tile<kD>(sQ[s], p.q.ptr<const T>(b, h, v.tok_q), p.q.seq, i0, v.len_q, dims);
+    issue_tile<kD>(sQ[s] + kTile, p.grad_out.ptr<const T>(b, h, v.tok_q), p.grad_out.seq, i0, v.len_q, dims);
     if (threadIdx.x < kTcRows) {
       const int64_t i = i0 + threadIdx.x;
       sL[s * kTcRows + threadIdx.x] = row_lse2(p, v, i);
@@ -359,6 +360,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
 #pragma unroll
     for (int dt = 0; dt < kDimTiles; ++dt) {
       const int d = dt * 8 + 2 * quad;
+      if (d >= dims) break;  // a padded head dim (tc_head_dim)
       gk[d * p.grad_k.dim] = convert<T>(dk[dt][2 * r]);
       gk[(d + 1) * p.grad_k.dim] = convert<T>(dk[dt][2 * r + 1]);
       gv[d * p.grad_v.dim] = convert<T>(dv[dt][2 * r]);
@@ -378,16 +380,17 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
   const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
   if (!v.valid || row0 >= v.len_q) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
+  const int dims = int(p.head_dim);  // kD or less (padded: tc_head_dim)
   const T* k = p.k.ptr<const T>(v.b, v.hk, v.tok_kv);
   const T* val = p.v.ptr<const T>(v.b, v.hk, v.tok_kv);
   const int64_t row_last = min(row0 + kTcRows, v.len_q) - 1;
   int64_t span_lo, span_hi;
   tile_key_span(p, v, row0, row_last, span_lo, span_hi);
-  issue_tile<kD>(sQ, p.q.ptr<const T>(v.b, v.h, v.tok_q), p.q.seq, row0, v.len_q);
-  issue_tile<kD>(sG, p.grad_out.ptr<const T>(v.b, v.h, v.tok_q), p.grad_out.seq, row0, v.len_q);
+  issue_tile<kD>(sQ, p.q.ptr<const T>(v.b, v.h, v.tok_q), p.q.seq, row0, v.len_q, dims);
+  issue_tile<kD>(sG, p.grad_out.ptr<const T>(v.b, v.h, v.tok_q), p.grad_out.seq, row0, v.len_q, dims);
   if (span_lo < span_hi) {
-    issue_tile<kD>(sK[0], k, p.k.seq, span_lo, v.len_kv);
-    issue_tile<kD>(sK[0] + kTile, val, p.v.seq, span_lo, v.len_kv);
+    issue_tile<kD>(sK[0], k, p.k.seq, span_lo, v.len_kv, dims);
+    issue_tile<kD>(sK[0] + kTile, val, p.v.seq, span_lo, v.len_kv, dims);
   }
   cp_async_commit();
   // Q and dO stay in shared memory (A fragments reread per tile): in
@@ -408,7 +411,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
   float dq[kDimTiles][4] = {};
   int stage = 0;
   for (int64_t k0 = span_lo; k0 < span_hi; k0 += kTcKeys, stage ^= 1) {
-    await_kv_stage<kD>(sK[stage ^ 1], k, p.k.seq, val, p.v.seq, k0 + kTcKeys, span_hi, v.len_kv);
+    await_kv_stage<kD>(sK[stage ^ 1], k, p.k.seq, val, p.v.seq, k0 + kTcKeys, span_hi, v.len_kv, dims);
     const T* tK = sK[stage];
     const T* tV = sK[stage] + kTile;
     // S = Q K^T and dP = dO V^T: the warp's 16 rows x 64 keys.
@@ -444,6 +447,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
 #pragma unroll
     for (int dt = 0; dt < kDimTiles; ++dt) {
       const int d = dt * 8 + 2 * quad;
+      if (d >= dims) break;  // a padded head dim (tc_head_dim)
       out[d * p.grad_q.dim] = convert<T>(dq[dt][2 * r]);
       out[(d + 1) * p.grad_q.dim] = convert<T>(dq[dt][2 * r + 1]);
     }
@@ -474,7 +478,7 @@ Status launch(const Problem& p, const float* ws, CUstream_st* stream) {
 
 template <class T>
 Status attention_backward_tc(const Problem& p, const float* ws, CUstream_st* stream) {
-  return p.head_dim == 64 ? launch<T, 64>(p, ws, stream) : launch<T, 128>(p, ws, stream);
+  return tc_head_dim(p.head_dim) == 64 ? launch<T, 64>(p, ws, stream) : launch<T, 128>(p, ws, stream);
 }
 template Status attention_backward_tc<__half>(const Problem&, const float*, CUstream_st*);
 template Status attention_backward_tc<__nv_bfloat16>(const Problem&, const float*, CUstream_st*);

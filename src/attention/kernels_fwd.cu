@@ -2,7 +2,8 @@
 // score matrix:
 // - f16/bf16 with head dims 64 or 128 and 16-byte friendly rows on sm_90:
 //   the warpgroup-MMA kernel of kernels_fwd_sm90.cu.
-// - the same layouts on other archs (sm_80+):
+// - the same layouts on other archs (sm_80+), and other head dims that are
+//   multiples of 8 up to 128 (padded with zero columns: tc_head_dim):
 //   flash attention on tensor cores (mma.sync m16n8k16, f32 accumulators):
 //   a block per 64 query rows (16 per warp), 64-key tiles of K and V
 //   double-buffered in shared memory by cp.async, S = Q K^T and O += P V
@@ -123,6 +124,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
   const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
   if (!v.valid || row0 >= v.len_q) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
+  const int dims = int(p.head_dim);  // kD or less (padded: tc_head_dim)
   const T* q = p.q.ptr<const T>(v.b, v.h, v.tok_q);
   const T* k = p.k.ptr<const T>(v.b, v.hk, v.tok_kv);
   const T* val = p.v.ptr<const T>(v.b, v.hk, v.tok_kv);
@@ -131,11 +133,11 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
   tile_key_span(p, v, row0, row_last, span_lo, span_hi);
 
   // Q through stage 1's K tile into registers; stage 0 starts loading meanwhile.
-  issue_tile<kD>(sK[1], q, p.q.seq, row0, v.len_q);
+  issue_tile<kD>(sK[1], q, p.q.seq, row0, v.len_q, dims);
   cp_async_commit();
   if (span_lo < span_hi) {
-    issue_tile<kD>(sK[0], k, p.k.seq, span_lo, v.len_kv);
-    issue_tile<kD>(sK[0] + kTile, val, p.v.seq, span_lo, v.len_kv);
+    issue_tile<kD>(sK[0], k, p.k.seq, span_lo, v.len_kv, dims);
+    issue_tile<kD>(sK[0] + kTile, val, p.v.seq, span_lo, v.len_kv, dims);
   }
   cp_async_commit();
   cp_async_wait<1>();
@@ -153,7 +155,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
   float o[kDimTiles][4] = {};
   int stage = 0;
   for (int64_t k0 = span_lo; k0 < span_hi; k0 += kTcKeys, stage ^= 1) {
-    await_kv_stage<kD>(sK[stage ^ 1], k, p.k.seq, val, p.v.seq, k0 + kTcKeys, span_hi, v.len_kv);
+    await_kv_stage<kD>(sK[stage ^ 1], k, p.k.seq, val, p.v.seq, k0 + kTcKeys, span_hi, v.len_kv, dims);
     const T* tK = sK[stage];
     const T* tV = sK[stage] + kTile;
     float s[kKeyTiles][4] = {};
@@ -211,7 +213,7 @@ struct CudaForward {
       const int sm = current_sm_version();
       if (wgmma_layout(p, sm, current_sm_count(), current_optin_smem())) return attention_forward_wgmma<T>(p, stream);
       if (tensor_core_layout(p, sm))
-        return p.head_dim == 64 ? launch_tc<T, 64>(p, stream) : launch_tc<T, 128>(p, stream);
+        return tc_head_dim(p.head_dim) == 64 ? launch_tc<T, 64>(p, stream) : launch_tc<T, 128>(p, stream);
     }
     const size_t smem = forward_smem(p.head_dim, p.value_dim, sizeof(acc_of<T>));
     BARACUDA_TRY(allow_smem(attention_forward<T>, smem));

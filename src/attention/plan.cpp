@@ -427,7 +427,7 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
     BARACUDA_TRY(engine->supports(problem));
     // The kernel contiguous operands get; other strides run the CUDA-core kernels.
     if (backend == Backend::bespoke_cuda && tiles::tensor_core_layout(problem, sku.arch) &&
-        (!def.backward || tiles::tc_backward_smem(problem.head_dim) <= device_max_smem()))
+        (!def.backward || tiles::tc_backward_smem(tiles::tc_head_dim(problem.head_dim)) <= device_max_smem()))
       sku.kernel = "tensor_cores";
     if (backend == Backend::bespoke_cuda && tiles::wgmma_layout(problem, sku.arch, device_sm_count(), device_max_smem()))
       sku.kernel = "wgmma";  // the Hopper forward (kernels_fwd_sm90.cu)

@@ -18,14 +18,16 @@ constexpr int tc_tile() {
 }
 
 /// Issues the copy of 64 rows of kD elements (unit dim stride, 16-byte rows)
-/// into a tile with a pitch of kD + 8; rows at or past `len` are zero-filled.
+/// into a tile with a pitch of kD + 8; rows at or past `len` and columns at
+/// or past `dims` (a padded head dim: tc_head_dim) are zero-filled.
 template <int kD, class T>
-__device__ __forceinline__ void issue_tile(T* s, const T* base, int64_t seq, int64_t row0, int64_t len) {
+__device__ __forceinline__ void issue_tile(T* s, const T* base, int64_t seq, int64_t row0, int64_t len, int dims) {
   constexpr int kPerRow = kD / 8;
   for (int e = threadIdx.x; e < 64 * kPerRow; e += kTcThreads) {
     const int r = e / kPerRow, c = e % kPerRow;
     const int64_t i = row0 + r;
-    cp_async_16(s + r * (kD + 8) + c * 8, i < len ? base + i * seq + c * 8 : base, i < len);
+    const bool inside = i < len && c * 8 < dims;
+    cp_async_16(s + r * (kD + 8) + c * 8, inside ? base + i * seq + c * 8 : base, inside);
   }
 }
 
@@ -35,10 +37,10 @@ __device__ __forceinline__ void issue_tile(T* s, const T* base, int64_t seq, int
 /// next tile streams in while this one is used. Every thread calls it.
 template <int kD, class T>
 __device__ __forceinline__ void await_kv_stage(T* dst, const T* k, int64_t k_seq, const T* v, int64_t v_seq,
-                                               int64_t next, int64_t end, int64_t len_kv) {
+                                               int64_t next, int64_t end, int64_t len_kv, int dims) {
   if (next < end) {
-    issue_tile<kD>(dst, k, k_seq, next, len_kv);
-    issue_tile<kD>(dst + tc_tile<kD>(), v, v_seq, next, len_kv);
+    issue_tile<kD>(dst, k, k_seq, next, len_kv, dims);
+    issue_tile<kD>(dst + tc_tile<kD>(), v, v_seq, next, len_kv, dims);
   }
   cp_async_commit();
   cp_async_wait<1>();
@@ -249,6 +251,7 @@ __device__ __forceinline__ void write_rows(const Problem& p, const HeadView& v, 
 #pragma unroll
     for (int dt = 0; dt < kDimTiles; ++dt) {
       const int d = dt * 8 + 2 * quad;
+      if (d >= p.value_dim) break;  // a padded head dim (tc_head_dim)
       out[d * p.out.dim] = convert<T>(o[dt][2 * r] * inv);
       out[(d + 1) * p.out.dim] = convert<T>(o[dt][2 * r + 1] * inv);
     }

@@ -35,13 +35,20 @@ inline size_t grad_kv_smem(int64_t d, int64_t dv, size_t acc) {
 /// six such tiles (and the dK/dV kernel two stages of 64 lse and dO . O).
 constexpr size_t tc_backward_smem(int64_t d) { return size_t(6 * 64 * (d + 8)) * 2 + 4 * 64 * sizeof(float); }
 
+/// The head dim the tensor-core kernels are built for that holds `d`: 64 or
+/// 128. A smaller multiple of 8 runs padded: its tiles' columns past d are
+/// zeros (issue_tile), which add nothing to q.k, and the dims past it are not
+/// written.
+constexpr int tc_head_dim(int64_t d) { return d <= 64 ? 64 : 128; }
+
 /// Whether the tensor-core kernels take a problem on a device of compute
-/// capability `sm`: f16/bf16, equal head dims of 64 or 128, unit dim strides
+/// capability `sm`: f16/bf16, equal head dims, multiples of 8 up to 128
+/// (64 and 128 exactly, the others padded: tc_head_dim), unit dim strides
 /// and 16-byte aligned rows of the operands they copy by tiles (q, k, v; and
 /// grad_out for the backward), sm_80+.
 inline bool tensor_core_layout(const Problem& p, int sm) {
   if (p.dtype != DType::f16 && p.dtype != DType::bf16) return false;
-  if (p.head_dim != p.value_dim || (p.head_dim != 64 && p.head_dim != 128) || sm < 80) return false;
+  if (p.head_dim != p.value_dim || p.head_dim % 8 || p.head_dim < 8 || p.head_dim > 128 || sm < 80) return false;
   for (const Operand* o : {&p.q, &p.k, &p.v, &p.grad_out}) {
     if (o == &p.grad_out && !p.backward) continue;
     if (o->dim != 1 || o->seq % 8 || o->head % 8 || o->batch % 8 || reinterpret_cast<uintptr_t>(o->data) % 16)
@@ -108,7 +115,8 @@ inline bool wgmma_layout(const Problem& p, int sm, int sm_count, size_t max_smem
 #ifdef BARACUDA_HAS_SM90A
   const int64_t blocks = p.batch * p.heads_q * ((p.seq_q + kWgRows - 1) / kWgRows);
   return !p.backward && sm == 90 && p.dropout_p == 0 && blocks >= sm_count && blocks < (int64_t(1) << 31) &&
-         tensor_core_layout(p, sm) && wgmma_forward_smem(p.head_dim) <= max_smem;
+         (p.head_dim == 64 || p.head_dim == 128) && tensor_core_layout(p, sm) &&
+         wgmma_forward_smem(p.head_dim) <= max_smem;
 #else
   (void)p, (void)sm, (void)sm_count, (void)max_smem;
   return false;
