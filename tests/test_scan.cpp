@@ -56,13 +56,14 @@ TEST(CudaScan, LongRowsMatchReference) {
     }
   }
   // Past the look-back window (128 tiles of 2048 to 8192 elements): 2^21 + 3
-  // elements in f64 for every op, 2^22 + 3 in bf16 for three (2^26 + 3 runs in
-  // BitwiseDeterministicRunToRun and against torch in test_rows.py).
+  // elements in f64 for every op, 2^22 + 3 and three rows of 2^20 + 3 in bf16
+  // for three (2^26 + 3 runs in BitwiseDeterministicRunToRun, LongChainIsExact
+  // and against torch in test_rows.py).
   for (const std::string& op : sampled_scans())
     check(op, DType::f64, Shape{(int64_t(1) << 21) + 3}, LayoutKind::contiguous);
   for (const char* op : {"cumsum", "cummax", "logcumsumexp_backward"})
     for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::strided})
-      check(op, DType::bf16, Shape{(int64_t(1) << 22) + 3}, layout);
+      for (const Shape& shape : {Shape{(int64_t(1) << 22) + 3}, Shape{3, (int64_t(1) << 20) + 3}}) check(op, DType::bf16, shape, layout);
   // Lengths a multiple of the run: the gradients' reversed views then have aligned runs too (the 16-byte
   // register path of cumsum_backward, Note [Vectorised single-pass tiles]).
   for (const char* op : {"cumsum", "cummax", "cumsum_backward"})
@@ -113,6 +114,45 @@ TEST(CudaScan, BitwiseDeterministicRunToRun) {
       cudaFree(ws);
     }
   }
+}
+
+/// Rows of 16385 tiles: a chain of 128 look-back hops a row (Note
+/// [Deterministic single-pass scan]); an integer cumsum over two such rows (a
+/// partial last tile each) must be exact, every element.
+TEST(CudaScan, LongChainIsExact) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const int64_t cols = (int64_t(1) << 26) + 3, rows = 2, n = rows * cols;  // 4096-element tiles (i64 state): 16385 a row
+  auto desc = infer("cumsum", {{DType::i32, Shape{rows, cols}}});
+  ASSERT_TRUE(desc);
+  ASSERT_EQ(desc->outputs[0].dtype, DType::i64);
+  auto plan = select(Stream::cuda(), *desc);
+  ASSERT_TRUE(plan) << plan.status().to_string();
+  std::vector<int32_t> host(n);
+  std::mt19937 rng(3);
+  for (auto& v : host) v = int32_t(rng() % 7) - 3;
+  void *x = nullptr, *y = nullptr, *ws = nullptr;
+  ASSERT_EQ(cudaMalloc(&x, n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&y, n * 8), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&ws, std::max<size_t>((*plan)->workspace_size(), 1)), cudaSuccess);
+  cudaMemcpy(x, host.data(), n * 4, cudaMemcpyHostToDevice);
+  cudaMemset(y, 0xFF, n * 8);  // poisoned
+  std::array<TensorView, 1> in{*TensorView::contiguous(x, DType::i32, Shape{rows, cols})};
+  std::array<TensorView, 1> out{*TensorView::contiguous(y, DType::i64, Shape{rows, cols})};
+  ASSERT_TRUE((*plan)->run(Stream::cuda(), Workspace{ws, (*plan)->workspace_size()}, OpArgs{in, out}));
+  std::vector<int64_t> got(n);
+  ASSERT_EQ(cudaMemcpy(got.data(), y, n * 8, cudaMemcpyDeviceToHost), cudaSuccess);
+  int64_t bad = 0, first_bad = -1;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t sum = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      sum += host[r * cols + c];
+      if (got[r * cols + c] != sum && bad++ == 0) first_bad = r * cols + c;
+    }
+  }
+  EXPECT_EQ(bad, 0) << "first wrong element " << first_bad;
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(ws);
 }
 
 /// Rows whose start is not 16-byte aligned (views from element 1 of a buffer,
