@@ -26,6 +26,26 @@ TEST_P(Loss, CudaMatchesReference) {
 }
 INSTANTIATE_TEST_SUITE_P(Ops, Loss, testing::ValuesIn(ops_of(OpCategory::loss)), param_name);
 
+/// The fused cross_entropy of long rows on CUDA: rows cut over clusters of 1
+/// to 8 blocks (Note [Cross entropy over a cluster]: bf16 rows of 10000,
+/// 40000, 128256 and 250000 classes take 1, 2, 4 and 8 slices, f32 ones 1,
+/// 4, 8 and 8), rows past 8 slices (the one-block kernel), odd class counts
+/// and strided rows (slices read element by element), against the reference.
+TEST(CrossEntropyCuda, LongRowsOverClusters) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (DType dtype : {DType::bf16, DType::f16, DType::f32})
+    for (const Shape& shape : {Shape{6, 10000}, Shape{5, 40000}, Shape{3, 128256}, Shape{2, 250000}, Shape{2, 600000}, Shape{3, 50001}})
+      for (const Attrs& attrs : {Attrs{{"reduction", 0}, {"ignore_index", -1}}, Attrs{{"reduction", 1}, {"ignore_index", -1}},
+                                 Attrs{{"reduction", 2}, {"ignore_index", -1}}})  // the driver's targets hold -1s
+        for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::strided}) {
+          CaseSpec spec{find_op("cross_entropy_fused"), dtype, shape, attrs, layout};
+          RunOptions opt;
+          opt.backend = Backend::bespoke_cuda;
+          CaseOutcome r = run_case(spec, opt);
+          EXPECT_TRUE(r.passed && !r.skipped) << spec.to_string() << ": " << r.message;
+        }
+}
+
 /// A host operand: f64 values (or i64 when `dtype` is i64) of a shape.
 struct Operand {
   std::vector<double> values;

@@ -8,6 +8,8 @@
 //  - finalize (one block): the mean or sum of the per-row terms.
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
 #include "loss/class_losses.hpp"
@@ -154,6 +156,25 @@ __device__ __forceinline__ void map_cached_row(const T* row, const T* cache, int
   }
 }
 
+/// A row's loss (reduction none) or its terms nll, smooth and d for the finalize.
+template <class T, bool kProbs, class M>
+__device__ __forceinline__ void store_row_terms(const ClassLaunch& cl, const ClassParams& p, const int64_t* off, int64_t row,
+                                                M nll, M smooth, M d) {
+  using W = scratch_of<T>;
+  const RowLaunch& l = cl.rows;
+  if (p.reduction == Reduction::none) {
+    const RowScale<M> sc = row_scale<M>(effective<kProbs>(p), l.cols, l.rows, M(1));
+    const M loss = sc.nll * nll + sc.smooth * smooth;
+    if (p.stat_out) reinterpret_cast<W*>(l.data[kOut])[off[kOut]] = W(loss);
+    else reinterpret_cast<T*>(l.data[kOut])[off[kOut]] = convert<T>(loss);
+  } else {
+    W* terms = static_cast<W*>(cl.scratch) + 2;
+    terms[row] = W(nll);
+    terms[l.rows + row] = W(smooth);
+    terms[2 * l.rows + row] = W(d);
+  }
+}
+
 /// Shared memory a block may keep a row in (the gradient pass then reads it from there).
 inline constexpr int kCacheBytes = int(rows::kRowCacheBytes);
 
@@ -239,17 +260,7 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
       if (t.bad) nll = NAN;
     }
     if (L::kLogits && p.mode == Mode::forward) reinterpret_cast<W*>(l.data[kLse])[off[kLse]] = W(lse);
-    if (p.reduction == Reduction::none) {
-      const RowScale<M> sc = row_scale<M>(effective<kProbs>(p), C, l.rows, M(1));
-      const M loss = sc.nll * nll + sc.smooth * smooth;
-      if (p.stat_out) reinterpret_cast<W*>(l.data[kOut])[off[kOut]] = W(loss);
-      else reinterpret_cast<T*>(l.data[kOut])[off[kOut]] = convert<T>(loss);
-    } else {
-      W* terms = static_cast<W*>(cl.scratch) + 2;
-      terms[row] = W(nll);
-      terms[l.rows + row] = W(smooth);
-      terms[2 * l.rows + row] = W(d);
-    }
+    store_row_terms<T, kProbs>(cl, p, off, row, nll, smooth, d);
   }
   if (p.mode == Mode::forward || !valid) return;
 
@@ -293,6 +304,122 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
   }
 }
 
+// Note [Cross entropy over a cluster]
+// The fused cross_entropy of long rows (class indices, logits, no
+// smoothing, f32/f16/bf16) on sm_90: a row is cut into `ranks` slices of at
+// most kSliceBytes, one block each, the blocks of a row one thread-block
+// cluster. A block keeps its slice in shared memory, so the row is read
+// once and its gradient written once (the one-block kernel caches 200 KiB
+// and re-reads the rest: half an f32 row of 128256 classes, from DRAM), and
+// three blocks an SM, of different rows, overlap one row's reads with
+// another's gradient writes. Each block folds its slice into (max, sum of
+// exponentials), leaves the pair in its shared memory, and after a cluster
+// barrier every block merges the ranks' pairs in rank order through
+// distributed shared memory: the same bits in every block, run to run. A
+// second barrier keeps each pair alive until every block has read it.
+inline constexpr int kSliceBytes = 64 * 1024, kSliceThreads = 256, kMaxSliceRanks = 8;
+
+template <class L, class T, class Index>
+__global__ void __launch_bounds__(kSliceThreads, 3)
+    cluster_rows_kernel(ClassLaunch cl, ClassParams p, OffsetCalc<kSlots, int64_t> outer, int64_t slice_packs) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // launched on sm_90 and later only (class_loss_on_cuda)
+#else
+  using M = math_t<T, false>;
+  using W = scratch_of<T>;
+  constexpr int V = rows::kVecOf<T>;
+  __shared__ M scratch[kSliceThreads / 32];
+  __shared__ M pair[2];
+  extern __shared__ __align__(16) char cache_bytes[];
+  T* cache = reinterpret_cast<T*>(cache_bytes);
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank()), ranks = int(cluster.num_blocks());
+  const RowLaunch& l = cl.rows;
+  const int64_t row = blockIdx.x / ranks, C = l.cols;
+  const int lane = threadIdx.x;
+  int64_t off[kSlots];
+  outer.get(row, off);
+  const T* in = reinterpret_cast<const T*>(l.data[kInput]) + off[kInput];
+  T* grad = reinterpret_cast<T*>(l.data[kGradInput]) + off[kGradInput];
+  const int64_t s_in = l.inner.stride[kInput][0], s_grad = l.inner.stride[kGradInput][0];
+  const bool vec = rows::vector_ok<T>(in, s_in, C) && rows::vector_ok<T>(grad, s_grad, C);
+  const int64_t c0 = min(C, rank * slice_packs * V), cols = min(C - c0, slice_packs * V);  // whole vectors but the last slice's
+  const T* slice = in + c0 * s_in;
+
+  M m = -INFINITY, s = 0;
+  online_logsumexp<kSliceThreads, 4>(slice, s_in, cols, vec, lane, m, s, cache, vec ? slice_packs : 0);
+  const M gm = rows::row_all_reduce<kSliceThreads, 1>(m, rows::MaxOp{}, scratch);
+  s = m == -INFINITY ? M(0) : s * exp2_((m - gm) * kLog2e<M>);
+  s = rows::row_all_reduce<kSliceThreads, 1>(s, rows::SumOp{}, scratch);
+  if (lane == 0) pair[0] = gm, pair[1] = s;
+  cluster.sync();
+  M rm = -INFINITY, rs = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const M* theirs = cluster.map_shared_rank(&pair[0], r);
+    const M tm = theirs[0], ts = theirs[1], nm = fmax(rm, tm);
+    if (nm == -INFINITY) continue;
+    rs = rs * exp2_((rm - nm) * kLog2e<M>) + ts * exp2_((tm - nm) * kLog2e<M>);
+    rm = nm;
+  }
+  cluster.sync();
+  const M lse = rm + log(rs);
+
+  const RowTarget<T, Index> t = row_target<T, Index>(l, off, p);
+  const M w_t = t.ignored || t.bad ? M(0) : weight_at<T, M>(l, p, t.index);
+  if (rank == 0 && lane == 0) {
+    const M z_t = t.ignored || t.bad ? M(0) : convert<M>(in[t.index * s_in]);
+    const M nll = t.bad ? M(NAN) : t.ignored ? M(0) : w_t * (lse - z_t);
+    store_row_terms<T, false>(cl, p, off, row, nll, M(0), t.ignored ? M(0) : w_t);
+  }
+  // The gradient of the slice: scale w_t (softmax - onehot), the smoothing term zero.
+  const W* ws = static_cast<const W*>(cl.scratch);
+  const RowScale<M> sc = row_scale<M>(effective<false>(p), C, l.rows, p.reduction == Reduction::mean ? M(ws[0]) : M(1));
+  const M go = cl.grad_scale ? M(*static_cast<const W*>(cl.grad_scale)) : M(1);
+  const M a_t = t.ignored ? M(0) : sc.nll * go * w_t, bad = t.bad ? M(NAN) : M(0), lse_log2 = lse * kLog2e<M>;
+  auto grad_at = [&](int64_t c, T x) {
+    const M pc = exp2_(convert<M>(x) * kLog2e<M> - lse_log2);
+    return convert<T>(a_t * (pc - (c0 + c == t.index ? M(1) : M(0))) + bad);
+  };
+  if (vec) {
+    map_cached_row<kSliceThreads>(slice, cache, slice_packs, grad + c0, cols, lane, grad_at);
+  } else {
+    const T* src[1] = {slice};
+    const int64_t ss[1] = {s_in};
+    rows::map_row<kSliceThreads>(src, ss, grad + c0 * s_grad, s_grad, cols, false, lane,
+                                 [&](int64_t c, const T (&x)[1]) { return grad_at(c, x[0]); });
+  }
+#endif
+}
+
+/// 16-byte vectors of a slice when rows of `cols` are cut into `ranks` slices.
+template <class T>
+int64_t cluster_slice_packs(int64_t cols, int ranks) {
+  const int64_t packs = (cols + rows::kVecOf<T> - 1) / rows::kVecOf<T>;
+  return (packs + ranks - 1) / ranks;
+}
+
+/// Launches cluster_rows_kernel: `ranks` blocks a row, one cluster each.
+template <class L, class T, class Index>
+Status launch_cluster_rows(const ClassLaunch& cl, const ClassParams& p, const OffsetCalc<kSlots, int64_t>& outer, int ranks,
+                           CUstream_st* stream) {
+  const int64_t slice_packs = cluster_slice_packs<T>(cl.rows.cols, ranks);
+  auto kernel = cluster_rows_kernel<L, T, Index>;
+  BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSliceBytes, true));
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(cl.rows.rows * ranks));
+  config.blockDim = dim3(kSliceThreads);
+  config.dynamicSmemBytes = size_t(slice_packs) * 16;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = unsigned(ranks), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  BARACUDA_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, cl, p, outer, slice_packs));
+  return Status::ok();
+}
+
 /// The mean or sum of the per-row terms (scratch) into `scalar_out`.
 template <class T, bool kProbs>
 __global__ void __launch_bounds__(1024) finalize_kernel(ClassLaunch cl, ClassParams p) {
@@ -324,7 +451,16 @@ Status class_loss_on_cuda(const ClassLaunch& cl, const ClassParams& p, CUstream_
     prep_kernel<T, Index><<<1, 1024, 0, stream>>>(cl, p, outer);
   const int64_t C = cl.rows.cols;
   const bool cached_grad = p.mode == Mode::fused && !is_float_v<Index> && L::kLogits && C > 8192;
+  int ranks = 0;  // the cluster kernel's slices a row (Note [Cross entropy over a cluster])
+  constexpr bool kSliced = L::kLogits && !is_float_v<Index> && !std::is_same_v<T, double>;
+  if constexpr (kSliced) {
+    if (cached_grad && p.smoothing == 0 && cl.rows.rows * kMaxSliceRanks <= int64_t(0x7fffffff) && current_sm_version() >= 90)
+      for (int r = 1; r <= kMaxSliceRanks && !ranks; r *= 2)
+        if (cluster_slice_packs<T>(C, r) * 16 <= kSliceBytes) ranks = r;
+  }
   if (cl.rows.rows == 0) {
+  } else if (ranks) {
+    if constexpr (kSliced) BARACUDA_TRY((launch_cluster_rows<L, T, Index>(cl, p, outer, ranks, stream)));
   } else if (cached_grad) {  // one long row per block, kept in shared memory for the gradient pass
     auto kernel = rows_kernel<L, T, Index, 1024, 1, true>;
     BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kCacheBytes));
