@@ -177,6 +177,24 @@ __device__ __forceinline__ void store_row_terms(const ClassLaunch& cl, const Cla
   }
 }
 
+/// The gradient at logit x of class c of a row with class-index target
+/// `target`: a_t (p_c - [c == target]) + b (w_total p_c - w_c) + bad, with
+/// p_c = 2^(x log2 e - lse log2 e) (a_t: the scaled target weight, b: the
+/// scaled smoothing, bad: NaN for a target out of range).
+template <class T, class M>
+struct IndexTargetGrad {
+  const RowLaunch& l;
+  const ClassParams& p;
+  M a_t, b, w_total, lse_log2, bad;
+  int64_t target;
+  __device__ __forceinline__ T operator()(int64_t c, T x) const {
+    const M pc = exp2_(convert<M>(x) * kLog2e<M> - lse_log2);
+    M g = a_t * (pc - (c == target ? M(1) : M(0)));
+    if (b != M(0)) g += b * (w_total * pc - weight_at<T, M>(l, p, c));
+    return convert<T>(g + bad);
+  }
+};
+
 /// Shared memory a block may keep a row in (the gradient pass then reads it from there).
 inline constexpr int kCacheBytes = int(rows::kRowCacheBytes);
 
@@ -285,15 +303,14 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
       return convert<T>(sc.nll * (pc * a - weight_at<T, M>(l, p, c) * smoothed(convert<M>(x[1]))));
     });
   } else {
-    const M a_t = t.ignored ? M(0) : sc.nll * w_t, b = t.ignored ? M(0) : sc.smooth;
-    const M w_total = p.weighted ? M(ws[1]) : M(C);
-    const M lse_log2 = lse * kLog2e<M>;
-    auto grad_at = [&](int64_t c, T x) {
-      const M pc = exp2_(convert<M>(x) * kLog2e<M> - lse_log2);
-      M g = a_t * (pc - (c == t.index ? M(1) : M(0)));
-      if (b != M(0)) g += b * (w_total * pc - weight_at<T, M>(l, p, c));
-      return convert<T>(g + bad);
-    };
+    const IndexTargetGrad<T, M> grad_at{l,
+                                        p,
+                                        t.ignored ? M(0) : sc.nll * w_t,
+                                        t.ignored ? M(0) : sc.smooth,
+                                        p.weighted ? M(ws[1]) : M(C),
+                                        lse * kLog2e<M>,
+                                        bad,
+                                        t.index};
     // The cache holds the row when pass 1 took the vector path without smoothing sums.
     if (kCache && vec_out && p.smoothing == 0) {
       map_cached_row<TPR>(in, cache, cache_packs, grad, C, lane, grad_at);
@@ -374,15 +391,13 @@ __global__ void __launch_bounds__(kSliceThreads, 3)
     const M nll = t.bad ? M(NAN) : t.ignored ? M(0) : w_t * (lse - z_t);
     store_row_terms<T, false>(cl, p, off, row, nll, M(0), t.ignored ? M(0) : w_t);
   }
-  // The gradient of the slice: scale w_t (softmax - onehot), the smoothing term zero.
+  // The gradient of the slice (no smoothing term).
   const W* ws = static_cast<const W*>(cl.scratch);
   const RowScale<M> sc = row_scale<M>(effective<false>(p), C, l.rows, p.reduction == Reduction::mean ? M(ws[0]) : M(1));
   const M go = cl.grad_scale ? M(*static_cast<const W*>(cl.grad_scale)) : M(1);
-  const M a_t = t.ignored ? M(0) : sc.nll * go * w_t, bad = t.bad ? M(NAN) : M(0), lse_log2 = lse * kLog2e<M>;
-  auto grad_at = [&](int64_t c, T x) {
-    const M pc = exp2_(convert<M>(x) * kLog2e<M> - lse_log2);
-    return convert<T>(a_t * (pc - (c0 + c == t.index ? M(1) : M(0))) + bad);
-  };
+  const IndexTargetGrad<T, M> grad_of{
+      l, p, t.ignored ? M(0) : sc.nll * go * w_t, M(0), M(0), lse * kLog2e<M>, t.bad ? M(NAN) : M(0), t.index};
+  auto grad_at = [&](int64_t c, T x) { return grad_of(c0 + c, x); };  // c within the slice
   if (vec) {
     map_cached_row<kSliceThreads>(slice, cache, slice_packs, grad + c0, cols, lane, grad_at);
   } else {
