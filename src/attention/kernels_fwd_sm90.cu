@@ -14,17 +14,18 @@
 // arrival from each consumer warp once its products have read the tile);
 // Note [mbarriers and TMA]. Warpgroups 1 and 2 consume, 64 rows each:
 //   S_0 = Q K_0^T; softmax_0
-//   for j >= 1: issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1};
+//   for j >= 1: issue S_j = Q K_j^T; rescale O by softmax_{j-1}'s factors
+//               while it runs; issue O += P_{j-1} V_{j-1};
 //               wait for S_j (wgmma.wait_group 1), release K_j;
 //               score rule and softmax of S_j while P_{j-1} V_{j-1} runs;
-//               wait for it, release V_{j-1}, rescale O, P_j = S_j as A fragments
-//   O += P_last V_last
+//               wait for it, release V_{j-1}, P_j = S_j as A fragments
+//   rescale O; O += P_last V_last
 // (the online softmax and the epilogue are the mma.sync kernel's:
 // tensor_core.cuh). The block visits only the key tiles its rows may see
 // (tile_key_span: none past the causal diagonal or outside the window), and
 // the loop runs in three phases, each specialised on its score rule
 // (TileRule): the tiles every row of the warpgroup sees whole take the scale
-// alone; the few on the window's left edge before them and on the causal
+// alone (deferred into the exponent's fused multiply-add: tile_scores); the few on the window's left edge before them and on the causal
 // diagonal or the window's right edge after them take the key-range test
 // alone (-inf outside each row's range); a softcap is inline in both (tanh
 // on the special-function unit); a problem with a mask or ALiBi takes the
@@ -201,9 +202,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     float s[kWgKeys / 8][4], corr[2], tile_max[2];
     uint32_t pa[8][4];  // P of the previous tile as A fragments
     auto softmax = [&](auto rule, int t) {
+      constexpr TileRule kRule = decltype(rule)::value;
+      constexpr bool kDefer = kRule == TileRule::plain || kRule == TileRule::bounds;
       const int64_t k0 = span_lo + int64_t(t) * kWgKeys;
-      tile_scores<decltype(rule)::value>(s, tile_max, p, v, f, k0, quad, scales);
-      softmax_rows<false>(s, m, l, corr, tile_max, p, v, f, k0, quad);
+      tile_scores<kRule, kDefer>(s, tile_max, p, v, f, k0, quad, scales);
+      softmax_rows<false>(s, m, l, corr, tile_max, p, v, f, k0, quad, kDefer ? scales.scale_log2 : 1.f);
     };
     auto step = [&](auto rule, int t) {
       const int st = t % kStages, sp = (t - 1) % kStages;
@@ -216,6 +219,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       wgmma_fence();
       wgmma_scores_issue<T, kD>(s, sQw, kWgRows, sKV + 2 * st * kTile);
       wgmma_commit();
+      rescale_rows(o, corr);  // the last softmax's factors, while S_t runs
+      wgmma_pin(o);
+      wgmma_fence();
       wgmma_values_issue<T, kD>(o, pa, sKV + (2 * sp + 1) * kTile);
       wgmma_commit();
       named_arrive(other, kSchedThreads);
@@ -227,7 +233,6 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       wgmma_pin(o);
       wgmma_pin(pa);
       if (lane == 0) mbar_arrive(bar(kEmptyV, sp));
-      rescale_rows(o, corr);
       pack_probs<T>(pa, s);
     };
     mbar_wait(bar_q, 0);
@@ -257,6 +262,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     else phases(Rule<TileRule::bounds>{}, Rule<TileRule::plain>{});
     const int sl = (tiles - 1) % kStages;
     mbar_wait(bar(kFullV, sl), ((tiles - 1) / kStages) & 1);
+    rescale_rows(o, corr);
     wgmma_pin(pa);
     wgmma_pin(o);
     wgmma_fence();

@@ -104,20 +104,30 @@ __device__ __forceinline__ TileRule inline_rule(const Problem& p, bool whole) {
 }
 
 /// Turns the raw products q.k of a key tile into scores in log2 units by
-/// `kRule`; the row maxima of the tile into `tile_max` (over the 4 lanes of a row).
-template <TileRule kRule, int kN>
+/// `kRule`; the row maxima of the tile into `tile_max` (over the 4 lanes of a
+/// row). With kDeferScale (the `plain` and `bounds` rules of a positive
+/// scale) the scores stay raw products (-inf outside the range) and only the
+/// maxima are scaled: softmax_rows then takes the scale into its exponent's
+/// fused multiply-add. Four partial maxima a row keep the chains short.
+template <TileRule kRule, bool kDeferScale = false, int kN>
 __device__ __forceinline__ void tile_scores(float (&s)[kN][4], float (&tile_max)[2], const Problem& p,
                                             const HeadView& v, const FragRows& f, int64_t k0, int quad,
                                             const ScoreScales& sc) {
   constexpr bool kCapped = kRule == TileRule::capped || kRule == TileRule::bounds_capped;
   constexpr bool kBounds = kRule == TileRule::bounds || kRule == TileRule::bounds_capped || kRule == TileRule::full;
-  tile_max[0] = tile_max[1] = -INFINITY;
+  constexpr bool kDefer = kDeferScale && (kRule == TileRule::plain || kRule == TileRule::bounds);
+  constexpr int kChains = kN >= 4 ? 4 : kN;
+  float part[2][kChains];
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) part[0][c] = part[1][c] = -INFINITY;
 #pragma unroll
   for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = e / 2;
-      float x = kCapped ? fast_tanh(s[nt][e] * sc.scale_over_cap) * sc.cap_log2 : s[nt][e] * sc.scale_log2;
+      float x = kDefer    ? s[nt][e]
+                : kCapped ? fast_tanh(s[nt][e] * sc.scale_over_cap) * sc.cap_log2
+                          : s[nt][e] * sc.scale_log2;
       if constexpr (kBounds) {
         const int64_t j = k0 + nt * 8 + 2 * quad + (e & 1);
         float capped;
@@ -125,12 +135,15 @@ __device__ __forceinline__ void tile_scores(float (&s)[kN][4], float (&tile_max)
         else if constexpr (kRule == TileRule::full) x = score<float>(p, v, s[nt][e], f.row[r], j, capped) * kLog2e;
       }
       s[nt][e] = x;
-      tile_max[r] = fmaxf(tile_max[r], x);
+      part[r][nt % kChains] = fmaxf(part[r][nt % kChains], x);
     }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+#pragma unroll
+    for (int c = 1; c < kChains; ++c) part[r][0] = fmaxf(part[r][0], part[r][c]);
+    tile_max[r] = fmaxf(part[r][0], __shfl_xor_sync(0xffffffffu, part[r][0], 1));
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+    if constexpr (kDefer) tile_max[r] *= sc.scale_log2;  // a positive scale keeps the order; -inf stays -inf
   }
 }
 
@@ -184,37 +197,45 @@ __device__ __forceinline__ void apply_dropout(float (&s)[kN][4], const Problem& 
   }
 }
 
-/// One online-softmax step over a key tile of scores (log2 units) with row
+/// One online-softmax step over a key tile of scores (log2 units; raw
+/// products times `scale` where tile_scores deferred the scale) with row
 /// maxima `tile_max`, all but the rescaling of the output: updates the
 /// running max `m` and sum `l`, leaves in `corr` the factor the output
 /// accumulators take (rescale_rows) and in `s` the probabilities times
-/// dropout's factor (the sum counts them before dropout). kDropout false
-/// leaves dropout out, for kernels dropout never selects (the Hopper
-/// forward: tiles::wgmma_layout), which its code would cost registers.
+/// dropout's factor (the sum counts them before dropout; four partial sums a
+/// row, in a fixed order). kDropout false leaves dropout out, for kernels
+/// dropout never selects (the Hopper forward: tiles::wgmma_layout), which
+/// its code would cost registers.
 template <bool kDropout = true, int kN>
 __device__ __forceinline__ void softmax_rows(float (&s)[kN][4], float (&m)[2], float (&l)[2], float (&corr)[2],
                                              const float (&tile_max)[2], const Problem& p, const HeadView& v,
-                                             const FragRows& f, int64_t k0, int quad) {
-  float m_new[2], m_ref[2], sum[2] = {0, 0};
+                                             const FragRows& f, int64_t k0, int quad, float scale = 1.f) {
+  constexpr int kChains = kN >= 4 ? 4 : kN;
+  float m_new[2], m_ref[2], part[2][kChains];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     m_new[r] = fmaxf(m[r], tile_max[r]);
     corr[r] = m_new[r] == -INFINITY ? 1.f : fast_exp2(m[r] - m_new[r]);
     m_ref[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];  // all -inf so far: exp2(-inf - 0) = 0, no NaN
+#pragma unroll
+    for (int c = 0; c < kChains; ++c) part[r][c] = 0.f;
   }
 #pragma unroll
   for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float pr = fast_exp2(s[nt][e] - m_ref[e / 2]);
-      sum[e / 2] += pr;
+      const float pr = fast_exp2(fmaf(s[nt][e], scale, -m_ref[e / 2]));
+      part[e / 2][nt % kChains] += pr;
       s[nt][e] = pr;
     }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
-    sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-    l[r] = l[r] * corr[r] + sum[r];
+    float sum = part[r][0];
+#pragma unroll
+    for (int c = 1; c < kChains; ++c) sum += part[r][c];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    l[r] = l[r] * corr[r] + sum;
     m[r] = m_new[r];
   }
   if constexpr (kDropout)
