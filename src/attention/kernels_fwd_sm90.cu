@@ -25,9 +25,10 @@
 // (tile_key_span: none past the causal diagonal or outside the window), and
 // the loop runs in three phases, each specialised on its score rule
 // (TileRule): the tiles every row of the warpgroup sees whole take the scale
-// alone (deferred into the exponent's fused multiply-add: tile_scores); the few on the window's left edge before them and on the causal
-// diagonal or the window's right edge after them take the key-range test
-// alone (-inf outside each row's range); a softcap is inline in both (tanh
+// alone (deferred into the exponent's fused multiply-add: tile_scores); the
+// few on the window's left edge before them and on the causal diagonal or
+// the window's right edge after them take the key-range test alone (-inf
+// outside each row's range); a softcap is inline in both (tanh
 // on the special-function unit); a problem with a mask or ALiBi takes the
 // whole rule on every tile. The two consumers take turns
 // issuing their products (named barriers 1 and 2, "ping-pong"): while one
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     uint32_t pa[8][4];  // P of the previous tile as A fragments
     auto softmax = [&](auto rule, int t) {
       constexpr TileRule kRule = decltype(rule)::value;
-      constexpr bool kDefer = kRule == TileRule::plain || kRule == TileRule::bounds;
+      constexpr bool kDefer = scale_deferrable(kRule);
       const int64_t k0 = span_lo + int64_t(t) * kWgKeys;
       tile_scores<kRule, kDefer>(s, tile_max, p, v, f, k0, quad, scales);
       softmax_rows<false>(s, m, l, corr, tile_max, p, v, f, k0, quad, kDefer ? scales.scale_log2 : 1.f);

@@ -103,19 +103,25 @@ __device__ __forceinline__ TileRule inline_rule(const Problem& p, bool whole) {
   return whole ? TileRule::plain : TileRule::bounds;
 }
 
+/// Whether tile_scores can leave a rule's scores as raw products and scale
+/// only the maxima (the scale alone and the key-range test: the plan takes
+/// scales > 0 only, which keep the order; -inf stays -inf).
+constexpr bool scale_deferrable(TileRule rule) { return rule == TileRule::plain || rule == TileRule::bounds; }
+
 /// Turns the raw products q.k of a key tile into scores in log2 units by
 /// `kRule`; the row maxima of the tile into `tile_max` (over the 4 lanes of a
-/// row). With kDeferScale (the `plain` and `bounds` rules of a positive
-/// scale) the scores stay raw products (-inf outside the range) and only the
-/// maxima are scaled: softmax_rows then takes the scale into its exponent's
-/// fused multiply-add. Four partial maxima a row keep the chains short.
+/// row). With kDeferScale (a scale_deferrable rule) the scores stay raw
+/// products and only the maxima are scaled: softmax_rows then takes the
+/// scale into its exponent's fused multiply-add. Four partial maxima a row
+/// keep the chains short.
 template <TileRule kRule, bool kDeferScale = false, int kN>
 __device__ __forceinline__ void tile_scores(float (&s)[kN][4], float (&tile_max)[2], const Problem& p,
                                             const HeadView& v, const FragRows& f, int64_t k0, int quad,
                                             const ScoreScales& sc) {
   constexpr bool kCapped = kRule == TileRule::capped || kRule == TileRule::bounds_capped;
   constexpr bool kBounds = kRule == TileRule::bounds || kRule == TileRule::bounds_capped || kRule == TileRule::full;
-  constexpr bool kDefer = kDeferScale && (kRule == TileRule::plain || kRule == TileRule::bounds);
+  static_assert(!kDeferScale || scale_deferrable(kRule), "only the scale and the key-range test defer the scale");
+  constexpr bool kDefer = kDeferScale;
   constexpr int kChains = kN >= 4 ? 4 : kN;
   float part[2][kChains];
 #pragma unroll
@@ -143,7 +149,7 @@ __device__ __forceinline__ void tile_scores(float (&s)[kN][4], float (&tile_max)
     for (int c = 1; c < kChains; ++c) part[r][0] = fmaxf(part[r][0], part[r][c]);
     tile_max[r] = fmaxf(part[r][0], __shfl_xor_sync(0xffffffffu, part[r][0], 1));
     tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-    if constexpr (kDefer) tile_max[r] *= sc.scale_log2;  // a positive scale keeps the order; -inf stays -inf
+    if constexpr (kDefer) tile_max[r] *= sc.scale_log2;
   }
 }
 

@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
 // second barrier keeps each pair alive until every block has read it.
 inline constexpr int kSliceBytes = 64 * 1024, kSliceThreads = 256, kMaxSliceRanks = 8;
 
-template <class L, class T, class Index>
+template <class T, class Index>
 __global__ void __launch_bounds__(kSliceThreads, 3)
     cluster_rows_kernel(ClassLaunch cl, ClassParams p, OffsetCalc<kSlots, int64_t> outer, int64_t slice_packs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -417,11 +417,11 @@ int64_t cluster_slice_packs(int64_t cols, int ranks) {
 }
 
 /// Launches cluster_rows_kernel: `ranks` blocks a row, one cluster each.
-template <class L, class T, class Index>
+template <class T, class Index>
 Status launch_cluster_rows(const ClassLaunch& cl, const ClassParams& p, const OffsetCalc<kSlots, int64_t>& outer, int ranks,
                            CUstream_st* stream) {
   const int64_t slice_packs = cluster_slice_packs<T>(cl.rows.cols, ranks);
-  auto kernel = cluster_rows_kernel<L, T, Index>;
+  auto kernel = cluster_rows_kernel<T, Index>;
   BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSliceBytes, true));
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(unsigned(cl.rows.rows * ranks));
@@ -477,7 +477,7 @@ Status class_loss_on_cuda(const ClassLaunch& cl, const ClassParams& p, CUstream_
   }
   if (cl.rows.rows == 0) {
   } else if (ranks) {
-    if constexpr (kSliced) BARACUDA_TRY((launch_cluster_rows<L, T, Index>(cl, p, outer, ranks, stream)));
+    if constexpr (kSliced) BARACUDA_TRY((launch_cluster_rows<T, Index>(cl, p, outer, ranks, stream)));
   } else if (cached_grad) {  // one long row per block, kept in shared memory for the gradient pass
     auto kernel = rows_kernel<L, T, Index, 1024, 1, true>;
     BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kCacheBytes));
