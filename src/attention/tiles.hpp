@@ -60,12 +60,14 @@ inline bool tensor_core_layout(const Problem& p, int sm) {
 /// The Hopper forward (kernels_fwd_sm90.cu, warpgroup MMA): 128 query rows
 /// a block, three warpgroups (a producer that loads, two consumers of 64
 /// rows each), 128-key tiles, a ring of K/V stages (3 at head dim 64, 2 at
-/// 128) in the 128-byte swizzled layout, 1024-byte aligned, then the
-/// mbarriers (a Q barrier and four a stage).
+/// 128) in the 128-byte swizzled layout, 1024-byte aligned, then each
+/// consumer's output staging tile (64 rows at a pitch of d + 8), then the
+/// mbarriers (Q full, Q empty and four a stage).
 constexpr int kWgRows = 128, kWgKeys = 128, kWgThreads = 384;
 constexpr int wgmma_stages(int64_t d) { return d == 64 ? 3 : 2; }
 constexpr size_t wgmma_forward_smem(int64_t d) {
-  return size_t(kWgRows * d + wgmma_stages(d) * 2 * kWgKeys * d) * 2 + 1024 + 8 * (1 + 4 * wgmma_stages(d));
+  return size_t(kWgRows * d + wgmma_stages(d) * 2 * kWgKeys * d + 2 * 64 * (d + 8)) * 2 + 1024 +
+         8 * (2 + 4 * wgmma_stages(d));
 }
 
 /// The order of the Hopper forward's blocks on its 1-d grid (Note [Hopper

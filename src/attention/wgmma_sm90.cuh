@@ -271,12 +271,21 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #ifdef BARACUDA_WGMMA
   uint32_t done = 0;
+#ifdef BARACUDA_MBAR_WATCHDOG  // debugging builds: a wait of more than ~2 s names itself and traps
+  const long long start = clock64();
+#endif
   do {
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(bar), "r"(parity)
         : "memory");
+#ifdef BARACUDA_MBAR_WATCHDOG
+    if (!done && clock64() - start > 4000000000ll) {
+      printf("mbar_wait stuck: block %d thread %d barrier %u parity %u\n", int(blockIdx.x), int(threadIdx.x), bar, parity);
+      __trap();
+    }
+#endif
   } while (!done);
 #endif
 }
