@@ -23,6 +23,12 @@ def close(a, b, tol):
     return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
 
 
+def close_outputs(ours, theirs, tol):
+    """Each output within tol of torch's, relative to the largest magnitude of torch's."""
+    return all((a.double() - b.double()).abs().max().item() <= tol * b.double().abs().max().item()
+               for a, b in zip(ours, theirs))
+
+
 def torch_sparsemax(z):
     """Sparsemax along the last dim with sort + cumsum, as written in torch (math in float32 at least)."""
     dtype, z = z.dtype, z.float() if z.dtype in (torch.float16, torch.bfloat16) else z
@@ -97,7 +103,10 @@ def main():
                 _, tmean, trstd = aten.native_layer_norm(x, (cols,), w, b, 1e-5)
                 row(f"layer_norm_backward {shape}", dtype, lambda: F.layer_norm_backward(g, x, mean, rstd, w),
                     lambda: aten.native_layer_norm_backward(g, x, (cols,), tmean, trstd, w, b, [True, True, True]),
-                    3 * n * es + stats)
+                    3 * n * es + stats,
+                    lambda: close_outputs(F.layer_norm_backward(g, x, mean, rstd, w),
+                                          aten.native_layer_norm_backward(g, x, (cols,), tmean, trstd, w, b,
+                                                                          [True, True, True]), tol))
             if want("rms_norm"):
                 row(f"rms_norm {shape}", dtype, lambda: F.native_rms_norm(x, (cols,), w, eps=1e-6),
                     lambda: torch.nn.functional.rms_norm(x, (cols,), w, eps=1e-6), 2 * n * es + stats // 2,
@@ -106,7 +115,9 @@ def main():
                 xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
                 yr = torch.nn.functional.rms_norm(xr, (cols,), wr, eps=1e-6)
                 row(f"rms_norm_backward {shape}", dtype, lambda: F.rms_norm_backward(g, x, rstd, w),
-                    lambda: torch.autograd.grad(yr, (xr, wr), g, retain_graph=True), 3 * n * es + stats // 2)
+                    lambda: torch.autograd.grad(yr, (xr, wr), g, retain_graph=True), 3 * n * es + stats // 2,
+                    lambda: close_outputs(F.rms_norm_backward(g, x, rstd, w),
+                                          torch.autograd.grad(yr, (xr, wr), g, retain_graph=True), tol))
                 del xr, wr, yr
             del x, g, o1, o2
         if want("group_norm") or want("instance_norm"):

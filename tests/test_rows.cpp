@@ -37,6 +37,35 @@ TEST_P(Norm, CudaMatchesReference) {
 }
 INSTANTIATE_TEST_SUITE_P(Ops, Norm, testing::ValuesIn(ops_of(OpCategory::norm)), param_name);
 
+// Rows of 1024 elements to 1024 vectors take the one-pass backward (Note
+// [Fused norm backward]): every block width (128 to 1024 threads), rows that
+// are not whole vectors (element loads), many rows a split, a rank-2 outer
+// shape, and the sweep's layouts (strided, transposed, in place, poisoned
+// outputs); the longer rows take the column pass (split partials merged).
+TEST(NormCuda, OnePassBackwardAgainstReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<Shape> shapes{{5, 1024},   {300, 1030}, {700, 2048}, {3, 2, 4096}, {2, 8192},
+                                  {1500, 1536}, {1, 1100},  {37, 16384}, {9, 20001},  {4, 65536}};
+  int ran = 0;
+  for (const char* name : {"layer_norm_backward", "rms_norm_backward"}) {
+    const OpInfo& op = *find_op(name);
+    for (DType dtype : op.dtypes)
+      for (const Shape& shape : shapes)
+        for (LayoutKind layout : kAllLayouts) {
+          if (quick() && layout != LayoutKind::contiguous && layout != LayoutKind::strided) continue;
+          CaseSpec spec{&op, dtype, shape, op.sample_attrs.front(), layout};
+          RunOptions opt;
+          opt.backend = Backend::bespoke_cuda;
+          const CaseOutcome r = run_case(spec, opt);
+          if (r.skipped) continue;
+          ++ran;
+          EXPECT_TRUE(r.passed) << spec.to_string() << ": " << r.message;
+          EXPECT_FALSE(r.reference_all_zero) << spec.to_string();
+        }
+  }
+  EXPECT_GT(ran, 50);
+}
+
 /// Runs `op` on the host over contiguous f64 operands; returns output 0.
 std::vector<double> host_run(const std::string& op, std::vector<std::vector<double>> inputs, const Shape& shape,
                              const Attrs& attrs) {

@@ -1,7 +1,6 @@
 // Device pieces every attention kernel shares (flash forward/backward and
-// decoding): -inf of the math type, warp reductions, and asynchronous
-// global -> shared copies (cp.async, sm_80+; a plain 16-byte copy below),
-// the mma.sync / ldmatrix wrappers and the dynamic shared memory opt-in.
+// decoding): -inf of the math type, warp reductions, the mma.sync / ldmatrix
+// wrappers and the dynamic shared memory opt-in (cp.async: core/cuda_async.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,9 +11,15 @@
 #include <limits>
 #include <type_traits>
 
+#include "core/cuda_async.cuh"
 #include "core/cuda_check.hpp"
 
 namespace baracuda::attn {
+
+using baracuda::cp_async_16;  // attn:: names of the shared copies (the grouped GEMM calls them so)
+using baracuda::cp_async_commit;
+using baracuda::cp_async_wait;
+using baracuda::shared_address;
 
 template <class Acc>
 __device__ __forceinline__ Acc neg_inf() {
@@ -33,36 +38,6 @@ __device__ __forceinline__ Acc warp_sum(Acc v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
-}
-
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// The "memory" clobbers keep the compiler from moving shared-memory reads of
-// a stage across the copy into it or the wait for it.
-/// 16 bytes from global `src` to shared `dst`; `valid` false reads nothing
-/// and zero-fills (pass any valid address as `src` then).
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-#else
-  *static_cast<uint4*>(dst) = valid ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-/// Waits until at most kPending committed groups of this thread are in flight.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-#endif
 }
 
 // Programmatic dependent launch (sm_90): a kernel may let the next one in the

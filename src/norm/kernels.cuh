@@ -1,12 +1,16 @@
 // CUDA normalization. Forward and grad_input: TPR threads per row, the row
 // kept in shared memory when it fits (one read, one write), statistics by
-// fixed-order row reductions. grad_weight / grad_bias: a column pass over the
-// rows, split across blocks with partial sums merged in split order, so the
-// whole family is deterministic without atomics.
+// fixed-order row reductions. grad_weight / grad_bias: in the same pass as
+// grad_input for rows of 1024 to 1024 x V elements (Note [Fused norm
+// backward]), else a column pass over the rows; either way split across
+// blocks with partial sums merged in split order, so the whole family is
+// deterministic without atomics.
 #pragma once
 
+#include "core/cuda_async.cuh"
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
+#include "norm/backward_shape.hpp"
 #include "norm/ops.hpp"
 #include "reduce/engine.hpp"
 
@@ -257,17 +261,187 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// Note [Fused norm backward]
+// With a weight, the backward takes two sums along each row (of wg and of
+// wg * xhat, for grad_input) and two down each column (grad_weight = sum of
+// g * xhat, grad_bias = sum of g). A column pass would read grad_output and
+// the input a second time. Rows of 1024 to 1024 x V elements (V a 16-byte
+// vector's elements) take one pass instead (fused_backward_shape):
+// - a block of TPR threads works on one row at a time, over a contiguous
+//   split of the rows (one split a block);
+// - each thread owns the same vector of every row (columns thread * V
+//   onwards), so it keeps their column sums in registers across the split
+//   and writes them once, as the split's partial; merge_params_kernel adds
+//   the partials in split order;
+// - the rows stream through shared memory three stages deep (cp.async where
+//   every row is unit-stride and 16-byte aligned, else element loads). Each
+//   thread copies and reads only its own slots, so the stages need no
+//   barrier: the one barrier a row is the row reduction's, over scratch
+//   double-buffered by row parity.
+template <class S, class T, int TPR>
+__global__ void __launch_bounds__(TPR, 1024 / TPR)
+    fused_backward_kernel(RowLaunch l, rows::OffsetCalc<S::kBackwardOperands, int64_t> outer, int64_t chunk, bool vec) {
+  using M = math_t<T, false>;
+  constexpr int V = rows::kVecOf<T>, kStages = 3;
+  using P = rows::Vec<T, V>;
+  extern __shared__ __align__(16) char smem_bytes[];
+  // [stage][grad_output, input][thread], then the weight's [thread].
+  P* slots = reinterpret_cast<P*>(smem_bytes);
+  auto slot = [&](int stage, int operand) -> P& { return slots[(stage * 2 + operand) * TPR + threadIdx.x]; };
+  P& weight = slots[kStages * 2 * TPR + threadIdx.x];
+  __shared__ M scratch[2][2][TPR / 32];  // [row parity][sum][warp]
+  const int64_t cols = l.cols, first = int64_t(blockIdx.x) * chunk, end = min(l.rows, first + chunk);
+  const int64_t c0 = int64_t(threadIdx.x) * V;  // this thread's columns: c0 .. c0 + V
+  const auto& st = l.inner.stride;
+  const int64_t sg = st[S::kGradOutput][0], sx = st[S::kSavedInput][0], sdx = st[S::kGradInput][0];
+  const T zero = convert<T>(M(0));
+  {
+    P wv;
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      wv.v[e] = c0 + e < cols ? reinterpret_cast<const T*>(l.data[S::kSavedWeight])[(c0 + e) * st[S::kSavedWeight][0]] : zero;
+    weight = wv;
+  }
+  // Operand k's row r (one operand at a time: fewer live registers than a whole offset array).
+  auto row_of = [&]<class U>(int k, int64_t r, U*) {
+    int64_t off = 0;
+    if (outer.rank <= 1) {
+      off = r * outer.stride[k][0];
+    } else {
+      for (int d = 0; d < outer.rank; ++d) off += (r % outer.shape[d]) * outer.stride[k][d], r /= outer.shape[d];
+    }
+    return reinterpret_cast<U*>(l.data[k]) + off;
+  };
+  auto load_row = [&](int64_t r, int stage) {
+    if (r < end) {
+      const T* g = row_of(S::kGradOutput, r, (const T*)nullptr);
+      const T* x = row_of(S::kSavedInput, r, (const T*)nullptr);
+      if (vec) {
+        cp_async_16(&slot(stage, 0), g + (c0 < cols ? c0 : 0), c0 < cols);
+        cp_async_16(&slot(stage, 1), x + (c0 < cols ? c0 : 0), c0 < cols);
+      } else {
+        P gv, xv;
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const bool in = c0 + e < cols;
+          gv.v[e] = in ? g[(c0 + e) * sg] : zero;
+          xv.v[e] = in ? x[(c0 + e) * sx] : zero;
+        }
+        slot(stage, 0) = gv, slot(stage, 1) = xv;
+      }
+    }
+    cp_async_commit();  // empty past the split: the group count stays uniform
+  };
+  const M inv_cols = M(1) / M(cols);
+  M dw[V] = {}, db[V] = {};
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) load_row(first + s, s);
+  int stage = 0;
+  for (int64_t r = first; r < end; ++r) {
+    load_row(r + kStages - 1, (stage + kStages - 1) % kStages);
+    cp_async_wait<kStages - 1>();  // row r's copies (this thread's) have landed
+    M mean = 0;
+    if constexpr (!S::kRms) mean = M(*row_of(S::kSavedMean, r, (const stat_t<T>*)nullptr));
+    const M rstd = M(*row_of(S::kSavedRstd, r, (const stat_t<T>*)nullptr));
+    const P gv = slot(stage, 0), xv = slot(stage, 1), wv = weight;
+    M a = 0, b = 0;  // sum(wg), sum(wg * xhat)
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const M wg = convert<M>(gv.v[e]) * convert<M>(wv.v[e]), xhat = (convert<M>(xv.v[e]) - mean) * rstd;
+      a += wg;
+      b += wg * xhat;
+    }
+#pragma unroll
+    for (int d = 16; d >= 1; d /= 2) a += __shfl_xor_sync(0xffffffffu, a, d), b += __shfl_xor_sync(0xffffffffu, b, d);
+    const int parity = int(r - first) & 1;
+    if (threadIdx.x % 32 == 0) scratch[parity][0][threadIdx.x / 32] = a, scratch[parity][1][threadIdx.x / 32] = b;
+    __syncthreads();
+    a = scratch[parity][0][0], b = scratch[parity][1][0];
+#pragma unroll 4
+    for (int i = 1; i < TPR / 32; ++i) a += scratch[parity][0][i], b += scratch[parity][1][i];
+    if (c0 < cols) {
+      const M mean_wg = a * inv_cols, mean_wg_xhat = b * inv_cols;
+      P out;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const M g = convert<M>(gv.v[e]), xhat = (convert<M>(xv.v[e]) - mean) * rstd;
+        out.v[e] = convert<T>(S::grad_input(g * convert<M>(wv.v[e]), xhat, mean_wg, mean_wg_xhat, rstd));
+        dw[e] += g * xhat;
+        if constexpr (S::kBias) db[e] += g;
+      }
+      T* dx = row_of(S::kGradInput, r, (T*)nullptr);
+      if (vec) {
+        *reinterpret_cast<P*>(dx + c0) = out;
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e)
+          if (c0 + e < cols) dx[(c0 + e) * sdx] = out.v[e];
+      }
+    }
+    stage = (stage + 1) % kStages;
+  }
+  cp_async_wait<0>();
+  M* partial = reinterpret_cast<M*>(l.workspace);
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    const int64_t c = c0 + e;
+    if (c >= cols) continue;
+    if (gridDim.x == 1) {
+      reinterpret_cast<T*>(l.data[S::kGradWeight])[c * st[S::kGradWeight][0]] = convert<T>(dw[e]);
+      if constexpr (S::kBias) reinterpret_cast<T*>(l.data[S::kGradBias])[c * st[S::kGradBias][0]] = convert<T>(db[e]);
+    } else {
+      partial[(int64_t(blockIdx.x) * 2) * cols + c] = dw[e];
+      if constexpr (S::kBias) partial[(int64_t(blockIdx.x) * 2 + 1) * cols + c] = db[e];
+    }
+  }
+}
+
+/// grad_weight / grad_bias from the splits' partial sums: 32 columns x 8
+/// split lanes a block; lane y adds splits y, y + 8, ..., then the lanes are
+/// added in order (a fixed order: deterministic).
 template <class S, class T>
 __global__ void __launch_bounds__(256) merge_params_kernel(RowLaunch l, int splits) {
   using M = math_t<T, false>;
-  const int64_t c = int64_t(blockIdx.x) * 256 + threadIdx.x;
-  if (c >= l.cols) return;
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const int64_t c = int64_t(blockIdx.x) * 32 + tx, cols = l.cols;
   const M* partial = reinterpret_cast<const M*>(l.workspace);
   M dw = 0, db = 0;
-  for (int s = 0; s < splits; ++s) dw += partial[(int64_t(s) * 2) * l.cols + c], db += partial[(int64_t(s) * 2 + 1) * l.cols + c];
+  if (c < cols)
+    for (int s = ty; s < splits; s += 8) {
+      dw += partial[(int64_t(s) * 2) * cols + c];
+      if constexpr (S::kBias) db += partial[(int64_t(s) * 2 + 1) * cols + c];
+    }
+  __shared__ M acc[2][8][32];
+  acc[0][ty][tx] = dw, acc[1][ty][tx] = db;
+  __syncthreads();
+  if (ty != 0 || c >= cols) return;
+  for (int y = 1; y < 8; ++y) dw += acc[0][y][tx], db += acc[1][y][tx];
   const auto& st = l.inner.stride;
   reinterpret_cast<T*>(l.data[S::kGradWeight])[c * st[S::kGradWeight][0]] = convert<T>(dw);
   if constexpr (S::kBias) reinterpret_cast<T*>(l.data[S::kGradBias])[c * st[S::kGradBias][0]] = convert<T>(db);
+}
+
+/// Whether every row of operand k is unit-stride and 16-byte aligned, in whole vectors.
+inline bool rows_in_vectors(const RowLaunch& l, int k, size_t elem_bytes) {
+  const int64_t v = int64_t(16 / elem_bytes);
+  if (l.inner.stride[k][0] != 1 || reinterpret_cast<uintptr_t>(l.data[k]) % 16 != 0 || l.cols % v != 0) return false;
+  for (int d = 0; d < l.outer.rank; ++d)
+    if (l.outer.shape[d] > 1 && l.outer.stride[k][d] % v != 0) return false;
+  return true;
+}
+
+template <class S, class T, int TPR>
+Status launch_fused_backward(const RowLaunch& l, const rows::OffsetCalc<S::kBackwardOperands, int64_t>& outer,
+                             int splits, CUstream_st* stream) {
+  const auto kernel = fused_backward_kernel<S, T, TPR>;
+  const int smem = (3 * 2 + 1) * TPR * 16;  // three stages of two operands, and the weight
+  BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, /*max_carveout=*/true));
+  const bool vec = rows_in_vectors(l, S::kGradOutput, sizeof(T)) && rows_in_vectors(l, S::kSavedInput, sizeof(T)) &&
+                   rows_in_vectors(l, S::kGradInput, sizeof(T));
+  const int64_t chunk = (l.rows + splits - 1) / splits;
+  kernel<<<unsigned(splits), TPR, smem, stream>>>(l, outer, chunk, vec);
+  BARACUDA_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
 }
 
 template <class S, class T>
@@ -288,6 +462,20 @@ Status norm_forward_on_cuda(const RowLaunch& l, const NormParams& p, int, CUstre
 template <class S, class T>
 Status norm_backward_on_cuda(const RowLaunch& l, const NormParams&, int splits, CUstream_st* stream) {
   const rows::OffsetCalc<S::kBackwardOperands, int64_t> outer(l.outer);
+  if constexpr (S::kWeight) {
+    if (const FusedBackwardShape fused = fused_backward_shape(l.cols, sizeof(T))) {
+      Status s = fused.threads == 128   ? launch_fused_backward<S, T, 128>(l, outer, splits, stream)
+                 : fused.threads == 256 ? launch_fused_backward<S, T, 256>(l, outer, splits, stream)
+                 : fused.threads == 512 ? launch_fused_backward<S, T, 512>(l, outer, splits, stream)
+                                        : launch_fused_backward<S, T, 1024>(l, outer, splits, stream);
+      BARACUDA_TRY(s);
+      if (splits > 1) {
+        merge_params_kernel<S, T><<<unsigned((l.cols + 31) / 32), 256, 0, stream>>>(l, splits);
+        BARACUDA_CUDA_TRY(cudaGetLastError());
+      }
+      return Status::ok();
+    }
+  }
   // Parameter gradients first: grad_input may overwrite grad_output (in place).
   if constexpr (S::kWeight) {
     const int64_t chunk = (l.rows + splits - 1) / splits;
@@ -297,7 +485,7 @@ Status norm_backward_on_cuda(const RowLaunch& l, const NormParams&, int splits, 
     else grad_params_kernel<S, T, false><<<grid, 256, 0, stream>>>(l, outer, splits, chunk);
     BARACUDA_CUDA_TRY(cudaGetLastError());
     if (splits > 1) {
-      merge_params_kernel<S, T><<<unsigned((l.cols + 255) / 256), 256, 0, stream>>>(l, splits);
+      merge_params_kernel<S, T><<<unsigned((l.cols + 31) / 32), 256, 0, stream>>>(l, splits);
       BARACUDA_CUDA_TRY(cudaGetLastError());
     }
   }

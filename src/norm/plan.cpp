@@ -7,6 +7,7 @@
 #include "core/registry_internal.hpp"
 #include "core/rows.hpp"
 #include "core/tensor_util.hpp"
+#include "norm/backward_shape.hpp"
 #include "norm/register.hpp"
 #include "reduce/engine.hpp"
 
@@ -183,7 +184,9 @@ class NormPlan final : public FamilyPlan {
 #ifdef BARACUDA_HAS_CUDA
     if (backend != Backend::host_reference) {
       if (def.backward && def.weight) {
-        splits_ = red::choose_splits(cols_, rows_, current_sm_count());
+        const FusedBackwardShape fused = fused_backward_shape(cols_, int(dtype_size(t)));
+        splits_ = fused ? fused_backward_blocks(fused, rows_, current_sm_count())
+                        : red::choose_splits(cols_, rows_, current_sm_count());
         if (splits_ > 1) workspace_ = size_t(splits_) * 2 * size_t(cols_) * (t == DType::f64 ? 8 : 4);
       }
     }
