@@ -277,7 +277,11 @@ __global__ void __launch_bounds__(256)
 //   every row is unit-stride and 16-byte aligned, else element loads). Each
 //   thread copies and reads only its own slots, so the stages need no
 //   barrier: the one barrier a row is the row reduction's, over scratch
-//   double-buffered by row parity.
+//   double-buffered by row parity;
+// - the kernel sits near its issue limit (ncu), so the weight waits in
+//   shared memory already in the math type, the row's sum of wg * xhat is
+//   taken as rstd * sum(wg * (x - mean)), and every warp adds the warps'
+//   sums in one shuffle tree (it was a loop over them in each thread).
 template <class S, class T, int TPR>
 __global__ void __launch_bounds__(TPR, 1024 / TPR)
     fused_backward_kernel(RowLaunch l, rows::OffsetCalc<S::kBackwardOperands, int64_t> outer, int64_t chunk, bool vec) {
@@ -285,23 +289,25 @@ __global__ void __launch_bounds__(TPR, 1024 / TPR)
   constexpr int V = rows::kVecOf<T>, kStages = 3;
   using P = rows::Vec<T, V>;
   extern __shared__ __align__(16) char smem_bytes[];
-  // [stage][grad_output, input][thread], then the weight's [thread].
+  // [stage][grad_output, input][thread], then the weight in the math type,
+  // [16-byte chunk][thread] (no bank conflicts).
+  constexpr int kWarps = TPR / 32;
+  using WeightChunk = rows::Vec<M, 16 / sizeof(M)>;
   P* slots = reinterpret_cast<P*>(smem_bytes);
   auto slot = [&](int stage, int operand) -> P& { return slots[(stage * 2 + operand) * TPR + threadIdx.x]; };
-  P& weight = slots[kStages * 2 * TPR + threadIdx.x];
-  __shared__ M scratch[2][2][TPR / 32];  // [row parity][sum][warp]
+  WeightChunk* weight = reinterpret_cast<WeightChunk*>(slots + kStages * 2 * TPR) + threadIdx.x;
+  auto weight_at = [&](int e) { return weight[e / (16 / sizeof(M)) * TPR].v[e % (16 / sizeof(M))]; };
+  __shared__ M scratch[2][2][kWarps];  // [row parity][sum][warp]
   const int64_t cols = l.cols, first = int64_t(blockIdx.x) * chunk, end = min(l.rows, first + chunk);
   const int64_t c0 = int64_t(threadIdx.x) * V;  // this thread's columns: c0 .. c0 + V
   const auto& st = l.inner.stride;
   const int64_t sg = st[S::kGradOutput][0], sx = st[S::kSavedInput][0], sdx = st[S::kGradInput][0];
   const T zero = convert<T>(M(0));
-  {
-    P wv;
 #pragma unroll
-    for (int e = 0; e < V; ++e)
-      wv.v[e] = c0 + e < cols ? reinterpret_cast<const T*>(l.data[S::kSavedWeight])[(c0 + e) * st[S::kSavedWeight][0]] : zero;
-    weight = wv;
-  }
+  for (int e = 0; e < V; ++e)
+    weight[e / (16 / sizeof(M)) * TPR].v[e % (16 / sizeof(M))] =
+        c0 + e < cols ? convert<M>(reinterpret_cast<const T*>(l.data[S::kSavedWeight])[(c0 + e) * st[S::kSavedWeight][0]])
+                      : M(0);
   // Operand k's row r (one operand at a time: fewer live registers than a whole offset array).
   auto row_of = [&]<class U>(int k, int64_t r, U*) {
     int64_t off = 0;
@@ -343,29 +349,32 @@ __global__ void __launch_bounds__(TPR, 1024 / TPR)
     M mean = 0;
     if constexpr (!S::kRms) mean = M(*row_of(S::kSavedMean, r, (const stat_t<T>*)nullptr));
     const M rstd = M(*row_of(S::kSavedRstd, r, (const stat_t<T>*)nullptr));
-    const P gv = slot(stage, 0), xv = slot(stage, 1), wv = weight;
-    M a = 0, b = 0;  // sum(wg), sum(wg * xhat)
+    const P gv = slot(stage, 0), xv = slot(stage, 1);
+    M a = 0, b = 0;  // sum(wg), sum(wg * (x - mean)): rstd applied once to the row's sum
 #pragma unroll
     for (int e = 0; e < V; ++e) {
-      const M wg = convert<M>(gv.v[e]) * convert<M>(wv.v[e]), xhat = (convert<M>(xv.v[e]) - mean) * rstd;
+      const M wg = convert<M>(gv.v[e]) * weight_at(e);
       a += wg;
-      b += wg * xhat;
+      b += wg * (convert<M>(xv.v[e]) - mean);
     }
+    // Warps' sums through scratch, then added by every warp in one fixed tree.
+    auto warp_sum = [](M& u, M& w) {
 #pragma unroll
-    for (int d = 16; d >= 1; d /= 2) a += __shfl_xor_sync(0xffffffffu, a, d), b += __shfl_xor_sync(0xffffffffu, b, d);
-    const int parity = int(r - first) & 1;
-    if (threadIdx.x % 32 == 0) scratch[parity][0][threadIdx.x / 32] = a, scratch[parity][1][threadIdx.x / 32] = b;
+      for (int d = 16; d >= 1; d /= 2) u += __shfl_xor_sync(0xffffffffu, u, d), w += __shfl_xor_sync(0xffffffffu, w, d);
+    };
+    warp_sum(a, b);
+    const int parity = int(r - first) & 1, lane = threadIdx.x % 32;
+    if (lane == 0) scratch[parity][0][threadIdx.x / 32] = a, scratch[parity][1][threadIdx.x / 32] = b;
     __syncthreads();
-    a = scratch[parity][0][0], b = scratch[parity][1][0];
-#pragma unroll 4
-    for (int i = 1; i < TPR / 32; ++i) a += scratch[parity][0][i], b += scratch[parity][1][i];
+    a = lane < kWarps ? scratch[parity][0][lane] : M(0), b = lane < kWarps ? scratch[parity][1][lane] : M(0);
+    warp_sum(a, b);
     if (c0 < cols) {
-      const M mean_wg = a * inv_cols, mean_wg_xhat = b * inv_cols;
+      const M mean_wg = a * inv_cols, mean_wg_xhat = b * rstd * inv_cols;
       P out;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const M g = convert<M>(gv.v[e]), xhat = (convert<M>(xv.v[e]) - mean) * rstd;
-        out.v[e] = convert<T>(S::grad_input(g * convert<M>(wv.v[e]), xhat, mean_wg, mean_wg_xhat, rstd));
+        out.v[e] = convert<T>(S::grad_input(g * weight_at(e), xhat, mean_wg, mean_wg_xhat, rstd));
         dw[e] += g * xhat;
         if constexpr (S::kBias) db[e] += g;
       }
@@ -434,7 +443,8 @@ template <class S, class T, int TPR>
 Status launch_fused_backward(const RowLaunch& l, const rows::OffsetCalc<S::kBackwardOperands, int64_t>& outer,
                              int splits, CUstream_st* stream) {
   const auto kernel = fused_backward_kernel<S, T, TPR>;
-  const int smem = (3 * 2 + 1) * TPR * 16;  // three stages of two operands, and the weight
+  // Three stages of two operands, and the weight in the math type.
+  const int smem = (3 * 2 * 16 + rows::kVecOf<T> * int(sizeof(math_t<T, false>))) * TPR;
   BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, /*max_carveout=*/true));
   const bool vec = rows_in_vectors(l, S::kGradOutput, sizeof(T)) && rows_in_vectors(l, S::kSavedInput, sizeof(T)) &&
                    rows_in_vectors(l, S::kGradInput, sizeof(T));
