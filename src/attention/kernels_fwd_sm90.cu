@@ -143,8 +143,7 @@ __device__ __forceinline__ void store_rows_staged(const Problem& p, const HeadVi
 #pragma unroll
     for (int dt = 0; dt < kD / 8; ++dt) row[dt * 4] = pack2<T>(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
     if (quad == 0 && f.row[r] < v.len_q)
-      reinterpret_cast<float*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + f.row[r])] =
-          l[r] > 0 ? (m[r] + log2f(l[r])) * 0.6931471805599453f : -INFINITY;
+      reinterpret_cast<float*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + f.row[r])] = row_lse(m[r], l[r]);
   }
   named_sync(bar, 128);
   T* out = reinterpret_cast<T*>(p.out.data) + p.out.at(v.b, v.h, v.tok_q + first);

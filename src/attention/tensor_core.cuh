@@ -265,7 +265,12 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDi
   rescale_rows(o, corr);
 }
 
-/// Writes a thread's rows of out (o / l) and lse (natural log; -inf for a row that saw no key).
+/// A row's lse in natural log from its running max m and sum l (log2 units); -inf for a row that saw no key.
+__device__ __forceinline__ float row_lse(float m, float l) {
+  return l > 0 ? (m + log2f(l)) * 0.6931471805599453f : -INFINITY;
+}
+
+/// Writes a thread's rows of out (o / l) and lse (row_lse).
 template <class T, int kDimTiles>
 __device__ __forceinline__ void write_rows(const Problem& p, const HeadView& v, const FragRows& f,
                                            const float (&o)[kDimTiles][4], const float (&m)[2], const float (&l)[2],
@@ -282,9 +287,7 @@ __device__ __forceinline__ void write_rows(const Problem& p, const HeadView& v, 
       out[d * p.out.dim] = convert<T>(o[dt][2 * r] * inv);
       out[(d + 1) * p.out.dim] = convert<T>(o[dt][2 * r + 1] * inv);
     }
-    if (quad == 0)
-      reinterpret_cast<float*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + f.row[r])] =
-          l[r] > 0 ? (m[r] + log2f(l[r])) * 0.6931471805599453f : -INFINITY;
+    if (quad == 0) reinterpret_cast<float*>(p.lse.data)[p.lse.at(v.b, v.h, v.tok_q + f.row[r])] = row_lse(m[r], l[r]);
   }
 }
 

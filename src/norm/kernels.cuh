@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(TPR, 1024 / TPR)
   P* slots = reinterpret_cast<P*>(smem_bytes);
   auto slot = [&](int stage, int operand) -> P& { return slots[(stage * 2 + operand) * TPR + threadIdx.x]; };
   WeightChunk* weight = reinterpret_cast<WeightChunk*>(slots + kStages * 2 * TPR) + threadIdx.x;
-  auto weight_at = [&](int e) { return weight[e / (16 / sizeof(M)) * TPR].v[e % (16 / sizeof(M))]; };
+  auto weight_at = [&](int e) -> M& { return weight[e / (16 / sizeof(M)) * TPR].v[e % (16 / sizeof(M))]; };
   __shared__ M scratch[2][2][kWarps];  // [row parity][sum][warp]
   const int64_t cols = l.cols, first = int64_t(blockIdx.x) * chunk, end = min(l.rows, first + chunk);
   const int64_t c0 = int64_t(threadIdx.x) * V;  // this thread's columns: c0 .. c0 + V
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(TPR, 1024 / TPR)
   const T zero = convert<T>(M(0));
 #pragma unroll
   for (int e = 0; e < V; ++e)
-    weight[e / (16 / sizeof(M)) * TPR].v[e % (16 / sizeof(M))] =
+    weight_at(e) =
         c0 + e < cols ? convert<M>(reinterpret_cast<const T*>(l.data[S::kSavedWeight])[(c0 + e) * st[S::kSavedWeight][0]])
                       : M(0);
   // Operand k's row r (one operand at a time: fewer live registers than a whole offset array).
@@ -473,31 +473,30 @@ template <class S, class T>
 Status norm_backward_on_cuda(const RowLaunch& l, const NormParams&, int splits, CUstream_st* stream) {
   const rows::OffsetCalc<S::kBackwardOperands, int64_t> outer(l.outer);
   if constexpr (S::kWeight) {
+    // The splits' partial parameter gradients (either path) into grad_weight / grad_bias.
+    auto merge_partials = [&]() -> Status {
+      if (splits > 1) {
+        merge_params_kernel<S, T><<<unsigned((l.cols + 31) / 32), 256, 0, stream>>>(l, splits);
+        BARACUDA_CUDA_TRY(cudaGetLastError());
+      }
+      return Status::ok();
+    };
     if (const FusedBackwardShape fused = fused_backward_shape(l.cols, sizeof(T))) {
       Status s = fused.threads == 128   ? launch_fused_backward<S, T, 128>(l, outer, splits, stream)
                  : fused.threads == 256 ? launch_fused_backward<S, T, 256>(l, outer, splits, stream)
                  : fused.threads == 512 ? launch_fused_backward<S, T, 512>(l, outer, splits, stream)
                                         : launch_fused_backward<S, T, 1024>(l, outer, splits, stream);
       BARACUDA_TRY(s);
-      if (splits > 1) {
-        merge_params_kernel<S, T><<<unsigned((l.cols + 31) / 32), 256, 0, stream>>>(l, splits);
-        BARACUDA_CUDA_TRY(cudaGetLastError());
-      }
-      return Status::ok();
+      return merge_partials();
     }
-  }
-  // Parameter gradients first: grad_input may overwrite grad_output (in place).
-  if constexpr (S::kWeight) {
+    // Parameter gradients first: grad_input may overwrite grad_output (in place).
     const int64_t chunk = (l.rows + splits - 1) / splits;
     const int64_t block_cols = 32 * rows::kVecOf<T>;
     const dim3 grid(unsigned((l.cols + block_cols - 1) / block_cols), unsigned(splits));
     if (l.outer.rank <= 1) grad_params_kernel<S, T, true><<<grid, 256, 0, stream>>>(l, outer, splits, chunk);
     else grad_params_kernel<S, T, false><<<grid, 256, 0, stream>>>(l, outer, splits, chunk);
     BARACUDA_CUDA_TRY(cudaGetLastError());
-    if (splits > 1) {
-      merge_params_kernel<S, T><<<unsigned((l.cols + 31) / 32), 256, 0, stream>>>(l, splits);
-      BARACUDA_CUDA_TRY(cudaGetLastError());
-    }
+    BARACUDA_TRY(merge_partials());
   }
   BARACUDA_TRY(by_row_length(l.cols, [&]<int TPR, int RPB>() {
     const size_t cache = size_t(RPB) * size_t(l.cols) * 2 * sizeof(T);
