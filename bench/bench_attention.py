@@ -129,9 +129,11 @@ def main():
     # and softcap; torch has no softcap, its column is plain attention.
     b, h, s, d = 4, 32, 4096, 128
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=bf16) for _ in range(3))
-    row(f"sdpa fwd dropout 0.1 B{b} H{h} S{s} D{d} (bespoke mma.sync)",
-        lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, seed=1),
-        lambda: TF.scaled_dot_product_attention(q, k, v, dropout_p=0.1), 4 * b * h * s * s * d)
+    for causal in (False, True):
+        row(f"sdpa fwd dropout 0.1 B{b} H{h} S{s} D{d}{' causal' if causal else ''} (bespoke: wgmma on sm_90)",
+            lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, seed=1, is_causal=causal),
+            lambda: TF.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=causal),
+            4 * b * h * s * s * d // (2 if causal else 1))
     row(f"sdpa fwd softcap 30 B{b} H{h} S{s} D{d} (bespoke)",
         lambda: F.scaled_dot_product_attention(q, k, v, softcap=30.0),
         lambda: TF.scaled_dot_product_attention(q, k, v), 4 * b * h * s * s * d)

@@ -549,9 +549,10 @@ TEST(AttentionCuda, PackedSequencesOnHopperPath) {
 /// off its 128-row and 128-key tiles both ways, GQA 4/1, contiguous
 /// operands, every option of the score rule; forward only (the backward has
 /// no Hopper kernel). The CUDA run repeats one batch of 4 query heads over a
-/// kv head `kCopies` times, so that its grid fills an H100 (smaller grids and
-/// dropout run the mma.sync kernel); the host reference runs one copy, and
-/// every copy must match it. Any device: elsewhere this runs the mma.sync kernel.
+/// kv head `kCopies` times, so that its grid fills an H100 (smaller grids
+/// run the mma.sync kernel); the host reference runs one copy, and
+/// every copy must match it (dropout runs one copy: each head draws its own;
+/// DropoutOnHopperPath fills the grid). Any device: elsewhere this runs the mma.sync kernel.
 TEST(AttentionCuda, LongSequencesAgainstReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(33);
@@ -604,6 +605,50 @@ TEST(AttentionCuda, LongSequencesAgainstReference) {
             else ASSERT_NEAR(got, want, 1e-4) << what << " lse " << e;
           }
         }
+}
+
+/// Dropout on the Hopper forward: a grid that fills an H100 (2 x 24 heads x 3
+/// query blocks), every head its own data and its own draws, against the
+/// host reference. The window's spans start off the 16-key grid for most
+/// blocks (draws a score at a time), the other options on it (a Philox call
+/// per 8 scores). Elsewhere the mma.sync kernel runs it.
+TEST(AttentionCuda, DropoutOnHopperPath) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(57);
+  const int64_t b = 2, hq = 24, hkv = 6, sq = 260, skv = 300;
+  const std::vector<std::pair<DType, int64_t>> cases = {{DType::bf16, 64}, {DType::bf16, 128}, {DType::f16, 128}};
+  const std::vector<Attrs> options = {
+      Attrs{{"dropout_p", 0.2}, {"seed", 11}, {"offset", 5}},
+      Attrs{{"dropout_p", 0.1}, {"seed", 12}, {"causal", 1}},
+      Attrs{{"dropout_p", 0.3}, {"seed", 13}, {"window_left", 100}, {"window_right", 20}, {"softcap", 5}}};
+  for (const auto& [t, d] : cases)
+    for (size_t o = 0; o < options.size(); ++o) {
+      const std::vector<Operand> in{{uniform(b * hq * sq * d, rng), {b, hq, sq, d}, t},
+                                    {uniform(b * hkv * skv * d, rng), {b, hkv, skv, d}, t},
+                                    {uniform(b * hkv * skv * d, rng), {b, hkv, skv, d}, t},
+                                    {{}, {0}, t},
+                                    {{}, {0}, DType::f32}};
+      const std::string what = cat(dtype_name(t), " d=", d, " options ", o);
+      if (hopper_forward()) {
+        PlanPreference pref;
+        pref.backend = Backend::bespoke_cuda;
+        std::vector<TensorSpec> specs;
+        for (const Operand& x : in) specs.push_back({x.dtype, x.shape});
+        auto plan = select(Stream::cuda(), OpDesc{"scaled_dot_product_attention", specs, {}, options[o]}, pref);
+        ASSERT_TRUE(plan) << plan.status().to_string();
+        EXPECT_EQ(std::string((*plan)->sku().kernel), "wgmma") << what;
+      }
+      auto host = exec(Backend::host_reference, "scaled_dot_product_attention", in, options[o]);
+      auto cuda = exec(Backend::bespoke_cuda, "scaled_dot_product_attention", in, options[o]);
+      ASSERT_TRUE(host && cuda) << what;
+      ASSERT_EQ((*cuda)[0].size(), (*host)[0].size()) << what;
+      for (size_t e = 0; e < (*host)[0].size(); ++e) ASSERT_NEAR((*cuda)[0][e], (*host)[0][e], 2e-2) << what << " out " << e;
+      for (size_t e = 0; e < (*host)[1].size(); ++e) {
+        const double want = (*host)[1][e], got = (*cuda)[1][e];
+        if (std::isinf(want)) ASSERT_EQ(got, want) << what << " lse " << e;
+        else ASSERT_NEAR(got, want, 1e-4) << what << " lse " << e;
+      }
+    }
 }
 
 /// The Hopper forward's 1-d grid visits every (batch, head, query block)

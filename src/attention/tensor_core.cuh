@@ -185,22 +185,56 @@ __device__ __forceinline__ void for_each_row_draw(const Problem& p, const HeadVi
   }
 }
 
-/// Dropout on a thread's probabilities s[nt][e] (rows f.row[e / 2], keys k0
-/// + 8 nt + 2 quad + (e % 2)): by groups (for_each_row_draw) where the tile
-/// starts on the 16-key grid, else per score (a window's span may start anywhere).
+/// Dropout's keep bits for a thread's scores of a key tile (rows f.row[e /
+/// 2], keys k0 + 8 nt + 2 quad + (e % 2): bit 4 nt + e), drawn by groups
+/// (one Philox call per 8 scores, Note [Attention dropout draws]) where the
+/// tile starts on the 16-key grid, else a score at a time (a window's span may
+/// start anywhere). The loops stay rolled, two groups at a time: unrolled,
+/// the Philox calls of a 128-key tile interleave and spill beside the Hopper
+/// forward's accumulators (0.5-2 KiB, ptxas sm_90a). The draws depend on the
+/// positions alone, so a kernel may take them before its scores are ready.
+template <int kN>
+__device__ __forceinline__ uint64_t dropout_keep_bits(const Problem& p, const HeadView& v, const FragRows& f,
+                                                      int64_t k0, int quad) {
+  static_assert(kN % 2 == 0 && kN <= 16, "a keep bit a score in 64 bits");
+  uint64_t kept = 0;
+  if ((k0 & 15) == 0 && (f.row[0] & 15) < 8) {
+    const uint32_t threshold = dropout_threshold(p.dropout_p);
+#pragma unroll 2
+    for (int g = 0; g < kN / 2; ++g) {
+      const PhiloxWords w = dropout_draws(p, v.b, v.h, f.row[0], k0 + g * 16 + 2 * quad);
+      uint32_t bits = 0;
+#pragma unroll
+      for (int d = 0; d < 2; ++d)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bits |= uint32_t(group_draw(w, e / 2, d, e & 1) >= threshold) << (4 * d + e);
+      kept |= uint64_t(bits) << (8 * g);
+    }
+  } else {
+#pragma unroll 1
+    for (int bit = 0; bit < 4 * kN; ++bit) {
+      const int64_t row = bit & 2 ? f.row[1] : f.row[0], key = k0 + bit / 4 * 8 + 2 * quad + (bit & 1);
+      kept |= uint64_t(dropout_keep(p, v.b, v.h, row, key)) << bit;
+    }
+  }
+  return kept;
+}
+
+/// Dropout's factor on a thread's probabilities by their keep bits
+/// (dropout_keep_bits): `scale` where kept, 0 where dropped.
+template <int kN>
+__device__ __forceinline__ void apply_keep_bits(float (&s)[kN][4], uint64_t kept, float scale) {
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] *= (kept >> (4 * nt + e)) & 1 ? scale : 0.f;
+}
+
+/// Dropout on a thread's probabilities s[nt][e] of the key tile at k0.
 template <int kN>
 __device__ __forceinline__ void apply_dropout(float (&s)[kN][4], const Problem& p, const HeadView& v,
                                               const FragRows& f, int64_t k0, int quad) {
-  if ((k0 & 15) == 0 && (f.row[0] & 15) < 8) {
-    const float scale = dropout_scale<float>(p);
-    for_each_row_draw<kN>(p, v, f.row[0], k0, quad, [&](int nt, int e, bool kept) { s[nt][e] *= kept ? scale : 0.f; });
-  } else {
-#pragma unroll
-    for (int nt = 0; nt < kN; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (s[nt][e] > 0) s[nt][e] *= dropout_factor<float>(p, v, f.row[e / 2], k0 + nt * 8 + 2 * quad + (e & 1));
-  }
+  apply_keep_bits(s, dropout_keep_bits<kN>(p, v, f, k0, quad), dropout_scale<float>(p));
 }
 
 /// One online-softmax step over a key tile of scores (log2 units; raw
@@ -210,7 +244,7 @@ __device__ __forceinline__ void apply_dropout(float (&s)[kN][4], const Problem& 
 /// accumulators take (rescale_rows) and in `s` the probabilities times
 /// dropout's factor (the sum counts them before dropout; four partial sums a
 /// row, in a fixed order). kDropout false leaves dropout out, for kernels
-/// dropout never selects (the Hopper forward: tiles::wgmma_layout), which
+/// launched only without it (the Hopper forward's plain instances), which
 /// its code would cost registers.
 template <bool kDropout = true, int kN>
 __device__ __forceinline__ void softmax_rows(float (&s)[kN][4], float (&m)[2], float (&l)[2], float (&corr)[2],

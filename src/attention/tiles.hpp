@@ -110,13 +110,13 @@ BCD_HD void block_at(const Problem& p, const BlockOrder& o, int64_t idx, int64_t
 /// memory: a forward tensor_core_layout takes, on sm_90 (its sm_90a code runs
 /// nowhere else), in a build with sm_90a code, with fewer than 2^31 blocks
 /// (a 1-d grid). Where it does not pay, the mma.sync kernel serves: grids of
-/// fewer 128-row blocks than SMs (its 64-row blocks fill twice the SMs) and
-/// dropout (the grouped draws inside the Hopper consumers spill 1-2 KiB at
-/// D128: ptxas, sm_90a; the Hopper kernel carries no dropout code).
+/// fewer 128-row blocks than SMs (its 64-row blocks fill twice the SMs).
+/// Dropout runs in kernel instances of its own (the plain ones carry no
+/// dropout code).
 inline bool wgmma_layout(const Problem& p, int sm, int sm_count, size_t max_smem) {
 #ifdef BARACUDA_HAS_SM90A
   const int64_t blocks = p.batch * p.heads_q * ((p.seq_q + kWgRows - 1) / kWgRows);
-  return !p.backward && sm == 90 && p.dropout_p == 0 && blocks >= sm_count && blocks < (int64_t(1) << 31) &&
+  return !p.backward && sm == 90 && blocks >= sm_count && blocks < (int64_t(1) << 31) &&
          (p.head_dim == 64 || p.head_dim == 128) && tensor_core_layout(p, sm) &&
          wgmma_forward_smem(p.head_dim) <= max_smem;
 #else
