@@ -16,11 +16,6 @@
 
 namespace baracuda::attn {
 
-using baracuda::cp_async_16;  // attn:: names of the shared copies (the grouped GEMM calls them so)
-using baracuda::cp_async_commit;
-using baracuda::cp_async_wait;
-using baracuda::shared_address;
-
 template <class Acc>
 __device__ __forceinline__ Acc neg_inf() {
   return -std::numeric_limits<Acc>::infinity();

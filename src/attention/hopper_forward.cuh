@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       uint32_t pa[8][4];  // P of the previous tile as A fragments
       uint64_t kept = 0;  // dropout's keep bits of the tile whose S is in flight
       auto draw = [&](int t) {
-        if constexpr (kDropout) kept = dropout_keep_bits<kWgKeys / 8>(p, v, f, span_lo + int64_t(t) * kWgKeys, quad);
+        if constexpr (kDropout) kept = dropout_keep_bits<kWgKeys / 8>(p, v, f.row, span_lo + int64_t(t) * kWgKeys, quad);
       };
       auto softmax = [&](auto rule, int t) {
         constexpr TileRule kRule = decltype(rule)::value;

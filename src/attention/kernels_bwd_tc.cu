@@ -103,19 +103,6 @@ __device__ __forceinline__ TileRule backward_rule(const Problem& p, const HeadVi
   return whole ? inline_rule(p, true) : TileRule::full;
 }
 
-/// Dropout keep bits of a dQ-pass fragment (bit 4 nt + e: row rows[e / 2],
-/// key k0 + 8 nt + 2 quad + (e % 2)), by for_each_row_draw: k0 % 16 == 0
-/// and rows[1] = rows[0] + 8 with bit 3 of rows[0] clear.
-template <int kN>
-__device__ __forceinline__ uint32_t dropout_bits_rows(const Problem& p, const HeadView& v, const int64_t (&rows)[2],
-                                                      int64_t k0, int quad) {
-  static_assert(kN * 4 <= 32, "one bit a score");
-  uint32_t bits = 0;
-  for_each_row_draw<kN>(p, v, rows[0], k0, quad,
-                        [&](int nt, int e, bool kept) { bits |= uint32_t(kept) << (4 * nt + e); });
-  return bits;
-}
-
 /// Dropout keep bits of a dK/dV-pass fragment (bit 4 nt + e: row r + 8 nt +
 /// (e % 2), key key + 8 (e / 2)): for each row parity, tiles nt and nt + 1
 /// (nt even) hold half a dropout group, one Philox call per 4 scores. r % 16
@@ -420,7 +407,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
     const TileRule tile_rule = backward_rule(p, v, row0, row_last, k0);
     auto lse_rdot = [&](int, int e) { return make_float2(lse2[e / 2], rdot[e / 2]); };
     if (tile_rule != TileRule::full) {
-      const uint32_t kept = dropout ? dropout_bits_rows<8>(p, v, row, k0, quad) : 0u;
+      const uint32_t kept = dropout ? uint32_t(dropout_keep_bits<8>(p, v, row, k0, quad)) : 0u;
       whole_tile_grads(tile_rule, dropout, s, dp, rule, lse_rdot, kept);
     } else {
 #pragma unroll

@@ -165,44 +165,25 @@ __device__ __forceinline__ void tile_scores(float (&s)[kN][4], float (&tile_max)
   }
 }
 
-/// Dropout's keep decisions on a fragment of rows {row0, row0 + 8} x keys
-/// k0 + 8 nt + 2 quad + (e % 2), the layout of the forward and the backward's
-/// dQ pass: keep(nt, e, kept) for each. With k0 % 16 == 0 and row0 % 16 < 8,
-/// tiles nt and nt + 1 (nt even) are one dropout group (Note [Attention
-/// dropout draws]): one Philox call per 8 scores.
-template <int kN, class Keep>
-__device__ __forceinline__ void for_each_row_draw(const Problem& p, const HeadView& v, int64_t row0, int64_t k0,
-                                                  int quad, Keep&& keep) {
-  static_assert(kN % 2 == 0, "key tiles pair up into dropout groups");
-  const uint32_t threshold = dropout_threshold(p.dropout_p);
-#pragma unroll
-  for (int nt = 0; nt < kN; nt += 2) {
-    const PhiloxWords w = dropout_draws(p, v.b, v.h, row0, k0 + nt * 8 + 2 * quad);
-#pragma unroll
-    for (int d = 0; d < 2; ++d)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) keep(nt + d, e, group_draw(w, e / 2, d, e & 1) >= threshold);
-  }
-}
-
-/// Dropout's keep bits for a thread's scores of a key tile (rows f.row[e /
-/// 2], keys k0 + 8 nt + 2 quad + (e % 2): bit 4 nt + e), drawn by groups
+/// Dropout's keep bits for a thread's scores of a key tile (rows rows[e /
+/// 2], keys k0 + 8 nt + 2 quad + (e % 2): bit 4 nt + e; the layout of the
+/// forwards and the backward's dQ pass), drawn by groups
 /// (one Philox call per 8 scores, Note [Attention dropout draws]) where the
-/// tile starts on the 16-key grid, else a score at a time (a window's span may
-/// start anywhere). The loops stay rolled, two groups at a time: unrolled,
+/// tile starts on the 16-key grid (and rows[0] has bit 3 clear, rows[1] =
+/// rows[0] + 8), else a score at a time (a window's span may start anywhere). The loops stay rolled, two groups at a time: unrolled,
 /// the Philox calls of a 128-key tile interleave and spill beside the Hopper
 /// forward's accumulators (0.5-2 KiB, ptxas sm_90a). The draws depend on the
 /// positions alone, so a kernel may take them before its scores are ready.
 template <int kN>
-__device__ __forceinline__ uint64_t dropout_keep_bits(const Problem& p, const HeadView& v, const FragRows& f,
+__device__ __forceinline__ uint64_t dropout_keep_bits(const Problem& p, const HeadView& v, const int64_t (&rows)[2],
                                                       int64_t k0, int quad) {
   static_assert(kN % 2 == 0 && kN <= 16, "a keep bit a score in 64 bits");
   uint64_t kept = 0;
-  if ((k0 & 15) == 0 && (f.row[0] & 15) < 8) {
+  if ((k0 & 15) == 0 && (rows[0] & 15) < 8) {
     const uint32_t threshold = dropout_threshold(p.dropout_p);
 #pragma unroll 2
     for (int g = 0; g < kN / 2; ++g) {
-      const PhiloxWords w = dropout_draws(p, v.b, v.h, f.row[0], k0 + g * 16 + 2 * quad);
+      const PhiloxWords w = dropout_draws(p, v.b, v.h, rows[0], k0 + g * 16 + 2 * quad);
       uint32_t bits = 0;
 #pragma unroll
       for (int d = 0; d < 2; ++d)
@@ -213,7 +194,7 @@ __device__ __forceinline__ uint64_t dropout_keep_bits(const Problem& p, const He
   } else {
 #pragma unroll 1
     for (int bit = 0; bit < 4 * kN; ++bit) {
-      const int64_t row = bit & 2 ? f.row[1] : f.row[0], key = k0 + bit / 4 * 8 + 2 * quad + (bit & 1);
+      const int64_t row = bit & 2 ? rows[1] : rows[0], key = k0 + bit / 4 * 8 + 2 * quad + (bit & 1);
       kept |= uint64_t(dropout_keep(p, v.b, v.h, row, key)) << bit;
     }
   }
@@ -234,7 +215,7 @@ __device__ __forceinline__ void apply_keep_bits(float (&s)[kN][4], uint64_t kept
 template <int kN>
 __device__ __forceinline__ void apply_dropout(float (&s)[kN][4], const Problem& p, const HeadView& v,
                                               const FragRows& f, int64_t k0, int quad) {
-  apply_keep_bits(s, dropout_keep_bits<kN>(p, v, f, k0, quad), dropout_scale<float>(p));
+  apply_keep_bits(s, dropout_keep_bits<kN>(p, v, f.row, k0, quad), dropout_scale<float>(p));
 }
 
 /// One online-softmax step over a key tile of scores (log2 units; raw

@@ -23,6 +23,7 @@
 // unwritten or written by more than one group, and mode red treats a group
 // whose end is before its start as empty.
 #include "attention/device.cuh"
+#include "core/cuda_async.cuh"
 #include "core/cuda_check.hpp"
 #include "gemm/epilogue.hpp"
 #include "gemm/grouped.hpp"
@@ -214,7 +215,7 @@ struct VectorLoader {
       T* dst = s + shared_offset(q);
       const T* from = bytes > 0 ? src[q] : static_cast<const T*>(any);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(attn::shared_address(dst)), "l"(from),
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(from),
                    "r"(bytes)
                    : "memory");
 #else
@@ -308,15 +309,15 @@ __global__ void __launch_bounds__(kTcThreads, kVec ? kTcVecCtas : 1)
 #pragma unroll
     for (int t = 0; t < kTcStages - 1; ++t) {
       if (t < tiles) issue(t, t);
-      attn::cp_async_commit();
+      cp_async_commit();
     }
     int stage = 0;                  // tile t's stage: t % kTcStages
     int next_stage = kTcStages - 1;  // tile t + kTcStages - 1's stage
     for (int t = 0; t < tiles; ++t) {
-      attn::cp_async_wait<kTcStages - 2>();  // tile t landed (this thread's copies) ...
+      cp_async_wait<kTcStages - 2>();  // tile t landed (this thread's copies) ...
       __syncthreads();  // ... every thread's; every warp is done with tile t - 1
       if (t + kTcStages - 1 < tiles) issue(next_stage, t + kTcStages - 1);
-      attn::cp_async_commit();
+      cp_async_commit();
       const int64_t k0 = k_begin + int64_t(t) * kTcK;
       if (k0 < s.k_lo || k0 + kTcK > s.k_hi) {  // a group edge inside the tile
         mask_k<kTcM, kAK>(sA(stage), k0, s.k_lo, s.k_hi);
@@ -338,7 +339,7 @@ __global__ void __launch_bounds__(kTcThreads, kVec ? kTcVecCtas : 1)
       stage = stage + 1 == kTcStages ? 0 : stage + 1;
       next_stage = next_stage + 1 == kTcStages ? 0 : next_stage + 1;
     }
-    attn::cp_async_wait<0>();
+    cp_async_wait<0>();
     __syncthreads();  // the next segment refills the stages this one read
     T* gD = reinterpret_cast<T*>(p.d.data) + s.group * p.d.group;
     const int64_t n_lane = n0 + wn + 2 * (lane % 4);  // this lane's first column
