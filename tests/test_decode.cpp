@@ -303,9 +303,11 @@ struct Config {
 };
 
 /// Awkward sizes: seq_len 1, lengths off the block size, block sizes 1, 3,
-/// 16 and 32, D 40/64/128/17, groups 1, 4, 5, 8, 16 and 20 (two head chunks
-/// of the tensor-core kernel, the second partial), an empty sequence, a
-/// thousand keys.
+/// 8, 16, 32 and 64 (the tensor-core kernel copies a step's rows from one
+/// block when the block size is a multiple of its step, 16 keys at D 128 and
+/// 32 at D 64, and row by row otherwise), D 40/64/128/17, groups 1, 4, 5, 8,
+/// 16 and 20 (two head chunks of the tensor-core kernel, the second
+/// partial), an empty sequence, a thousand keys.
 const std::vector<Config>& configs() {
   static const std::vector<Config> all = {
       {4, 1, 40, 40, 16, {1, 0, 37}},          {8, 8, 64, 64, 1, {5, 16, 0, 33}},
@@ -313,6 +315,8 @@ const std::vector<Config>& configs() {
       {8, 2, 64, 64, 0, {50, 1, 23}},          {5, 1, 40, 24, 3, {29, 2}},
       {32, 8, 128, 128, 16, {300, 0, 129}},    {2, 1, 17, 9, 0, {7, 0}},
       {40, 2, 128, 128, 16, {200, 65}},        {16, 1, 64, 64, 32, {1000, 517}},
+      {8, 2, 128, 128, 8, {70, 33}},           {16, 4, 64, 64, 16, {300, 47}},
+      {32, 8, 128, 128, 64, {500, 129}},
   };
   return all;
 }

@@ -181,7 +181,11 @@ Splits choose_splits(const OpDesc& d, Backend backend) {
     const int64_t batch = d.inputs[kQ].shape[0], heads_kv = d.inputs[kK].shape[2];
     const int64_t group = d.inputs[kQ].shape[1] / heads_kv;
     // The tensor-core kernel (halves, equal head dims 64 or 128) serves 16
-    // query heads a CTA, two CTAs an SM; the others a chunk of 1, 4 or 8, four an SM.
+    // query heads a CTA, and one CTA an SM streams the cache at least as fast
+    // as two (H100, 32K keys: B1 16 splits, a CTA an SM, 56.4 us against 59.3
+    // for 33 at two an SM and 60.0 for 24; B8 2 splits 362 us against 364 for
+    // 4), so its splits fill one slot an SM; the others serve a chunk of 1, 4
+    // or 8 heads, four CTAs an SM.
     const DType t = d.inputs[kQ].dtype;
     const int64_t dim = d.inputs[kQ].shape[2], value_dim = d.inputs[kV].shape[3];
     const bool tensor_cores = (t == DType::f16 || t == DType::bf16) && dim == value_dim && (dim == 64 || dim == 128);
@@ -195,7 +199,7 @@ Splits choose_splits(const OpDesc& d, Backend backend) {
     // count with the least time per key, waves / splits, so that a last
     // partial wave does not double the run (576 CTAs on 528 slots); a
     // larger count must win by 5% to pay for its extra partials.
-    const int64_t slots = (tensor_cores ? 2 : 4) * int64_t(sms), most = std::min<int64_t>(kDecodeMaxSplits, (cap + 255) / 256);
+    const int64_t slots = (tensor_cores ? 1 : 4) * int64_t(sms), most = std::min<int64_t>(kDecodeMaxSplits, (cap + 255) / 256);
     double best = 0;
     want = 1;
     for (int64_t w = 1; w <= std::max<int64_t>(1, most); ++w) {

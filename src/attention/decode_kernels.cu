@@ -349,8 +349,14 @@ __global__ void __launch_bounds__(kThreads) decode_split(const DecodeProblem p, 
 // lanes copy exactly the rows the warp reads, so there is no block barrier
 // in the key loop. Rows are stored with their 16-byte chunks permuted by
 // (row & 7), so the eight rows an ldmatrix reads fall in distinct banks.
-// Lane x < kTcKeys looks up key x's block one step ahead; the step's
-// valid keys become one ballot mask. Each warp keeps its own online softmax
+// Steps lie on the kKeys grid of key positions; where the cache is
+// contiguous, or paged with a block size a multiple of kKeys, a step's rows
+// sit in one block and a lane copies its rows from one address by a fixed
+// stride: about 15 instructions a row pair, where looking each row's block
+// up took four times that (ncu, H100, B1: SM throughput 28% -> 18%; the
+// kernel's time did not move, it waits on memory, 70% of DRAM peak). Lane
+// x < kTcKeys looks up key x's block one step ahead; the step's valid keys
+// become one ballot mask. Each warp keeps its own online softmax
 // (scores in log2 units); the four warps merge in order at the end, and a
 // split writes the same partials as the generic kernel.
 
@@ -386,14 +392,17 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc(const DecodeProblem 
   const SplitUnit u(p, chunks, 16);
   const int64_t hkv = u.hkv, b = u.b, h0 = u.h0;
   const int split = u.split, heads = u.heads, begin = u.begin, end = u.end;
-  const int steps = end > begin ? (end - begin + kKeys - 1) / kKeys : 0;
+  // Steps start on the kKeys grid (keys before `begin` are masked).
+  const int step0 = begin / kKeys * kKeys;
+  const int steps = end > begin ? (end - step0 + kKeys - 1) / kKeys : 0;
   const int my_steps = steps > warp ? (steps - warp + kWarps - 1) / kWarps : 0;  // steps warp, warp + 4, ...
 
   const T* gK = reinterpret_cast<const T*>(p.k) + hkv * p.k_head;
   const T* gV = reinterpret_cast<const T*>(p.v) + hkv * p.v_head;
   const int block_size = int(p.block_size);
   const int32_t* table = p.table ? p.table + b * p.table_batch : nullptr;
-  auto first_key = [&](int it) { return begin + (it * kWarps + warp) * kKeys; };
+  const bool one_block_a_step = table == nullptr || block_size % kKeys == 0;
+  auto first_key = [&](int it) { return step0 + (it * kWarps + warp) * kKeys; };
 
   // Lane x < kKeys: the block of key x of the next step to issue.
   int32_t entry = 0;
@@ -401,22 +410,36 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc(const DecodeProblem 
     const int j = first_key(it) + lane;
     entry = table && lane < kKeys && j < end ? __ldg(table + int64_t(j / block_size) * p.table_col) : int32_t(b);
   };
+  const int c = lane % C::kRowChunks, lane_row = lane / C::kRowChunks;
+  const int64_t k_copy_step = int64_t(C::kRowsPerCopy) * p.k_row, v_copy_step = int64_t(C::kRowsPerCopy) * p.v_row;
   auto issue = [&](int it) {
     const int st = it % C::kStages, j0 = first_key(it);
     const int jx = j0 + lane;
-    const bool ok_x = lane < kKeys && jx < end && entry >= 0 && entry < p.num_blocks;
+    const bool ok_x = lane < kKeys && jx >= begin && jx < end && entry >= 0 && entry < p.num_blocks;
     const uint32_t valid = __ballot_sync(0xFFFFFFFFu, ok_x);
     if (lane == 0) masks[st] = valid;
     T* sk = ring + st * C::kStageElems;
     T* sv = sk + kKeys * kDim;
-    const int c = lane % C::kRowChunks;
+    if (one_block_a_step) {
+      const int64_t blk = __shfl_sync(0xFFFFFFFFu, entry, 0);
+      const int64_t r = (table ? j0 % block_size : j0) + lane_row;
+      const T* k_row = gK + blk * p.k_block + r * p.k_row + c * 8;
+      const T* v_row = gV + blk * p.v_block + r * p.v_row + c * 8;
+#pragma unroll
+      for (int i = 0; i < C::kCopies; ++i) {
+        const int row = i * C::kRowsPerCopy + lane_row;
+        const bool ok = (valid >> row) & 1u;
+        cp_async_16(sk + swizzled<kDim>(row, c), ok ? k_row + i * k_copy_step : gK, ok);
+        cp_async_16(sv + swizzled<kDim>(row, c), ok ? v_row + i * v_copy_step : gV, ok);
+      }
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < C::kCopies; ++i) {
-      const int row = i * C::kRowsPerCopy + lane / C::kRowChunks;
+      const int row = i * C::kRowsPerCopy + lane_row;
       const int64_t blk = __shfl_sync(0xFFFFFFFFu, entry, row);
       const bool ok = (valid >> row) & 1u;
-      const int j = j0 + row;
-      const int r = table ? j % block_size : j;
+      const int r = (j0 + row) % block_size;
       const int64_t off_k = ok ? blk * p.k_block + int64_t(r) * p.k_row + c * 8 : 0;
       const int64_t off_v = ok ? blk * p.v_block + int64_t(r) * p.v_row + c * 8 : 0;
       cp_async_16(sk + swizzled<kDim>(row, c), gK + off_k, ok);
@@ -482,15 +505,24 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc(const DecodeProblem 
         mma_16x8x16<T>(s[2 * np + 1], qf[kd], bf[2], bf[3]);
       }
     float tile_max[2] = {-INFINITY, -INFINITY};
+    if (softcap > 0.f) {  // the branch outside the loop: one test a step
+#pragma unroll
+      for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = softcap * tanhf(s[nt][e] * scale / softcap) * kLog2e;
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kKeyTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+    }
 #pragma unroll
     for (int nt = 0; nt < kKeyTiles; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = nt * 8 + 2 * quad + (e & 1);
-        float x = softcap > 0.f ? softcap * tanhf(s[nt][e] * scale / softcap) * kLog2e : s[nt][e] * scale_log2;
-        x = (valid >> key) & 1u ? x : -INFINITY;
-        s[nt][e] = x;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+        if (!((valid >> key) & 1u)) s[nt][e] = -INFINITY;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
       }
     float corr[2], m_ref[2], sum[2] = {0.f, 0.f};
 #pragma unroll
@@ -511,8 +543,12 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc(const DecodeProblem 
       }
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + sum[r];  // quad-partial; reduced at the end
+    // Once the running maxima settle, most steps leave every factor at 1:
+    // skipping the multiply by 1 changes no bit.
+    if (__any_sync(0xFFFFFFFFu, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
-    for (int dt = 0; dt < kDimTiles; ++dt) o[dt][0] *= corr[0], o[dt][1] *= corr[0], o[dt][2] *= corr[1], o[dt][3] *= corr[1];
+      for (int dt = 0; dt < kDimTiles; ++dt) o[dt][0] *= corr[0], o[dt][1] *= corr[0], o[dt][2] *= corr[1], o[dt][3] *= corr[1];
+    }
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
@@ -591,39 +627,59 @@ Status launch_split_tc(const DecodeProblem& p, CUstream_st* stream) {
 }
 
 /// Merges the splits of one (b, h) row: out = sum_s w_s out_s / sum_s w_s
-/// with w_s = exp(lse_s - max lse). Warp w sums splits w, w + kWarps, ... in
-/// order, a lane holding dims lane, lane + 32, ... (all its loads independent,
-/// in flight together); then the warps' sums are added in warp order. The
-/// order is fixed: the result is bitwise reproducible.
+/// with w_s = exp(lse_s - max lse). It runs on the critical path after the
+/// split kernel, so its loads go out in as few rounds as possible: warp w
+/// takes splits [kSplitsAWarp w, kSplitsAWarp (w + 1)) of each round of
+/// kCombineWarps kSplitsAWarp splits, a lane dims lane, lane + 32, ..., and
+/// the first round's partials are in flight while the weights are formed.
+/// A warp sums its splits in round order, then the warps' sums are added in
+/// warp order: the order is fixed, the result bitwise reproducible.
+constexpr int kCombineThreads = 256, kCombineWarps = kCombineThreads / 32, kSplitsAWarp = 4;
+
 template <class T>
-__global__ void __launch_bounds__(kThreads) decode_combine(const DecodeProblem p) {
+__global__ void __launch_bounds__(kCombineThreads) decode_combine(const DecodeProblem p) {
   using M = math_t<T, false>;
   using LseT = std::conditional_t<std::is_same_v<T, double>, double, float>;
   constexpr int kDims = 256 / 32;  // dims a lane holds (value_dim <= 256)
+  constexpr int kRound = kCombineWarps * kSplitsAWarp;
   __shared__ M weight[kMaxSplits];
-  __shared__ M warp_sum_of[kWarps][256];
+  __shared__ M warp_sum_of[kCombineWarps][256];
   wait_for_prerequisite_grid();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row = blockIdx.x, b = row / p.heads_q, h = row % p.heads_q;
   const int splits = p.splits, dims = int(p.value_dim);
   const M* part = static_cast<const M*>(p.workspace) + row * splits * p.value_dim;
   const M* lse = static_cast<const M*>(p.workspace) + p.batch * p.heads_q * splits * p.value_dim + row * splits;
+  M v[kSplitsAWarp][kDims];
+  auto load_round = [&](int s0) {
+#pragma unroll
+    for (int i = 0; i < kSplitsAWarp; ++i) {
+      const int s = s0 + warp * kSplitsAWarp + i;
+#pragma unroll
+      for (int k = 0; k < kDims; ++k)
+        v[i][k] = s < splits && lane + 32 * k < dims ? part[int64_t(s) * dims + lane + 32 * k] : M(0);
+    }
+  };
+  load_round(0);
   // The splits' lse in shared memory once, then weights relative to the largest.
-  for (int s = threadIdx.x; s < splits; s += kThreads) weight[s] = lse[s];
+  for (int s = threadIdx.x; s < splits; s += kCombineThreads) weight[s] = lse[s];
   __syncthreads();
   M top = neg_inf<M>();
   for (int s = 0; s < splits; ++s) top = m_max(top, weight[s]);
   __syncthreads();
-  for (int s = threadIdx.x; s < splits; s += kThreads)
+  for (int s = threadIdx.x; s < splits; s += kCombineThreads)
     weight[s] = top == neg_inf<M>() ? M(0) : m_exp(weight[s] - top);
   __syncthreads();
   M acc[kDims] = {};
-#pragma unroll 2
-  for (int s = warp; s < splits; s += kWarps) {
-    const M w = weight[s];
+  for (int s0 = 0; s0 < splits; s0 += kRound) {
+    if (s0 > 0) load_round(s0);
 #pragma unroll
-    for (int k = 0; k < kDims; ++k)
-      if (lane + 32 * k < dims) acc[k] += w * part[int64_t(s) * dims + lane + 32 * k];
+    for (int i = 0; i < kSplitsAWarp; ++i) {
+      const int s = s0 + warp * kSplitsAWarp + i;
+      const M w = s < splits ? weight[s] : M(0);
+#pragma unroll
+      for (int k = 0; k < kDims; ++k) acc[k] += w * v[i][k];
+    }
   }
 #pragma unroll
   for (int k = 0; k < kDims; ++k)
@@ -632,10 +688,10 @@ __global__ void __launch_bounds__(kThreads) decode_combine(const DecodeProblem p
   M sum = M(0);
   for (int s = 0; s < splits; ++s) sum += weight[s];
   const M inv = sum > M(0) ? M(1) / sum : M(0);
-  for (int d = threadIdx.x; d < dims; d += kThreads) {
+  for (int d = threadIdx.x; d < dims; d += kCombineThreads) {
     M total = M(0);
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += warp_sum_of[w][d];
+    for (int w = 0; w < kCombineWarps; ++w) total += warp_sum_of[w][d];
     reinterpret_cast<T*>(p.out)[b * p.out_batch + h * p.out_head + d * p.out_dim] = convert<T>(total * inv);
   }
   if (threadIdx.x == 0)
@@ -697,7 +753,7 @@ struct CudaDecode {
         return unsupported("decode_attention: ", p.batch * p.heads_q, " (sequence, head) rows exceed one launch");
       cudaLaunchConfig_t config{};
       config.gridDim = dim3(unsigned(p.batch * p.heads_q));
-      config.blockDim = dim3(kThreads);
+      config.blockDim = dim3(kCombineThreads);
       config.stream = stream;
       cudaLaunchAttribute overlap[1];
       overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
