@@ -608,7 +608,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc(const DecodeProblem 
       else static_cast<float*>(p.workspace)[(row * splits + split) * p.value_dim + d] = total;
     }
     if (lane == 0) {
-      const float lse = l_all > 0.f ? (top + log2f(l_all)) * 0.6931471805599453f : -INFINITY;
+      const float lse = row_lse(top, l_all);
       if (splits == 1) reinterpret_cast<float*>(p.lse)[b * p.lse_batch + h * p.lse_head] = lse;
       else static_cast<float*>(p.workspace)[p.batch * p.heads_q * splits * p.value_dim + row * splits + split] = lse;
     }

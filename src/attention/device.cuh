@@ -1,6 +1,7 @@
 // Device pieces every attention kernel shares (flash forward/backward and
-// decoding): -inf of the math type, warp reductions, the mma.sync / ldmatrix
-// wrappers and the dynamic shared memory opt-in (cp.async: core/cuda_async.cuh).
+// decoding): -inf of the math type, warp reductions, a row's lse, the
+// mma.sync / ldmatrix wrappers and the dynamic shared memory opt-in
+// (cp.async: core/cuda_async.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -33,6 +34,11 @@ __device__ __forceinline__ Acc warp_sum(Acc v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+/// A row's lse in natural log from its running max m and sum l (log2 units); -inf for a row that saw no key.
+__device__ __forceinline__ float row_lse(float m, float l) {
+  return l > 0 ? (m + log2f(l)) * 0.6931471805599453f : -INFINITY;
 }
 
 // Programmatic dependent launch (sm_90): a kernel may let the next one in the

@@ -280,11 +280,6 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDi
   rescale_rows(o, corr);
 }
 
-/// A row's lse in natural log from its running max m and sum l (log2 units); -inf for a row that saw no key.
-__device__ __forceinline__ float row_lse(float m, float l) {
-  return l > 0 ? (m + log2f(l)) * 0.6931471805599453f : -INFINITY;
-}
-
 /// Writes a thread's rows of out (o / l) and lse (row_lse).
 template <class T, int kDimTiles>
 __device__ __forceinline__ void write_rows(const Problem& p, const HeadView& v, const FragRows& f,

@@ -214,13 +214,7 @@ struct VectorLoader {
       const int bytes = n > 0 ? n * int(sizeof(T)) : 0;
       T* dst = s + shared_offset(q);
       const T* from = bytes > 0 ? src[q] : static_cast<const T*>(any);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(from),
-                   "r"(bytes)
-                   : "memory");
-#else
-      for (int i = 0; i < 8; ++i) dst[i] = i * int(sizeof(T)) < bytes ? from[i] : T(0.f);
-#endif
+      cp_async_16_zfill(dst, from, bytes);
       src[q] += step;
     }
   }
