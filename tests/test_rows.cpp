@@ -41,11 +41,15 @@ INSTANTIATE_TEST_SUITE_P(Ops, Norm, testing::ValuesIn(ops_of(OpCategory::norm)),
 // [Fused norm backward]): every block width (128 to 1024 threads), rows that
 // are not whole vectors (element loads), many rows a split, a rank-2 outer
 // shape, and the sweep's layouts (strided, transposed, in place, poisoned
-// outputs); the longer rows take the column pass (split partials merged).
+// outputs). Rows up to 8 x 1024 vectors take it over a cluster (Note [Norm
+// backward over a cluster]): 2 to 8 ranks, a last rank part empty, rows of
+// element loads (20001), and 10 to 28 rows a split (600 x 12000: the
+// exchange's four slots go round and their barriers change parity); the
+// longer rows take the column pass (split partials merged).
 TEST(NormCuda, OnePassBackwardAgainstReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const std::vector<Shape> shapes{{5, 1024},   {300, 1030}, {700, 2048}, {3, 2, 4096}, {2, 8192},
-                                  {1500, 1536}, {1, 1100},  {37, 16384}, {9, 20001},  {4, 65536}};
+  const std::vector<Shape> shapes{{5, 1024},   {300, 1030}, {700, 2048},  {3, 2, 4096}, {2, 8192},   {1500, 1536},
+                                  {1, 1100},   {37, 16384}, {9, 20001},   {4, 65536},   {600, 12000}};
   int ran = 0;
   for (const char* name : {"layer_norm_backward", "rms_norm_backward"}) {
     const OpInfo& op = *find_op(name);

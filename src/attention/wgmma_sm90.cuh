@@ -243,18 +243,6 @@ __device__ __forceinline__ void wgmma_values(float (&o)[kD / 8][4], const float 
 // TMA writes through the async proxy, as wgmma reads, so the barrier alone
 // orders them; generic writes (cp.async) need fence.proxy.async first.
 
-/// Initialises an mbarrier expecting `count` arrivals a phase (one thread).
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-#ifdef BARACUDA_WGMMA
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-#endif
-}
-/// Makes the initialised barriers visible to the other threads and to the async proxy (before a block barrier).
-__device__ __forceinline__ void mbar_fence_init() {
-#ifdef BARACUDA_WGMMA
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
 /// One arrival (release: this thread's earlier writes are visible to the waiters).
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 #ifdef BARACUDA_WGMMA
@@ -267,29 +255,6 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 #endif
 }
-/// Waits (acquire) until the phase of parity `parity` is over.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-#ifdef BARACUDA_WGMMA
-  uint32_t done = 0;
-#ifdef BARACUDA_MBAR_WATCHDOG  // debugging builds: a wait of more than ~2 s names itself and traps
-  const long long start = clock64();
-#endif
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-#ifdef BARACUDA_MBAR_WATCHDOG
-    if (!done && clock64() - start > 4000000000ll) {
-      printf("mbar_wait stuck: block %d thread %d barrier %u parity %u\n", int(blockIdx.x), int(threadIdx.x), bar, parity);
-      __trap();
-    }
-#endif
-  } while (!done);
-#endif
-}
-
 /// TMA: the box at coordinates (c0 innermost .. c3) of the 4-d tensor map
 /// `map` (a __grid_constant__ kernel parameter) into shared `dst`, counted on `bar`.
 __device__ __forceinline__ void tma_load_4d(void* dst, const void* map, int c0, int c1, int c2, int c3, uint32_t bar) {

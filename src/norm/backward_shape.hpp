@@ -10,23 +10,37 @@ namespace baracuda::norm {
 
 struct FusedBackwardShape {
   int threads = 0;  ///< a block, which works on one row at a time; 0: the two-pass path
+  int ranks = 1;    ///< blocks a row: a thread-block cluster when more than 1 (Note [Norm backward over a cluster])
   constexpr explicit operator bool() const { return threads > 0; }
 };
+
+/// A clustered block: 512 threads of two vectors a row each (one block an SM,
+/// 128 registers: the row's fixed work, its sums and barrier, is shared by
+/// twice the elements of a 1024-thread block of one vector a thread).
+inline constexpr int kClusterThreads = 512, kClusterVectors = 2, kMaxClusterRanks = 8;
 
 /// Rows of 1024 elements to 1024 16-byte vectors: a thread owns one vector of
 /// each row, so that its parameter-gradient sums stay in registers (two
 /// vectors a thread spilled at 1024 threads, whose cap is 64 registers).
-constexpr FusedBackwardShape fused_backward_shape(int64_t cols, int elem_bytes) {
+/// Longer rows, up to 8 clustered blocks of 1024 vectors, take clusters
+/// where the device has them (`clusters`: sm_90 and later).
+constexpr FusedBackwardShape fused_backward_shape(int64_t cols, int elem_bytes, bool clusters) {
   const int64_t v = 16 / elem_bytes;
   if (cols < 1024) return {};
   for (int t = 128; t <= 1024; t *= 2)
-    if (cols <= v * t) return {t};
+    if (cols <= v * t) return {t, 1};
+  const int64_t per_block = v * kClusterThreads * kClusterVectors;
+  const int64_t ranks = (cols + per_block - 1) / per_block;
+  if (clusters && ranks <= kMaxClusterRanks) return {kClusterThreads, int(ranks)};
   return {};
 }
 
-/// Blocks of the fused path, each one row split: 1024 threads an SM, no more blocks than rows.
-inline int fused_backward_blocks(FusedBackwardShape s, int64_t rows, int sm_count) {
-  return int(std::clamp<int64_t>(int64_t(sm_count) * (1024 / s.threads), 1, std::max<int64_t>(rows, 1)));
+/// Row splits of the fused path, each one block (or cluster of one block an
+/// SM), no more splits than rows. For clusters this bounds the workspace;
+/// the launcher takes no more than the device can hold at once.
+inline int fused_backward_splits(FusedBackwardShape s, int64_t rows, int sm_count) {
+  const int64_t resident = s.ranks > 1 ? sm_count / s.ranks : int64_t(sm_count) * (1024 / s.threads);
+  return int(std::clamp<int64_t>(resident, 1, std::max<int64_t>(rows, 1)));
 }
 
 }  // namespace baracuda::norm

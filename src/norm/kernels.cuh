@@ -7,6 +7,8 @@
 // deterministic without atomics.
 #pragma once
 
+#include <atomic>
+
 #include "core/cuda_async.cuh"
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
@@ -20,6 +22,18 @@ using rows::RowLaunch;
 using rows::by_row_length;
 using rows::kRowCacheBytes;
 using rows::launch_cached;
+
+/// One 16-byte store of a vector to global `dst` (16-byte aligned). A copy
+/// of the struct, or of a uint4, may compile to four 4-byte stores (the
+/// clustered norm backward's did: four times the store requests).
+template <class T, int V>
+__device__ __forceinline__ void store_16(T* dst, const rows::Vec<T, V>& v) {
+  static_assert(sizeof(rows::Vec<T, V>) == 16);
+  uint32_t w[4];
+  memcpy(w, &v, 16);
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+               : "memory");
+}
 
 template <class T>
 using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -282,32 +296,75 @@ __global__ void __launch_bounds__(256)
 //   shared memory already in the math type, the row's sum of wg * xhat is
 //   taken as rstd * sum(wg * (x - mean)), and every warp adds the warps'
 //   sums in one shuffle tree (it was a loop over them in each thread).
-template <class S, class T, int TPR>
-__global__ void __launch_bounds__(TPR, 1024 / TPR)
+//
+// Note [Norm backward over a cluster]
+// Rows of up to kMaxRanks x 1024 vectors (sm_90) take the same pass over a
+// thread-block cluster: block `rank` owns columns rank * 1024 * V onwards
+// of every row of the cluster's split (512 threads of two vectors, one
+// block an SM: a 1024-thread block of one vector a thread hit the 64
+// register cap and spent ~450 instructions a thread a row on 8 elements),
+// and the row sums are the ranks' block sums added in rank order (the same
+// bits in every block). A cluster
+// barrier a row stalled every block on the slowest (1.3-1.5 TB/s), so the
+// exchange runs one row behind, through mbarriers instead: after its block
+// sum of row i, warp 0's lane q sends the pair into slot i % 4 of block q
+// with st.async, which counts its 8 bytes on that block's barrier of the
+// slot (no fence: a release arrive was a MEMBAR.ALL.GPU behind the row's
+// grad_input stores), and thread 0 arms its own barrier for the ranks'
+// bytes; then the block waits for row i - 1's barrier, whose bytes its
+// peers sent a row earlier, and finishes row i - 1 (grad_input and the
+// column sums). A block sends row i + 4 into a peer's slot only after it has
+// seen that peer's sum of row i + 2, which the peer sent after the block
+// barrier that follows its reads of slot i: four slots are never
+// overwritten unread. The rows then stream four stages deep, the extra
+// stage holding row i - 1.
+inline constexpr int kMaxRanks = kMaxClusterRanks, kExchangeSlots = 4;
+
+template <class S, class T, int TPR, int K, bool kCluster>
+__global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
     fused_backward_kernel(RowLaunch l, rows::OffsetCalc<S::kBackwardOperands, int64_t> outer, int64_t chunk, bool vec) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if constexpr (kCluster) {
+    __trap();  // launched on sm_90 and later only (fused_backward_shape)
+    return;
+  }
+#endif
   using M = math_t<T, false>;
-  constexpr int V = rows::kVecOf<T>, kStages = 3;
+  constexpr int V = rows::kVecOf<T>, kStages = kCluster ? 4 : 3;
   using P = rows::Vec<T, V>;
   extern __shared__ __align__(16) char smem_bytes[];
-  // [stage][grad_output, input][thread], then the weight in the math type,
-  // [16-byte chunk][thread] (no bank conflicts).
-  constexpr int kWarps = TPR / 32;
-  using WeightChunk = rows::Vec<M, 16 / sizeof(M)>;
+  // [stage][grad_output, input][vector k][thread], then the weight in the
+  // math type, [vector k][16-byte chunk][thread] (no bank conflicts).
+  constexpr int kWarps = TPR / 32, kChunk = 16 / sizeof(M);
+  using WeightChunk = rows::Vec<M, kChunk>;
   P* slots = reinterpret_cast<P*>(smem_bytes);
-  auto slot = [&](int stage, int operand) -> P& { return slots[(stage * 2 + operand) * TPR + threadIdx.x]; };
-  WeightChunk* weight = reinterpret_cast<WeightChunk*>(slots + kStages * 2 * TPR) + threadIdx.x;
-  auto weight_at = [&](int e) -> M& { return weight[e / (16 / sizeof(M)) * TPR].v[e % (16 / sizeof(M))]; };
+  auto slot = [&](int stage, int operand, int k) -> P& {
+    return slots[((stage * 2 + operand) * K + k) * TPR + threadIdx.x];
+  };
+  WeightChunk* weight = reinterpret_cast<WeightChunk*>(slots + kStages * 2 * K * TPR) + threadIdx.x;
+  auto weight_at = [&](int k, int e) -> M& { return weight[(k * (V / kChunk) + e / kChunk) * TPR].v[e % kChunk]; };
   __shared__ M scratch[2][2][kWarps];  // [row parity][sum][warp]
-  const int64_t cols = l.cols, first = int64_t(blockIdx.x) * chunk, end = min(l.rows, first + chunk);
-  const int64_t c0 = int64_t(threadIdx.x) * V;  // this thread's columns: c0 .. c0 + V
+  int rank = 0, ranks = 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kCluster) {
+    asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    asm("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(ranks));
+  }
+#endif
+  const int64_t split = blockIdx.x / ranks, splits = gridDim.x / ranks;
+  const int64_t cols = l.cols, first = split * chunk, end = min(l.rows, first + chunk);
+  // This thread's columns: c0(k) .. c0(k) + V for each of its K vectors (vector k of the threads adjacent).
+  auto c0 = [&](int k) { return ((int64_t(rank) * K + k) * TPR + threadIdx.x) * V; };
   const auto& st = l.inner.stride;
   const int64_t sg = st[S::kGradOutput][0], sx = st[S::kSavedInput][0], sdx = st[S::kGradInput][0];
   const T zero = convert<T>(M(0));
 #pragma unroll
-  for (int e = 0; e < V; ++e)
-    weight_at(e) =
-        c0 + e < cols ? convert<M>(reinterpret_cast<const T*>(l.data[S::kSavedWeight])[(c0 + e) * st[S::kSavedWeight][0]])
-                      : M(0);
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      weight_at(k, e) = c0(k) + e < cols ? convert<M>(reinterpret_cast<const T*>(
+                                                l.data[S::kSavedWeight])[(c0(k) + e) * st[S::kSavedWeight][0]])
+                                          : M(0);
   // Operand k's row r (one operand at a time: fewer live registers than a whole offset array).
   auto row_of = [&]<class U>(int k, int64_t r, U*) {
     int64_t off = 0;
@@ -322,87 +379,158 @@ __global__ void __launch_bounds__(TPR, 1024 / TPR)
     if (r < end) {
       const T* g = row_of(S::kGradOutput, r, (const T*)nullptr);
       const T* x = row_of(S::kSavedInput, r, (const T*)nullptr);
-      if (vec) {
-        cp_async_16(&slot(stage, 0), g + (c0 < cols ? c0 : 0), c0 < cols);
-        cp_async_16(&slot(stage, 1), x + (c0 < cols ? c0 : 0), c0 < cols);
-      } else {
-        P gv, xv;
 #pragma unroll
-        for (int e = 0; e < V; ++e) {
-          const bool in = c0 + e < cols;
-          gv.v[e] = in ? g[(c0 + e) * sg] : zero;
-          xv.v[e] = in ? x[(c0 + e) * sx] : zero;
+      for (int k = 0; k < K; ++k) {
+        const int64_t c = c0(k);
+        if (vec) {
+          cp_async_16(&slot(stage, 0, k), g + (c < cols ? c : 0), c < cols);
+          cp_async_16(&slot(stage, 1, k), x + (c < cols ? c : 0), c < cols);
+        } else {
+          P gv, xv;
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            const bool in = c + e < cols;
+            gv.v[e] = in ? g[(c + e) * sg] : zero;
+            xv.v[e] = in ? x[(c + e) * sx] : zero;
+          }
+          slot(stage, 0, k) = gv, slot(stage, 1, k) = xv;
         }
-        slot(stage, 0) = gv, slot(stage, 1) = xv;
       }
     }
     cp_async_commit();  // empty past the split: the group count stays uniform
   };
-  const M inv_cols = M(1) / M(cols);
-  M dw[V] = {}, db[V] = {};
+  auto mean_of = [&](int64_t r) {
+    if constexpr (S::kRms) return M(0);
+    else return M(*row_of(S::kSavedMean, r, (const stat_t<T>*)nullptr));
+  };
+  auto rstd_of = [&](int64_t r) { return M(*row_of(S::kSavedRstd, r, (const stat_t<T>*)nullptr)); };
+  // This thread's share of row r's sums, sum(wg) and sum(wg * (x - mean)) (rstd applied once to the row's sum).
+  auto thread_sums = [&](int stage, M mean, M& a, M& b) {
+    a = 0, b = 0;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) load_row(first + s, s);
-  int stage = 0;
-  for (int64_t r = first; r < end; ++r) {
-    load_row(r + kStages - 1, (stage + kStages - 1) % kStages);
-    cp_async_wait<kStages - 1>();  // row r's copies (this thread's) have landed
-    M mean = 0;
-    if constexpr (!S::kRms) mean = M(*row_of(S::kSavedMean, r, (const stat_t<T>*)nullptr));
-    const M rstd = M(*row_of(S::kSavedRstd, r, (const stat_t<T>*)nullptr));
-    const P gv = slot(stage, 0), xv = slot(stage, 1);
-    M a = 0, b = 0;  // sum(wg), sum(wg * (x - mean)): rstd applied once to the row's sum
+    for (int k = 0; k < K; ++k) {
+      const P gv = slot(stage, 0, k), xv = slot(stage, 1, k);
 #pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const M wg = convert<M>(gv.v[e]) * weight_at(e);
-      a += wg;
-      b += wg * (convert<M>(xv.v[e]) - mean);
+      for (int e = 0; e < V; ++e) {
+        const M wg = convert<M>(gv.v[e]) * weight_at(k, e);
+        a += wg;
+        b += wg * (convert<M>(xv.v[e]) - mean);
+      }
     }
-    // Warps' sums through scratch, then added by every warp in one fixed tree.
-    auto warp_sum = [](M& u, M& w) {
+  };
+  auto warp_sum = [](M& u, M& w) {
 #pragma unroll
-      for (int d = 16; d >= 1; d /= 2) u += __shfl_xor_sync(0xffffffffu, u, d), w += __shfl_xor_sync(0xffffffffu, w, d);
-    };
+    for (int d = 16; d >= 1; d /= 2) u += __shfl_xor_sync(0xffffffffu, u, d), w += __shfl_xor_sync(0xffffffffu, w, d);
+  };
+  // The block's sums through scratch (one barrier), added in one fixed tree by every warp that asks.
+  const int lane = threadIdx.x % 32;
+  auto block_sums = [&](int parity, M& a, M& b, bool want) {
     warp_sum(a, b);
-    const int parity = int(r - first) & 1, lane = threadIdx.x % 32;
     if (lane == 0) scratch[parity][0][threadIdx.x / 32] = a, scratch[parity][1][threadIdx.x / 32] = b;
     __syncthreads();
+    if (!want) return;
     a = lane < kWarps ? scratch[parity][0][lane] : M(0), b = lane < kWarps ? scratch[parity][1][lane] : M(0);
     warp_sum(a, b);
-    if (c0 < cols) {
-      const M mean_wg = a * inv_cols, mean_wg_xhat = b * rstd * inv_cols;
+  };
+  const M inv_cols = M(1) / M(cols);
+  M dw[K][V] = {}, db[K][V] = {};
+  // grad_input of row r from the row's sums a = sum(wg), b = sum(wg * (x - mean)), and its column sums.
+  auto finish_row = [&](int stage, int64_t r, M mean, M rstd, M a, M b) {
+    const M mean_wg = a * inv_cols, mean_wg_xhat = b * rstd * inv_cols;
+    T* dx = row_of(S::kGradInput, r, (T*)nullptr);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t c = c0(k);
+      if (c >= cols) continue;
+      const P gv = slot(stage, 0, k), xv = slot(stage, 1, k);
       P out;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const M g = convert<M>(gv.v[e]), xhat = (convert<M>(xv.v[e]) - mean) * rstd;
-        out.v[e] = convert<T>(S::grad_input(g * weight_at(e), xhat, mean_wg, mean_wg_xhat, rstd));
-        dw[e] += g * xhat;
-        if constexpr (S::kBias) db[e] += g;
+        out.v[e] = convert<T>(S::grad_input(g * weight_at(k, e), xhat, mean_wg, mean_wg_xhat, rstd));
+        dw[k][e] += g * xhat;
+        if constexpr (S::kBias) db[k][e] += g;
       }
-      T* dx = row_of(S::kGradInput, r, (T*)nullptr);
       if (vec) {
-        *reinterpret_cast<P*>(dx + c0) = out;
+        store_16(dx + c, out);
       } else {
 #pragma unroll
         for (int e = 0; e < V; ++e)
-          if (c0 + e < cols) dx[(c0 + e) * sdx] = out.v[e];
+          if (c + e < cols) dx[(c + e) * sdx] = out.v[e];
       }
     }
-    stage = (stage + 1) % kStages;
+  };
+
+  if constexpr (!kCluster) {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) load_row(first + s, s);
+    int stage = 0;
+    for (int64_t r = first; r < end; ++r) {
+      load_row(r + kStages - 1, (stage + kStages - 1) % kStages);
+      cp_async_wait<kStages - 1>();  // row r's copies (this thread's) have landed
+      const M mean = mean_of(r), rstd = rstd_of(r);
+      M a, b;
+      thread_sums(stage, mean, a, b);
+      block_sums(int(r - first) & 1, a, b, true);
+      finish_row(stage, r, mean, rstd, a, b);
+      stage = (stage + 1) % kStages;
+    }
+  } else {
+    // Note [Norm backward over a cluster]: [slot][rank][sum], and a barrier a slot.
+    __shared__ __align__(16) M exchange[kExchangeSlots][kMaxRanks][2];
+    __shared__ __align__(8) uint64_t arrived[kExchangeSlots];
+    if (threadIdx.x == 0) {
+      for (int q = 0; q < kExchangeSlots; ++q) mbar_init(shared_address(&arrived[q]), 1);
+      mbar_fence_init();
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) load_row(first + s, s);
+    for (int64_t i = 0; first + i <= end && first < end; ++i) {
+      const int64_t r = first + i;
+      if (r < end) {
+        cp_async_wait<kStages - 2>();  // row r's copies (this thread's) have landed
+        M a, b;
+        thread_sums(int(i % kStages), mean_of(r), a, b);
+        block_sums(int(i & 1), a, b, threadIdx.x < 32);
+        const int q = int(i % kExchangeSlots);
+        if (threadIdx.x == 0) mbar_expect_bytes(shared_address(&arrived[q]), unsigned(ranks * 2 * sizeof(M)));
+        if (threadIdx.x < ranks)
+          st_async_pair(cluster_address(shared_address(&exchange[q][rank][0]), int(threadIdx.x)), a, b,
+                        cluster_address(shared_address(&arrived[q]), int(threadIdx.x)));
+      }
+      if (i > 0) {  // row r - 1, whose sums the peers sent a row ago
+        const int q = int((i - 1) % kExchangeSlots);
+        mbar_wait(shared_address(&arrived[q]), uint32_t((i - 1) / kExchangeSlots) & 1u);
+        M a = 0, b = 0;
+        for (int k = 0; k < ranks; ++k) a += exchange[q][k][0], b += exchange[q][k][1];
+        finish_row(int((i - 1) % kStages), r - 1, mean_of(r - 1), rstd_of(r - 1), a, b);
+      }
+      if (r < end) load_row(r + kStages - 1, int((i + kStages - 1) % kStages));
+    }
+    // No block leaves while a peer may still arrive on its barriers.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
   }
   cp_async_wait<0>();
   M* partial = reinterpret_cast<M*>(l.workspace);
 #pragma unroll
-  for (int e = 0; e < V; ++e) {
-    const int64_t c = c0 + e;
-    if (c >= cols) continue;
-    if (gridDim.x == 1) {
-      reinterpret_cast<T*>(l.data[S::kGradWeight])[c * st[S::kGradWeight][0]] = convert<T>(dw[e]);
-      if constexpr (S::kBias) reinterpret_cast<T*>(l.data[S::kGradBias])[c * st[S::kGradBias][0]] = convert<T>(db[e]);
-    } else {
-      partial[(int64_t(blockIdx.x) * 2) * cols + c] = dw[e];
-      if constexpr (S::kBias) partial[(int64_t(blockIdx.x) * 2 + 1) * cols + c] = db[e];
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const int64_t c = c0(k) + e;
+      if (c >= cols) continue;
+      if (splits == 1) {
+        reinterpret_cast<T*>(l.data[S::kGradWeight])[c * st[S::kGradWeight][0]] = convert<T>(dw[k][e]);
+        if constexpr (S::kBias) reinterpret_cast<T*>(l.data[S::kGradBias])[c * st[S::kGradBias][0]] = convert<T>(db[k][e]);
+      } else {
+        partial[(split * 2) * cols + c] = dw[k][e];
+        if constexpr (S::kBias) partial[(split * 2 + 1) * cols + c] = db[k][e];
+      }
     }
-  }
 }
 
 /// grad_weight / grad_bias from the splits' partial sums: 32 columns x 8
@@ -439,19 +567,48 @@ inline bool rows_in_vectors(const RowLaunch& l, int k, size_t elem_bytes) {
   return true;
 }
 
-template <class S, class T, int TPR>
-Status launch_fused_backward(const RowLaunch& l, const rows::OffsetCalc<S::kBackwardOperands, int64_t>& outer,
-                             int splits, CUstream_st* stream) {
-  const auto kernel = fused_backward_kernel<S, T, TPR>;
-  // Three stages of two operands, and the weight in the math type.
-  const int smem = (3 * 2 * 16 + rows::kVecOf<T> * int(sizeof(math_t<T, false>))) * TPR;
+/// Launches the fused backward over at most `splits` row splits; returns the
+/// splits it took (the partials merge_params_kernel adds), 0 on an error.
+template <class S, class T, int TPR, int K, bool kCluster>
+Result<int> launch_fused_backward(const RowLaunch& l, const rows::OffsetCalc<S::kBackwardOperands, int64_t>& outer,
+                                  int ranks, int splits, CUstream_st* stream) {
+  const auto kernel = fused_backward_kernel<S, T, TPR, K, kCluster>;
+  // The stages of two operands, and the weight in the math type.
+  const int smem = ((kCluster ? 4 : 3) * 2 * 16 + rows::kVecOf<T> * int(sizeof(math_t<T, false>))) * K * TPR;
   BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, /*max_carveout=*/true));
   const bool vec = rows_in_vectors(l, S::kGradOutput, sizeof(T)) && rows_in_vectors(l, S::kSavedInput, sizeof(T)) &&
                    rows_in_vectors(l, S::kGradInput, sizeof(T));
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(TPR);
+  config.dynamicSmemBytes = size_t(smem);
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  if constexpr (kCluster) {
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = unsigned(ranks), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    // As many clusters as the device holds at once: a second wave would double the time.
+    // The count is asked once per device and cluster size (the query costs microseconds).
+    static std::atomic<int> known[64][kMaxRanks + 1] = {};
+    int device = 0;
+    BARACUDA_CUDA_TRY(cudaGetDevice(&device));
+    int resident = device < 64 ? known[device][ranks].load(std::memory_order_relaxed) : 0;
+    if (resident == 0) {
+      config.gridDim = dim3(unsigned(ranks));
+      BARACUDA_CUDA_TRY(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
+      if (device < 64 && resident > 0) known[device][ranks].store(resident, std::memory_order_relaxed);
+    }
+    if (resident < 1)
+      return unsupported("norm backward: no cluster of ", ranks, " blocks of ", TPR, " threads and ", smem,
+                         " bytes of shared memory fits on this device");
+    splits = std::min(splits, resident);
+  }
   const int64_t chunk = (l.rows + splits - 1) / splits;
-  kernel<<<unsigned(splits), TPR, smem, stream>>>(l, outer, chunk, vec);
-  BARACUDA_CUDA_TRY(cudaGetLastError());
-  return Status::ok();
+  splits = int((l.rows + chunk - 1) / chunk);  // no split without rows
+  config.gridDim = dim3(unsigned(splits * ranks));
+  BARACUDA_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, l, outer, chunk, vec));
+  return splits;
 }
 
 template <class S, class T>
@@ -474,20 +631,22 @@ Status norm_backward_on_cuda(const RowLaunch& l, const NormParams&, int splits, 
   const rows::OffsetCalc<S::kBackwardOperands, int64_t> outer(l.outer);
   if constexpr (S::kWeight) {
     // The splits' partial parameter gradients (either path) into grad_weight / grad_bias.
-    auto merge_partials = [&]() -> Status {
-      if (splits > 1) {
-        merge_params_kernel<S, T><<<unsigned((l.cols + 31) / 32), 256, 0, stream>>>(l, splits);
+    auto merge_partials = [&](int taken) -> Status {
+      if (taken > 1) {
+        merge_params_kernel<S, T><<<unsigned((l.cols + 31) / 32), 256, 0, stream>>>(l, taken);
         BARACUDA_CUDA_TRY(cudaGetLastError());
       }
       return Status::ok();
     };
-    if (const FusedBackwardShape fused = fused_backward_shape(l.cols, sizeof(T))) {
-      Status s = fused.threads == 128   ? launch_fused_backward<S, T, 128>(l, outer, splits, stream)
-                 : fused.threads == 256 ? launch_fused_backward<S, T, 256>(l, outer, splits, stream)
-                 : fused.threads == 512 ? launch_fused_backward<S, T, 512>(l, outer, splits, stream)
-                                        : launch_fused_backward<S, T, 1024>(l, outer, splits, stream);
-      BARACUDA_TRY(s);
-      return merge_partials();
+    if (const FusedBackwardShape fused = fused_backward_shape(l.cols, sizeof(T), current_sm_version() >= 90)) {
+      Result<int> taken =
+          fused.ranks > 1        ? launch_fused_backward<S, T, kClusterThreads, kClusterVectors, true>(l, outer, fused.ranks, splits, stream)
+          : fused.threads == 128 ? launch_fused_backward<S, T, 128, 1, false>(l, outer, 1, splits, stream)
+          : fused.threads == 256 ? launch_fused_backward<S, T, 256, 1, false>(l, outer, 1, splits, stream)
+          : fused.threads == 512 ? launch_fused_backward<S, T, 512, 1, false>(l, outer, 1, splits, stream)
+                                 : launch_fused_backward<S, T, 1024, 1, false>(l, outer, 1, splits, stream);
+      BARACUDA_TRY(taken.status());
+      return merge_partials(*taken);
     }
     // Parameter gradients first: grad_input may overwrite grad_output (in place).
     const int64_t chunk = (l.rows + splits - 1) / splits;
@@ -496,7 +655,7 @@ Status norm_backward_on_cuda(const RowLaunch& l, const NormParams&, int splits, 
     if (l.outer.rank <= 1) grad_params_kernel<S, T, true><<<grid, 256, 0, stream>>>(l, outer, splits, chunk);
     else grad_params_kernel<S, T, false><<<grid, 256, 0, stream>>>(l, outer, splits, chunk);
     BARACUDA_CUDA_TRY(cudaGetLastError());
-    BARACUDA_TRY(merge_partials());
+    BARACUDA_TRY(merge_partials(splits));
   }
   BARACUDA_TRY(by_row_length(l.cols, [&]<int TPR, int RPB>() {
     const size_t cache = size_t(RPB) * size_t(l.cols) * 2 * sizeof(T);

@@ -184,8 +184,8 @@ class NormPlan final : public FamilyPlan {
 #ifdef BARACUDA_HAS_CUDA
     if (backend != Backend::host_reference) {
       if (def.backward && def.weight) {
-        const FusedBackwardShape fused = fused_backward_shape(cols_, int(dtype_size(t)));
-        splits_ = fused ? fused_backward_blocks(fused, rows_, current_sm_count())
+        const FusedBackwardShape fused = fused_backward_shape(cols_, int(dtype_size(t)), current_sm_version() >= 90);
+        splits_ = fused ? fused_backward_splits(fused, rows_, current_sm_count())
                         : red::choose_splits(cols_, rows_, current_sm_count());
         if (splits_ > 1) workspace_ = size_t(splits_) * 2 * size_t(cols_) * (t == DType::f64 ? 8 : 4);
       }
