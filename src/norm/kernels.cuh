@@ -320,9 +320,13 @@ __global__ void __launch_bounds__(256)
 // stage holding row i - 1.
 inline constexpr int kMaxRanks = kMaxClusterRanks, kExchangeSlots = 4;
 
-template <class S, class T, int TPR, int K, bool kCluster>
+/// kWhole: every row is in whole aligned vectors (the element loads left
+/// out: fewer registers in the clustered kernel, which sits at its cap).
+template <class S, class T, int TPR, int K, bool kCluster, bool kWhole = false>
 __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
-    fused_backward_kernel(RowLaunch l, rows::OffsetCalc<S::kBackwardOperands, int64_t> outer, int64_t chunk, bool vec) {
+    fused_backward_kernel(RowLaunch l, rows::OffsetCalc<S::kBackwardOperands, int64_t> outer, int64_t chunk,
+                          bool vec_rows) {
+  const bool vec = kWhole || vec_rows;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   if constexpr (kCluster) {
     __trap();  // launched on sm_90 and later only (fused_backward_shape)
@@ -488,12 +492,17 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
 #endif
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) load_row(first + s, s);
+    // A row's statistics are loaded an iteration before its sums need them, and kept for its grad_input.
+    M mean_next = 0, rstd_next = 0, mean_prev = 0, rstd_prev = 0;
+    if (first < end) mean_next = mean_of(first), rstd_next = rstd_of(first);
     for (int64_t i = 0; first + i <= end && first < end; ++i) {
       const int64_t r = first + i;
+      const M mean = mean_next, rstd = rstd_next;
+      if (r + 1 < end) mean_next = mean_of(r + 1), rstd_next = rstd_of(r + 1);
       if (r < end) {
         cp_async_wait<kStages - 2>();  // row r's copies (this thread's) have landed
         M a, b;
-        thread_sums(int(i % kStages), mean_of(r), a, b);
+        thread_sums(int(i % kStages), mean, a, b);
         block_sums(int(i & 1), a, b, threadIdx.x < 32);
         const int q = int(i % kExchangeSlots);
         if (threadIdx.x == 0) mbar_expect_bytes(shared_address(&arrived[q]), unsigned(ranks * 2 * sizeof(M)));
@@ -505,9 +514,12 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
         const int q = int((i - 1) % kExchangeSlots);
         mbar_wait(shared_address(&arrived[q]), uint32_t((i - 1) / kExchangeSlots) & 1u);
         M a = 0, b = 0;
-        for (int k = 0; k < ranks; ++k) a += exchange[q][k][0], b += exchange[q][k][1];
-        finish_row(int((i - 1) % kStages), r - 1, mean_of(r - 1), rstd_of(r - 1), a, b);
+#pragma unroll
+        for (int k = 0; k < kMaxRanks; ++k)
+          if (k < ranks) a += exchange[q][k][0], b += exchange[q][k][1];
+        finish_row(int((i - 1) % kStages), r - 1, mean_prev, rstd_prev, a, b);
       }
+      mean_prev = mean, rstd_prev = rstd;
       if (r < end) load_row(r + kStages - 1, int((i + kStages - 1) % kStages));
     }
     // No block leaves while a peer may still arrive on its barriers.
@@ -572,12 +584,14 @@ inline bool rows_in_vectors(const RowLaunch& l, int k, size_t elem_bytes) {
 template <class S, class T, int TPR, int K, bool kCluster>
 Result<int> launch_fused_backward(const RowLaunch& l, const rows::OffsetCalc<S::kBackwardOperands, int64_t>& outer,
                                   int ranks, int splits, CUstream_st* stream) {
-  const auto kernel = fused_backward_kernel<S, T, TPR, K, kCluster>;
+  const bool vec = rows_in_vectors(l, S::kGradOutput, sizeof(T)) && rows_in_vectors(l, S::kSavedInput, sizeof(T)) &&
+                   rows_in_vectors(l, S::kGradInput, sizeof(T));
+  auto kernel = fused_backward_kernel<S, T, TPR, K, kCluster, false>;
+  if constexpr (kCluster)
+    if (vec) kernel = fused_backward_kernel<S, T, TPR, K, kCluster, true>;
   // The stages of two operands, and the weight in the math type.
   const int smem = ((kCluster ? 4 : 3) * 2 * 16 + rows::kVecOf<T> * int(sizeof(math_t<T, false>))) * K * TPR;
   BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, /*max_carveout=*/true));
-  const bool vec = rows_in_vectors(l, S::kGradOutput, sizeof(T)) && rows_in_vectors(l, S::kSavedInput, sizeof(T)) &&
-                   rows_in_vectors(l, S::kGradInput, sizeof(T));
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(TPR);
   config.dynamicSmemBytes = size_t(smem);
@@ -590,14 +604,14 @@ Result<int> launch_fused_backward(const RowLaunch& l, const rows::OffsetCalc<S::
     config.numAttrs = 1;
     // As many clusters as the device holds at once: a second wave would double the time.
     // The count is asked once per device and cluster size (the query costs microseconds).
-    static std::atomic<int> known[64][kMaxRanks + 1] = {};
+    static std::atomic<int> known[64][2][kMaxRanks + 1] = {};
     int device = 0;
     BARACUDA_CUDA_TRY(cudaGetDevice(&device));
-    int resident = device < 64 ? known[device][ranks].load(std::memory_order_relaxed) : 0;
+    int resident = device < 64 ? known[device][vec][ranks].load(std::memory_order_relaxed) : 0;
     if (resident == 0) {
       config.gridDim = dim3(unsigned(ranks));
       BARACUDA_CUDA_TRY(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
-      if (device < 64 && resident > 0) known[device][ranks].store(resident, std::memory_order_relaxed);
+      if (device < 64 && resident > 0) known[device][vec][ranks].store(resident, std::memory_order_relaxed);
     }
     if (resident < 1)
       return unsupported("norm backward: no cluster of ", ranks, " blocks of ", TPR, " threads and ", smem,
