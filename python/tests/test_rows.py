@@ -227,7 +227,8 @@ def test_softmax_matches_torch(dtype, shape, dim):
 
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(8, 64), (33, 4096), (4, 20000), (2, 3, 768)])
+# (4, 20000) and (600, 12000) take the clustered backward on sm_90 (2-5 blocks a row; 600 rows: 10-28 a split).
+@pytest.mark.parametrize("shape", [(8, 64), (33, 4096), (4, 20000), (600, 12000), (2, 3, 768)])
 def test_norms_match_torch(dtype, shape):
     dtype = getattr(torch, dtype)
     n = shape[-1]
