@@ -242,19 +242,9 @@ __device__ __forceinline__ void wgmma_values(float (&o)[kD / 8][4], const float 
 // for "full" parity n & 1, the producer of it for "empty" parity (n & 1) ^ 1.
 // TMA writes through the async proxy, as wgmma reads, so the barrier alone
 // orders them; generic writes (cp.async) need fence.proxy.async first.
+// The mbarrier helpers (mbar_init, mbar_expect_tx, mbar_wait, ...) live in
+// core/cuda_async.cuh, shared with the clustered norm backward.
 
-/// One arrival (release: this thread's earlier writes are visible to the waiters).
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-#ifdef BARACUDA_WGMMA
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-#endif
-}
-/// One arrival that also announces `bytes` of asynchronous copies the phase waits for.
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-#ifdef BARACUDA_WGMMA
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-}
 /// TMA: the box at coordinates (c0 innermost .. c3) of the 4-d tensor map
 /// `map` (a __grid_constant__ kernel parameter) into shared `dst`, counted on `bar`.
 __device__ __forceinline__ void tma_load_4d(void* dst, const void* map, int c0, int c1, int c2, int c3, uint32_t bar) {

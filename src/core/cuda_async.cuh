@@ -68,6 +68,19 @@ __device__ __forceinline__ void mbar_fence_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #endif
 }
+/// One arrival (release: this thread's earlier writes are visible to the waiters).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#ifdef BARACUDA_MBARRIERS
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+/// One arrival that also announces `bytes` of asynchronous writes (TMA,
+/// st_async_pair from the cluster's blocks) the phase waits for.
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+#ifdef BARACUDA_MBARRIERS
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
 /// Waits (acquire) until the phase of parity `parity` is over.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #ifdef BARACUDA_MBARRIERS
@@ -100,13 +113,6 @@ __device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
 #endif
   return remote;
-}
-/// One arrival that announces `bytes` more to land on this block's barrier
-/// before its phase completes (st_async_pair's from the cluster's blocks).
-__device__ __forceinline__ void mbar_expect_bytes(uint32_t bar, uint32_t bytes) {
-#ifdef BARACUDA_MBARRIERS
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-#endif
 }
 /// Two values to cluster shared address `addr` (another block's shared
 /// memory), counted as their bytes on the barrier at cluster address

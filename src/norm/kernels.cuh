@@ -505,7 +505,7 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
         thread_sums(int(i % kStages), mean, a, b);
         block_sums(int(i & 1), a, b, threadIdx.x < 32);
         const int q = int(i % kExchangeSlots);
-        if (threadIdx.x == 0) mbar_expect_bytes(shared_address(&arrived[q]), unsigned(ranks * 2 * sizeof(M)));
+        if (threadIdx.x == 0) mbar_expect_tx(shared_address(&arrived[q]), unsigned(ranks * 2 * sizeof(M)));
         if (threadIdx.x < ranks)
           st_async_pair(cluster_address(shared_address(&exchange[q][rank][0]), int(threadIdx.x)), a, b,
                         cluster_address(shared_address(&arrived[q]), int(threadIdx.x)));
