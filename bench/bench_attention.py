@@ -3,8 +3,9 @@ one run: TFLOP/s with FLOPs = 4*B*H*S^2*D (halved when causal; backward
 2.5x forward), CUDA-event medians for both libraries. Rows: the default
 candidate (cuDNN's fused attention where it serves), the bespoke kernels
 forced through the backend preference (forward; backward on tensor cores
-at D128 and D64, causal, and padded to 128 at D96), and cases cuDNN
-refuses (dropout, softcap) where the default is the bespoke kernel.
+at D128 and D64, causal, and padded to 128 at D96), dropout (cuDNN refuses
+it: the default is the bespoke kernel) and softcap (cuDNN through a score
+modifier by default, and the bespoke kernel forced).
 `--only bespoke` runs the bespoke rows, `--only refused` only the
 dropout and softcap rows."""
 import argparse
@@ -134,17 +135,38 @@ def main():
             lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, seed=1, is_causal=causal),
             lambda: TF.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=causal),
             4 * b * h * s * s * d // (2 if causal else 1))
-    row(f"sdpa fwd softcap 30 B{b} H{h} S{s} D{d} (bespoke)",
+    # A softcap without a band: the default is cuDNN with a score modifier, checked against the bespoke kernel.
+    m, sl = torch.empty(0, device="cuda", dtype=bf16), torch.empty(0, device="cuda")
+    capped = dict(ATTRS, softcap=30.0)
+    out_b, lse_b = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
+    bespoke_fwd = lambda: run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out_b, lse_b],  # noqa: E731
+                                      capped, "cuda")[0]
+    row(f"sdpa fwd softcap 30 B{b} H{h} S{s} D{d} (default: cuDNN)",
         lambda: F.scaled_dot_product_attention(q, k, v, softcap=30.0),
+        lambda: TF.scaled_dot_product_attention(q, k, v), 4 * b * h * s * s * d,
+        check=lambda: close(F.scaled_dot_product_attention(q, k, v, softcap=30.0), bespoke_fwd(), 3e-2))
+    row(f"sdpa fwd softcap 30 B{b} H{h} S{s} D{d} (bespoke)", bespoke_fwd,
         lambda: TF.scaled_dot_product_attention(q, k, v), 4 * b * h * s * s * d)
     qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
     ref = TF.scaled_dot_product_attention(qr, kr, vr)
     g = torch.randn_like(q)
-    for name, extra in (("softcap 30", dict(softcap=30.0)), ("dropout 0.1", dict(dropout_p=0.1, seed=1))):
-        out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, **extra)
-        row(f"sdpa bwd {name} B{b} H{h} S{s} D{d} (bespoke)",
-            lambda: F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **extra),
-            lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True), 10 * b * h * s * s * d)
+    out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, softcap=30.0)
+    grads = [torch.empty_like(q) for _ in range(3)]
+    bespoke_bwd = lambda: run_backend("scaled_dot_product_attention_backward",  # noqa: E731
+                                      [g, q, k, v, out, lse, m, sl], grads, capped, "cuda")
+    row(f"sdpa bwd softcap 30 B{b} H{h} S{s} D{d} (default: cuDNN)",
+        lambda: F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, softcap=30.0),
+        lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True), 10 * b * h * s * s * d,
+        check=lambda: all(rel_close(a, r, 2e-2) for a, r in
+                          zip(F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, softcap=30.0),
+                              bespoke_bwd())))
+    row(f"sdpa bwd softcap 30 B{b} H{h} S{s} D{d} (bespoke)", bespoke_bwd,
+        lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True), 10 * b * h * s * s * d)
+    extra = dict(dropout_p=0.1, seed=1)
+    out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, **extra)
+    row(f"sdpa bwd dropout 0.1 B{b} H{h} S{s} D{d} (bespoke)",
+        lambda: F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **extra),
+        lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True), 10 * b * h * s * s * d)
 
 
 def rel_close(a, b, tol):

@@ -41,8 +41,8 @@ TEST_P(Attention, CudnnMatchesReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   OpInfo halves = *find_op(GetParam());
   halves.dtypes = {DType::f16, DType::bf16};
-  // cuDNN refuses odd head dims, dropout (its RNG is not ours), softcap and
-  // ALiBi slopes in select: those cases are skipped; some must run.
+  // cuDNN refuses odd head dims, dropout (its RNG is not ours), a softcap
+  // beside a band and ALiBi slopes in select: those cases are skipped; some must run.
   sweep(halves, Backend::cudnn);
 }
 INSTANTIATE_TEST_SUITE_P(Ops, Attention, testing::ValuesIn(dense_ops()), param_name);

@@ -1,7 +1,7 @@
 // The cuDNN attention engine: every refusal names its reason (host only, no
 // GPU needed), and forward and backward match the host reference on a GPU
 // (GQA, causal in both alignments, Sq != Skv, sliding windows, broadcast
-// additive masks, head dims 64 and 128, [B, S, H, D] memory, lse), with
+// additive masks, softcaps, head dims 64 and 128, [B, S, H, D] memory, lse), with
 // every output poisoned with NaN before the run.
 #include <gtest/gtest.h>
 
@@ -88,6 +88,9 @@ TEST(AttentionCudnn, RefusesWithReasons) {
   expect_refused(*fwd, p, "dropout");
   p = base;
   p.softcap = 30;
+  p.causal = true;
+  expect_refused(*fwd, p, "softcap");
+  p.causal = false, p.window_left = 4;
   expect_refused(*fwd, p, "softcap");
   p = base;
   const float slopes[8] = {};
@@ -120,6 +123,16 @@ TEST(AttentionCudnn, RefusesWithReasons) {
   CUDNN_ENGINE_OR_SKIP(bwd, true, true);
   p = base;
   expect_refused(*bwd, p, "backward pass");
+  // A softcap backward: cuDNN up to 9.15 pads seq_kv % 128 != 0 with a
+  // padding mask, which excludes the score modifier; later ones may take it.
+  p = layout(DType::bf16, 2, 8, 2, 64, 136, 64);
+  p.backward = true, p.softcap = 30;
+  p.grad_out = p.grad_q = p.out, p.grad_k = p.k, p.grad_v = p.v;
+  if (const Status s = bwd->supports(p); !s.is_ok()) expect_refused(*bwd, p, "multiple of 128");
+  p = layout(DType::bf16, 2, 8, 2, 64, 256, 64);
+  p.backward = true, p.softcap = 30;
+  p.grad_out = p.grad_q = p.out, p.grad_k = p.k, p.grad_v = p.v;
+  EXPECT_TRUE(bwd->supports(p).is_ok()) << bwd->supports(p).message();
 }
 
 TEST(AttentionCudnn, AcceptsWhatItMaps) {
@@ -140,6 +153,9 @@ TEST(AttentionCudnn, AcceptsWhatItMaps) {
   p.mask.batch = p.mask.head = 0;
   p.mask_dtype = DType::f16;
   EXPECT_TRUE(fwd->supports(p).is_ok()) << fwd->supports(p).message();
+  p.window_left = p.window_right = -1;
+  p.softcap = 30;  // a score modifier: no band beside it
+  EXPECT_TRUE(fwd->supports(p).is_ok()) << fwd->supports(p).message();
 }
 
 // ---------------------------------------------------------------- GPU
@@ -152,6 +168,7 @@ struct Case {
   int64_t window_left = -1, window_right = -1;
   bool mask = false;  ///< additive [1, 1, Sq, Skv] broadcast over batch and heads
   bool bshd = false;  ///< [B, S, H, D] memory for q, k, v, out and the gradients
+  double softcap = 0;  ///< cuDNN's score modifier; scores here reach about +-1, so caps near 1 bend them
 };
 
 std::vector<Case> cases() {
@@ -172,6 +189,11 @@ std::vector<Case> cases() {
   c.push_back({.name = "head_dim_128", .seq_q = 128, .seq_kv = 128, .head_dim = 128, .causal = true});
   c.push_back({.name = "bshd_gqa", .heads_q = 8, .heads_kv = 2, .seq_q = 72, .seq_kv = 120, .bshd = true});
   c.push_back({.name = "f16_bshd_causal", .dtype = DType::f16, .seq_q = 64, .seq_kv = 64, .causal = true, .bshd = true});
+  c.push_back({.name = "softcap_gqa", .heads_q = 8, .heads_kv = 2, .seq_q = 128, .seq_kv = 128, .softcap = 0.5});
+  // seq_kv a multiple of 128: see the refusal in RefusesWithReasons.
+  c.push_back({.name = "softcap_mask_d128",
+               .seq_q = 40, .seq_kv = 256, .head_dim = 128, .mask = true, .softcap = 0.7});
+  c.push_back({.name = "softcap_f16_bshd", .dtype = DType::f16, .seq_q = 72, .seq_kv = 128, .bshd = true, .softcap = 2});
   return c;
 }
 
@@ -291,6 +313,7 @@ struct Operands {
     p.scale = 1.0f / std::sqrt(float(c.head_dim));
     p.causal = c.causal, p.bottom_right = c.bottom_right;
     p.window_left = c.window_left, p.window_right = c.window_right;
+    p.softcap = c.softcap;
     p.backward = backward;
     if (backward) {
       p.grad_out = dense(at(grad_out), c.batch, c.heads_q, c.seq_q, c.head_dim, c.bshd);

@@ -1,7 +1,8 @@
 // The cuDNN engine of the attention family: cuDNN's fused flash attention
 // (the frontend's SDPA node), forward and backward, on dense [B, H, S, D]
 // views of f16/bf16. One graph per layout, options and device, built on first
-// use and cached; `run` only fills the variant pack and enqueues.
+// use and cached; `run` only fills the variant pack and enqueues. A softcap
+// rides on the frontend's score modifier (Note [Softcap as a score modifier]).
 //
 // Note [cuDNN diagonal band]
 // cuDNN keeps key j for query i when pos - left < j <= pos + right, where
@@ -34,7 +35,9 @@
 #include <compare>
 #include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <unordered_map>
 
 #define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING 1
@@ -132,7 +135,12 @@ Status check_problem(const Problem& p, bool backward) {
   if (p.dropout_p > 0)
     return unsupported("cuDNN's dropout draws its own random stream, not ours (dropout_keep), so it would drop other "
                        "elements");
-  if (p.softcap > 0) return unsupported("cuDNN's fused attention takes no softcap");
+  if (p.softcap > 0 && (p.causal || p.window_left >= 0 || p.window_right >= 0))
+    return unsupported("cuDNN takes a softcap only as a score modifier, which excludes its causal/window band (and "
+                       "as pointwise masks it would compute every masked tile)");
+  if (p.softcap > 0 && backward && p.seq_kv % 128 != 0 && vendor::dnn_version() <= 91500)
+    return unsupported("cuDNN up to 9.15 runs a backward whose seq_kv (", p.seq_kv,
+                       ") is not a multiple of 128 with a padding mask, which excludes the softcap's score modifier");
   if (p.alibi_slopes) return unsupported("cuDNN's ALiBi uses fixed slopes 2^(-8h/H), not the given alibi_slopes");
   if (p.batch <= 0 || p.heads_q <= 0 || p.heads_kv <= 0 || p.seq_q <= 0 || p.seq_kv <= 0)
     return unsupported("cuDNN needs non-empty batch, heads and sequences");
@@ -196,7 +204,7 @@ struct Key {
   using Strides = std::array<int64_t, 3>;
   Strides q{}, k{}, v{}, out{}, lse{}, mask{}, grad_out{}, grad_q{}, grad_k{}, grad_v{};
   bool lse_out = false, masked = false;
-  uint32_t scale = 0;
+  uint32_t scale = 0, softcap = 0;  // f32 bits; softcap 0: none
   Band band;
   auto operator<=>(const Key&) const = default;
 };
@@ -219,9 +227,46 @@ Key key_of(const Problem& p, int device, const Band& band) {
     key.grad_k = strides(p.grad_k), key.grad_v = strides(p.grad_v);
   }
   key.scale = std::bit_cast<uint32_t>(static_cast<float>(p.scale));  // cuDNN scales in f32
+  if (p.softcap > 0) key.softcap = std::bit_cast<uint32_t>(static_cast<float>(p.softcap));
   key.band = band;
   return key;
 }
+
+/// Note [Softcap as a score modifier]
+/// cuDNN has no softcap attribute; the frontend's score-modifier hooks add
+/// pointwise nodes to the scores right after the scale (before the additive
+/// mask, as our rule: mask(softcap(scale q.k))). The forward hook gives
+/// cap tanh(s / cap). The backward graph recomputes the scores through the
+/// same hook, then hands the backward hook dL/d(capped score) before the
+/// scale; it returns dL/ds = g (1 - t^2) = g - (g t) t, t the forward hook's
+/// tanh node of that graph (kept here between the two calls). The frontend
+/// takes no causal/window band beside a modifier, so banded softcaps stay
+/// with the bespoke kernels (see check_problem).
+class SoftcapModifier {
+ public:
+  explicit SoftcapModifier(float cap) : cap_(cap) {}
+
+  TensorPtr forward(const std::shared_ptr<fe::graph::Graph>& g, const TensorPtr& score) const {
+    auto scaled = g->pointwise(score, scalar(1.f / cap_), op("softcap_in", fe::PointwiseMode_t::MUL));
+    *tanh_ = g->pointwise(scaled, op("softcap_tanh", fe::PointwiseMode_t::TANH_FWD));
+    return g->pointwise(*tanh_, scalar(cap_), op("softcap_out", fe::PointwiseMode_t::MUL));
+  }
+  TensorPtr backward(const std::shared_ptr<fe::graph::Graph>& g, const TensorPtr& grad) const {
+    if (!*tanh_) throw std::logic_error("softcap backward hook ran before its forward hook");
+    auto gt = g->pointwise(grad, *tanh_, op("softcap_grad_t", fe::PointwiseMode_t::MUL));
+    auto gtt = g->pointwise(gt, *tanh_, op("softcap_grad_tt", fe::PointwiseMode_t::MUL));
+    return g->pointwise(grad, gtt, op("softcap_grad", fe::PointwiseMode_t::SUB));
+  }
+
+ private:
+  static TensorPtr scalar(float value) { return std::make_shared<fe::graph::Tensor_attributes>(value); }
+  static fe::graph::Pointwise_attributes op(const char* name, fe::PointwiseMode_t mode) {
+    return fe::graph::Pointwise_attributes().set_name(name).set_mode(mode);
+  }
+
+  float cap_;
+  std::shared_ptr<TensorPtr> tanh_ = std::make_shared<TensorPtr>();  // shared by the copies std::function makes
+};
 
 /// Variant-pack uids of the graph's tensors.
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kBias, kDO, kDQ, kDK, kDV };
@@ -315,10 +360,15 @@ Status CudnnEngine::build(const Key& key, cudnnHandle_t handle, std::mutex& hand
       if (key.band.left >= 0) attrs.set_diagonal_band_left_bound(static_cast<int>(key.band.left));
     };
 
+    const SoftcapModifier softcap(std::bit_cast<float>(key.softcap));
+    auto softcap_forward = [softcap](std::shared_ptr<fe::graph::Graph> graph, TensorPtr score) {
+      return softcap.forward(graph, score);
+    };
     if (!backward_) {
       auto attrs = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(key.lse_out).set_attn_scale(scale);
       apply_band(attrs);
       if (bias) attrs.set_bias(bias);
+      if (key.softcap) attrs.set_score_mod(softcap_forward);
       auto [o, stats] = g->sdpa(q, k, v, std::move(attrs));
       o->set_output(true).set_uid(kO).set_dim({b, hq, sq, dv}).set_stride({key.out[0], key.out[1], key.out[2], 1});
       o->set_data_type(io);
@@ -336,6 +386,12 @@ Status CudnnEngine::build(const Key& key, cudnnHandle_t handle, std::mutex& hand
                        .set_deterministic_algorithm(deterministic_);
       apply_band(attrs);
       if (bias) attrs.set_bias(bias);
+      if (key.softcap) {
+        attrs.set_score_mod(softcap_forward);
+        attrs.set_score_mod_bprop([softcap](std::shared_ptr<fe::graph::Graph> graph, TensorPtr grad) {
+          return softcap.backward(graph, grad);
+        });
+      }
       auto [dq, dk, d_v] = g->sdpa_backward(q, k, v, o, d_o, stats, std::move(attrs));
       dq->set_output(true).set_uid(kDQ).set_dim({b, hq, sq, dqk});
       dq->set_stride({key.grad_q[0], key.grad_q[1], key.grad_q[2], 1}).set_data_type(io);
