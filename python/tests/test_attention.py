@@ -161,6 +161,48 @@ def test_functional_bespoke_forward_over_many_key_tiles(dtype, d, causal):
     close(got, want, dtype, scale=4)
 
 
+def _softcap_reference(q, k, v, cap, mask=None):
+    """softmax(cap tanh(scale q k^T / cap) + mask) v in float64 autograd, GQA by repeating key heads."""
+    group = q.shape[-3] // k.shape[-3]
+    k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    s = cap * torch.tanh(s / cap)
+    if mask is not None:
+        s = s + mask
+    return torch.softmax(s, -1) @ v
+
+
+@gpu
+@pytest.mark.parametrize("backend", ["cudnn", "cuda"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", [(2, 8, 2, 96, 128, 64, False), (1, 4, 4, 70, 256, 128, True)])
+def test_softcap_matches_torch_on_every_candidate(backend, dtype, case):
+    # cuDNN takes the softcap as a score modifier (no causal band); scores of
+    # about +-2 against caps of 1.5: the tanh bends them.
+    b, hq, hkv, sq, skv, d, masked = case
+    q, k, v = (_t((b, h, s, d), dtype) * 2 for h, s in ((hq, sq), (hkv, skv), (hkv, skv)))
+    mask = _t((1, 1, sq, skv), dtype) if masked else None
+    cap = 1.5
+    qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
+    want = _softcap_reference(qd, kd, vd, cap, None if mask is None else mask.double())
+    attrs = dict(ATTRS, softcap=cap)
+    m = mask if mask is not None else torch.empty(0, device="cuda", dtype=q.dtype)
+    slopes = torch.empty(0, device="cuda", dtype=torch.float32)
+    out, lse = torch.empty_like(q), torch.empty((b, hq, sq), device="cuda")
+    _run("scaled_dot_product_attention", [q, k, v, m, slopes], [out, lse], attrs, backend)
+    close(out, want.detach(), dtype, scale=4, msg=f"{backend} softcap forward")
+    g = _t(want.shape, dtype)
+    want.backward(g.double())
+    grads = [torch.empty_like(x) for x in (q, k, v)]
+    _run("scaled_dot_product_attention_backward", [g, q, k, v, out, lse, m, slopes], grads, attrs, backend)
+    for name, got, ref in zip("qkv", grads, (qd.grad, kd.grad, vd.grad)):
+        torch.testing.assert_close(got.double(), ref, rtol=0, atol=5e-2 * max(ref.abs().max().item(), 1),
+                                   msg=f"{backend} softcap grad {name}")
+    # The default candidate (cuDNN where it serves) gives the same forward.
+    close(F.scaled_dot_product_attention(q, k, v, m if masked else None, softcap=cap, enable_gqa=True), want.detach(),
+          dtype, scale=4, msg="default softcap forward")
+
+
 @gpu
 def test_dropout_is_reproducible_on_the_gpu():
     q, k, v = (_t((1, 2, 64, 32), "float16") for _ in range(3))
