@@ -91,6 +91,19 @@ CASES = [  # (B, Hq, Hkv, Sq, Skv, D, mask kind, causal)
 ]
 
 
+def _backward_matches(backend, attrs, want, leaves, inputs, atol, what):
+    """The backward of `inputs` (q, k, v, out, lse, mask, slopes) on `backend` against autograd of the float64
+    forward `want` over `leaves`, for a random grad_output: within atol times each gradient's largest magnitude."""
+    q, k, v = inputs[:3]
+    g = _t(want.shape, str(q.dtype).replace("torch.", ""))
+    want.backward(g.double())
+    grads = [torch.empty_like(x) for x in (q, k, v)]
+    _run("scaled_dot_product_attention_backward", [g] + inputs, grads, attrs, backend)
+    for name, got, leaf in zip("qkv", grads, leaves):
+        torch.testing.assert_close(got.double(), leaf.grad, rtol=0, atol=atol * max(leaf.grad.abs().max().item(), 1),
+                                   msg=f"{what} grad {name}")
+
+
 @gpu
 @pytest.mark.parametrize("backend", ["cudnn", "cuda"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
@@ -121,14 +134,8 @@ def test_sdpa_matches_torch_on_every_candidate(backend, dtype, case):
             pytest.skip(f"cuDNN refused: {e}")
         raise
     close(out, want.detach(), dtype, scale=4, msg=f"{backend} forward")
-    g = _t(want.shape, dtype)
-    want.backward(g.double())
-    grads = [torch.empty_like(x) for x in (q, k, v)]
-    _run("scaled_dot_product_attention_backward", [g, q, k, v, out, lse, m, slopes], grads, attrs, backend)
-    for name, got, ref in zip("qkv", grads, (qd.grad, kd.grad, vd.grad)):
-        scale = ref.abs().max().item()
-        torch.testing.assert_close(got.double(), ref, rtol=0, atol={"float32": 2e-4, "float16": 1e-2, "bfloat16": 5e-2}[dtype] * max(scale, 1),
-                                   msg=f"{backend} grad {name}")
+    _backward_matches(backend, attrs, want, (qd, kd, vd), [q, k, v, out, lse, m, slopes],
+                      {"float32": 2e-4, "float16": 1e-2, "bfloat16": 5e-2}[dtype], backend)
 
 
 @gpu
@@ -191,13 +198,7 @@ def test_softcap_matches_torch_on_every_candidate(backend, dtype, case):
     out, lse = torch.empty_like(q), torch.empty((b, hq, sq), device="cuda")
     _run("scaled_dot_product_attention", [q, k, v, m, slopes], [out, lse], attrs, backend)
     close(out, want.detach(), dtype, scale=4, msg=f"{backend} softcap forward")
-    g = _t(want.shape, dtype)
-    want.backward(g.double())
-    grads = [torch.empty_like(x) for x in (q, k, v)]
-    _run("scaled_dot_product_attention_backward", [g, q, k, v, out, lse, m, slopes], grads, attrs, backend)
-    for name, got, ref in zip("qkv", grads, (qd.grad, kd.grad, vd.grad)):
-        torch.testing.assert_close(got.double(), ref, rtol=0, atol=5e-2 * max(ref.abs().max().item(), 1),
-                                   msg=f"{backend} softcap grad {name}")
+    _backward_matches(backend, attrs, want, (qd, kd, vd), [q, k, v, out, lse, m, slopes], 5e-2, f"{backend} softcap")
     # The default candidate (cuDNN where it serves) gives the same forward.
     close(F.scaled_dot_product_attention(q, k, v, m if masked else None, softcap=cap, enable_gqa=True), want.detach(),
           dtype, scale=4, msg="default softcap forward")
