@@ -1,8 +1,9 @@
 // The cuDNN attention engine: every refusal names its reason (host only, no
 // GPU needed), and forward and backward match the host reference on a GPU
 // (GQA, causal in both alignments, Sq != Skv, sliding windows, broadcast
-// additive masks, softcaps, head dims 64 and 128, [B, S, H, D] memory, lse), with
-// every output poisoned with NaN before the run.
+// additive masks, softcaps, head dims 64 and 128, [B, S, H, D] memory, lse,
+// packed sequences with empty ones and queries that see no key), with every
+// output poisoned with NaN before the run.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -44,6 +45,18 @@ Problem layout(DType dtype, int64_t b, int64_t hq, int64_t hk, int64_t sq, int64
   p.out = dense(nullptr, b, hq, sq, d);
   p.lse.seq = 1, p.lse.head = sq, p.lse.batch = hq * sq;
   p.scale = 1.0f / std::sqrt(float(d));
+  return p;
+}
+
+/// Packed sequences ([tokens, heads, dim]) of at most sq / sk tokens, B of them.
+Problem packed_layout(DType dtype, int64_t b, int64_t hq, int64_t hk, int64_t sq, int64_t sk, int64_t d) {
+  static const int32_t offsets[3] = {0, 1, 2};  // never read by supports()
+  Problem p = layout(dtype, b, hq, hk, sq, sk, d);
+  p.cu_seqlens_q = p.cu_seqlens_kv = offsets;
+  p.tokens_q = b * sq, p.tokens_kv = b * sk;
+  for (Operand* o : {&p.q, &p.out}) o->batch = 0, o->seq = hq * d, o->head = d;
+  for (Operand* o : {&p.k, &p.v}) o->batch = 0, o->seq = hk * d, o->head = d;
+  p.lse.batch = 0, p.lse.head = p.tokens_q, p.lse.seq = 1;
   return p;
 }
 
@@ -102,10 +115,14 @@ TEST(AttentionCudnn, RefusesWithReasons) {
   expect_refused(*fwd, p, "boolean mask");
   p.mask_dtype = DType::f32;
   expect_refused(*fwd, p, "dtype");
-  p = base;
-  const int32_t cu[3] = {0, 64, 128};
-  p.cu_seqlens_q = p.cu_seqlens_kv = cu;
+  p = packed_layout(DType::bf16, 2, 8, 2, 64, 128, 64);
+  ASSERT_TRUE(fwd->supports(p).is_ok()) << fwd->supports(p).message();
+  p.window_left = 16;
   expect_refused(*fwd, p, "cu_seqlens");
+  p.window_left = -1, p.softcap = 30;
+  expect_refused(*fwd, p, "cu_seqlens");
+  p = packed_layout(DType::bf16, 2, 8, 2, 1, 1, 64);
+  expect_refused(*fwd, p, "one token");
   p = layout(DType::bf16, 2, 8, 3, 64, 128, 64);
   expect_refused(*fwd, p, "divide");
   p = layout(DType::bf16, 2, 8, 2, 128, 64, 64);  // the first 64 queries sit before every key
@@ -169,6 +186,12 @@ struct Case {
   bool mask = false;  ///< additive [1, 1, Sq, Skv] broadcast over batch and heads
   bool bshd = false;  ///< [B, S, H, D] memory for q, k, v, out and the gradients
   double softcap = 0;  ///< cuDNN's score modifier; scores here reach about +-1, so caps near 1 bend them
+  /// Packed sequences when set: their query and key lengths (seq_q / seq_kv
+  /// are then max_seqlen, at least the longest), and a token-row pad of
+  /// `pad` elements a head ([T, H, D + pad] memory).
+  std::vector<int64_t> lens_q = {}, lens_kv = {};
+  int64_t pad = 0;
+  int64_t unused_tokens = 0;  ///< packed: tokens past the last sequence, q and k alike (never written)
 };
 
 std::vector<Case> cases() {
@@ -194,6 +217,15 @@ std::vector<Case> cases() {
   c.push_back({.name = "softcap_mask_d128",
                .seq_q = 40, .seq_kv = 256, .head_dim = 128, .mask = true, .softcap = 0.7});
   c.push_back({.name = "softcap_f16_bshd", .dtype = DType::f16, .seq_q = 72, .seq_kv = 128, .bshd = true, .softcap = 2});
+  c.push_back({.name = "varlen_causal_gqa", .heads_q = 8, .heads_kv = 2, .seq_q = 200, .seq_kv = 200, .causal = true,
+               .lens_q = {37, 128, 5, 200}, .lens_kv = {37, 128, 5, 200}});
+  // Sequence 1 has keys and no queries (zero key gradients); sequence 4's
+  // first 24 queries sit before every key (out 0, lse -inf).
+  c.push_back({.name = "varlen_bottom_right_d128", .seq_q = 70, .seq_kv = 70, .head_dim = 128, .causal = true,
+               .bottom_right = true, .lens_q = {3, 0, 70, 1, 40}, .lens_kv = {5, 4, 70, 9, 16}});
+  // Sequence 1 has queries and no keys; max_seqlen above the longest; padded token rows.
+  c.push_back({.name = "varlen_f16_cross_padded", .dtype = DType::f16, .seq_q = 40, .seq_kv = 48,
+               .lens_q = {12, 9, 33}, .lens_kv = {40, 0, 17}, .pad = 8});
   return c;
 }
 
@@ -206,64 +238,62 @@ float from_bits(DType dtype, uint16_t bits) {
   return small_to_float(__ushort_as_bfloat16(bits));
 }
 
-/// One [B, H, S, D]-sized half buffer on the host and its device copy.
-struct Buffer {
-  std::vector<uint16_t> host;
-  void* dev = nullptr;
-  Buffer() = default;
-  Buffer(const Buffer&) = delete;
-  ~Buffer() { if (dev) cudaFree(dev); }
+/// A host vector of E and its device copy.
+template <class E>
+struct PlainBuffer {
+  std::vector<E> host;
+  E* dev = nullptr;
+  PlainBuffer() = default;
+  PlainBuffer(const PlainBuffer&) = delete;
+  ~PlainBuffer() { if (dev) cudaFree(dev); }
+  void upload() {
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), host.size() * sizeof(E)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dev, host.data(), host.size() * sizeof(E), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<E> download() const {
+    std::vector<E> out(host.size());
+    EXPECT_EQ(cudaMemcpy(out.data(), dev, out.size() * sizeof(E), cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+};
+using FloatBuffer = PlainBuffer<float>;
+using IntBuffer = PlainBuffer<int32_t>;
+
+/// One [B, H, S, D]-sized half buffer (f16 or bf16 bits) on the host and its device copy.
+struct Buffer : PlainBuffer<uint16_t> {
   void random(size_t n, DType dtype, std::mt19937& rng, float lo = -1, float hi = 1) {
     std::uniform_real_distribution<float> dist(lo, hi);
     host.resize(n);
     for (auto& x : host) x = to_bits(dtype, dist(rng));
   }
   void poison(size_t n) { host.assign(n, 0x7FFF); }  // NaN in f16 and bf16
-  void upload() {
-    ASSERT_EQ(cudaMalloc(&dev, host.size() * 2), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dev, host.data(), host.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  std::vector<float> download(DType dtype) const {
-    std::vector<uint16_t> bits(host.size());
-    EXPECT_EQ(cudaMemcpy(bits.data(), dev, bits.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  std::vector<float> download(DType dtype) const { return as_float(dtype, PlainBuffer::download()); }
+  std::vector<float> values(DType dtype) const { return as_float(dtype, host); }
+  static std::vector<float> as_float(DType dtype, const std::vector<uint16_t>& bits) {
     std::vector<float> out(bits.size());
     for (size_t i = 0; i < bits.size(); ++i) out[i] = from_bits(dtype, bits[i]);
     return out;
   }
-  std::vector<float> values(DType dtype) const {
-    std::vector<float> out(host.size());
-    for (size_t i = 0; i < host.size(); ++i) out[i] = from_bits(dtype, host[i]);
-    return out;
-  }
 };
 
-struct FloatBuffer {
-  std::vector<float> host;
-  float* dev = nullptr;
-  FloatBuffer() = default;
-  FloatBuffer(const FloatBuffer&) = delete;
-  ~FloatBuffer() { if (dev) cudaFree(dev); }
-  void upload() {
-    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), host.size() * 4), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dev, host.data(), host.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  std::vector<float> download() const {
-    std::vector<float> out(host.size());
-    EXPECT_EQ(cudaMemcpy(out.data(), dev, out.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    return out;
-  }
-};
-
-/// Every element written (finite), the reference not all zero, and
-/// |got - want| <= tol * (|want| + max|want|) elementwise.
+/// Every element the reference wrote is written: finite where it is finite,
+/// equal where it is infinite (lse -inf: a query that sees no key); NaN in
+/// the reference marks memory it leaves alone (row pads), skipped. The
+/// reference is not all zero, and |got - want| <= tol * (|want| + max|want|).
 void expect_close(const char* what, const std::vector<float>& got, const std::vector<float>& want, double tol) {
   ASSERT_EQ(got.size(), want.size());
   double max_ref = 0;
-  for (float w : want) max_ref = std::max(max_ref, double(std::fabs(w)));
+  for (float w : want)
+    if (std::isfinite(w)) max_ref = std::max(max_ref, double(std::fabs(w)));
   EXPECT_GT(max_ref, 0) << what << ": the reference is all zero";
   size_t unwritten = 0, bad = 0, first_bad = 0;
   double worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(want[i])) continue;
+    if (std::isinf(want[i])) {
+      if (got[i] != want[i] && bad++ == 0) first_bad = i;
+      continue;
+    }
     if (!std::isfinite(got[i])) {
       ++unwritten;
       continue;
@@ -283,13 +313,38 @@ class AttentionCudnnGpu : public testing::TestWithParam<Case> {};
 struct Operands {
   Case c;
   int64_t numel_q = 0, numel_kv = 0, numel_lse = 0;
+  int64_t tokens_q = 0, tokens_kv = 0;  ///< packed sequences
   Buffer q, k, v, out, mask, grad_out, grad_q, grad_k, grad_v;
   FloatBuffer lse;
+  IntBuffer cu_q, cu_kv;
 
   explicit Operands(const Case& cs) : c(cs) {
+    if (packed()) {
+      c.batch = int64_t(c.lens_q.size());
+      cu_q.host = {0}, cu_kv.host = {0};
+      for (int64_t b = 0; b < c.batch; ++b) {
+        cu_q.host.push_back(cu_q.host.back() + int32_t(c.lens_q[b]));
+        cu_kv.host.push_back(cu_kv.host.back() + int32_t(c.lens_kv[b]));
+      }
+      tokens_q = cu_q.host.back() + c.unused_tokens, tokens_kv = cu_kv.host.back() + c.unused_tokens;
+      numel_q = tokens_q * c.heads_q * (c.head_dim + c.pad);
+      numel_kv = tokens_kv * c.heads_kv * (c.head_dim + c.pad);
+      numel_lse = c.heads_q * tokens_q;
+      return;
+    }
     numel_q = c.batch * c.heads_q * c.seq_q * c.head_dim;
     numel_kv = c.batch * c.heads_kv * c.seq_kv * c.head_dim;
     numel_lse = c.batch * c.heads_q * c.seq_q;
+  }
+  bool packed() const { return !c.lens_q.empty(); }
+
+  /// An operand's view: dense, or packed [T, H, D + pad] tokens.
+  Operand view(char* data, int64_t heads, int64_t seq) const {
+    if (!packed()) return dense(data, c.batch, heads, seq, c.head_dim, c.bshd);
+    Operand o;
+    o.data = data;
+    o.dim = 1, o.head = c.head_dim + c.pad, o.seq = heads * (c.head_dim + c.pad);
+    return o;
   }
 
   /// The problem over host (`device` false) or device memory.
@@ -299,12 +354,18 @@ struct Operands {
     p.dtype = c.dtype;
     p.batch = c.batch, p.heads_q = c.heads_q, p.heads_kv = c.heads_kv, p.seq_q = c.seq_q, p.seq_kv = c.seq_kv;
     p.head_dim = p.value_dim = c.head_dim;
-    p.q = dense(at(q), c.batch, c.heads_q, c.seq_q, c.head_dim, c.bshd);
-    p.k = dense(at(k), c.batch, c.heads_kv, c.seq_kv, c.head_dim, c.bshd);
-    p.v = dense(at(v), c.batch, c.heads_kv, c.seq_kv, c.head_dim, c.bshd);
-    p.out = dense(at(out), c.batch, c.heads_q, c.seq_q, c.head_dim, c.bshd);
+    p.q = view(at(q), c.heads_q, c.seq_q);
+    p.k = view(at(k), c.heads_kv, c.seq_kv);
+    p.v = view(at(v), c.heads_kv, c.seq_kv);
+    p.out = view(at(out), c.heads_q, c.seq_q);
     p.lse.data = reinterpret_cast<char*>(device ? lse.dev : lse.host.data());
     p.lse.seq = 1, p.lse.head = c.seq_q, p.lse.batch = c.heads_q * c.seq_q;
+    if (packed()) {
+      p.cu_seqlens_q = device ? cu_q.dev : cu_q.host.data();
+      p.cu_seqlens_kv = device ? cu_kv.dev : cu_kv.host.data();
+      p.tokens_q = tokens_q, p.tokens_kv = tokens_kv;
+      p.lse.batch = 0, p.lse.head = tokens_q;
+    }
     if (c.mask) {
       p.mask.data = at(mask);
       p.mask.dim = 1, p.mask.seq = c.seq_kv, p.mask.head = 0, p.mask.batch = 0;
@@ -316,10 +377,10 @@ struct Operands {
     p.softcap = c.softcap;
     p.backward = backward;
     if (backward) {
-      p.grad_out = dense(at(grad_out), c.batch, c.heads_q, c.seq_q, c.head_dim, c.bshd);
-      p.grad_q = dense(at(grad_q), c.batch, c.heads_q, c.seq_q, c.head_dim, c.bshd);
-      p.grad_k = dense(at(grad_k), c.batch, c.heads_kv, c.seq_kv, c.head_dim, c.bshd);
-      p.grad_v = dense(at(grad_v), c.batch, c.heads_kv, c.seq_kv, c.head_dim, c.bshd);
+      p.grad_out = view(at(grad_out), c.heads_q, c.seq_q);
+      p.grad_q = view(at(grad_q), c.heads_q, c.seq_q);
+      p.grad_k = view(at(grad_k), c.heads_kv, c.seq_kv);
+      p.grad_v = view(at(grad_v), c.heads_kv, c.seq_kv);
     }
     return p;
   }
@@ -369,6 +430,7 @@ TEST_P(AttentionCudnnGpu, ForwardMatchesReference) {
 
   s.q.upload(), s.k.upload(), s.v.upload();
   if (s.c.mask) s.mask.upload();
+  if (s.packed()) s.cu_q.upload(), s.cu_kv.upload();
   s.out.poison(s.numel_q), s.out.upload();
   s.lse.host.assign(s.numel_lse, NAN), s.lse.upload();
   ASSERT_NO_FATAL_FAILURE(s.run(*engine, s.problem(true, false)));
@@ -396,6 +458,7 @@ TEST_P(AttentionCudnnGpu, BackwardMatchesReference) {
     // cuDNN gets the reference's out and lse, so both sides differentiate the same forward.
     for (Buffer* b : {&s.q, &s.k, &s.v, &s.out, &s.grad_out}) b->upload();
     if (s.c.mask) s.mask.upload();
+    if (s.packed()) s.cu_q.upload(), s.cu_kv.upload();
     s.lse.upload();
     s.grad_q.poison(s.numel_q), s.grad_k.poison(s.numel_kv), s.grad_v.poison(s.numel_kv);
     s.grad_q.upload(), s.grad_k.upload(), s.grad_v.upload();
@@ -406,12 +469,73 @@ TEST_P(AttentionCudnnGpu, BackwardMatchesReference) {
     expect_close("grad_q", got_q, want_q, 3e-2);
     expect_close("grad_k", got_k, want_k, 3e-2);
     expect_close("grad_v", got_v, want_v, 3e-2);
-    if (deterministic) {  // a second run gives the same bits
+    if (deterministic) {  // a second run gives the same bits (row pads stay the same NaN)
       ASSERT_NO_FATAL_FAILURE(s.run(*engine, p));
-      EXPECT_EQ(s.grad_q.download(s.c.dtype), got_q);
-      EXPECT_EQ(s.grad_k.download(s.c.dtype), got_k);
-      EXPECT_EQ(s.grad_v.download(s.c.dtype), got_v);
+      auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+      };
+      EXPECT_TRUE(same_bits(s.grad_q.download(s.c.dtype), got_q)) << "grad_q";
+      EXPECT_TRUE(same_bits(s.grad_k.download(s.c.dtype), got_k)) << "grad_k";
+      EXPECT_TRUE(same_bits(s.grad_v.download(s.c.dtype), got_v)) << "grad_v";
     }
+  }
+}
+
+/// Offsets that are not a valid packing (sequence 1 ends before it starts,
+/// sequence 2 ends past the tokens) read and write nothing: both count as
+/// empty, as in the bespoke kernels, so the result equals the reference's
+/// over the valid sequence alone, and rows no valid sequence holds stay
+/// poisoned (compute-sanitizer runs this test too).
+TEST(AttentionCudnnPacked, InvalidOffsetsStayInBounds) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Case c{.name = "invalid", .heads_q = 4, .heads_kv = 2, .seq_q = 64, .seq_kv = 64, .causal = true,
+               .lens_q = {40, 0, 0}, .lens_kv = {20, 0, 0}, .unused_tokens = 24};
+  const std::vector<int32_t> bad_q = {0, 40, 30, 100}, bad_kv = {0, 20, 44, 44};
+  auto untouched = [](const char* what, const std::vector<float>& got, const std::vector<float>& want) {
+    size_t written = 0;
+    for (size_t i = 0; i < got.size(); ++i) written += std::isnan(want[i]) && !std::isnan(got[i]);
+    EXPECT_EQ(written, 0u) << what << ": elements outside every valid sequence were written";
+  };
+  {
+    CUDNN_ENGINE_OR_SKIP(engine, false, false);
+    Operands s(c);
+    std::mt19937 rng(5);
+    ASSERT_NO_FATAL_FAILURE(s.host_forward(rng));
+    const std::vector<float> want_out = s.out.values(c.dtype), want_lse = s.lse.host;
+    s.cu_q.host = bad_q, s.cu_kv.host = bad_kv;
+    s.q.upload(), s.k.upload(), s.v.upload(), s.cu_q.upload(), s.cu_kv.upload();
+    s.out.poison(s.numel_q), s.out.upload();
+    s.lse.host.assign(s.numel_lse, NAN), s.lse.upload();
+    ASSERT_NO_FATAL_FAILURE(s.run(*engine, s.problem(true, false)));
+    const std::vector<float> out = s.out.download(c.dtype), lse = s.lse.download();
+    expect_close("out", out, want_out, 2e-2);
+    expect_close("lse", lse, want_lse, 1e-3);
+    untouched("out", out, want_out);
+    untouched("lse", lse, want_lse);
+  }
+  CUDNN_ENGINE_OR_SKIP(engine, true, true);
+  Operands s(c);
+  std::mt19937 rng(6);
+  ASSERT_NO_FATAL_FAILURE(s.host_forward(rng));
+  s.grad_out.random(s.numel_q, c.dtype, rng);
+  s.grad_q.poison(s.numel_q), s.grad_k.poison(s.numel_kv), s.grad_v.poison(s.numel_kv);
+  AttentionFn ref = host_attention().find(launch_key("attention_backward", c.dtype));
+  ASSERT_NE(ref, nullptr);
+  const Status r = ref(s.problem(false, true), Workspace{}, nullptr);
+  ASSERT_TRUE(r.is_ok()) << r.to_string();
+  const std::vector<float> want_q = s.grad_q.values(c.dtype), want_k = s.grad_k.values(c.dtype),
+                           want_v = s.grad_v.values(c.dtype);
+  s.cu_q.host = bad_q, s.cu_kv.host = bad_kv;
+  for (Buffer* b : {&s.q, &s.k, &s.v, &s.out, &s.grad_out, &s.grad_q, &s.grad_k, &s.grad_v}) b->upload();
+  s.lse.upload(), s.cu_q.upload(), s.cu_kv.upload();
+  ASSERT_NO_FATAL_FAILURE(s.run(*engine, s.problem(true, true)));
+  const std::vector<float> got[3] = {s.grad_q.download(c.dtype), s.grad_k.download(c.dtype),
+                                     s.grad_v.download(c.dtype)};
+  const std::vector<float>* want[3] = {&want_q, &want_k, &want_v};
+  const char* names[3] = {"grad_q", "grad_k", "grad_v"};
+  for (int i = 0; i < 3; ++i) {
+    expect_close(names[i], got[i], *want[i], 3e-2);
+    untouched(names[i], got[i], *want[i]);
   }
 }
 

@@ -2,7 +2,8 @@
 // (the frontend's SDPA node), forward and backward, on dense [B, H, S, D]
 // views of f16/bf16. One graph per layout, options and device, built on first
 // use and cached; `run` only fills the variant pack and enqueues. A softcap
-// rides on the frontend's score modifier (Note [Softcap as a score modifier]).
+// rides on the frontend's score modifier (Note [Softcap as a score modifier]);
+// packed sequences on its ragged layout (Note [Packed sequences on cuDNN]).
 //
 // Note [cuDNN diagonal band]
 // cuDNN keeps key j for query i when pos - left < j <= pos + right, where
@@ -24,6 +25,24 @@
 // cudart, the driver and NVRTC with dlopen/dlsym at first use instead
 // (throwing on failure, caught here). cuDNN itself is linked (vendor/cudnn.cpp
 // calls it), so the dlopen below finds the loaded copy.
+//
+// Note [Packed sequences on cuDNN]
+// varlen_attention's [tokens, heads, dim] operands map to cuDNN's ragged
+// layout: [B, H, max_seqlen, D] tensors whose batch b starts at a per-tensor
+// element offset (cu_seqlens[b] times the token stride), with a padding mask
+// over per-sequence lengths. Both come from cu_seqlens on the device, in the
+// workspace after cuDNN's own (ragged.cu: a sequence whose offsets are not a
+// valid packing, head_view's test, gets length 0, so nothing outside the
+// operands is read or written). The lse travels through the workspace in
+// cuDNN's token-major [T, Hq] stats layout, since ours is [Hq, T]. Our rules
+// where cuDNN's differ are restored around it: a query that sees no key (no
+// keys in its sequence, or bottom-right causal with more queries than keys;
+// a data-dependent case, so it cannot be refused at plan time) gets out = 0
+// and lse = -inf after the forward; the backward reads such an lse as +inf,
+// so that every weight exp(score - lse) of the row is 0, not NaN; keys of a
+// sequence without queries get zero gradients. Windows and softcaps stay
+// with the bespoke kernels (a window's bounds against per-sequence lengths
+// and the score modifier beside a padding mask are untested there).
 #include "attention/engine.hpp"
 
 #if BARACUDA_HAS_CUDNN
@@ -43,6 +62,7 @@
 #define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING 1
 #include <cudnn_frontend.h>
 
+#include "attention/ragged.hpp"
 #include "core/cuda_check.hpp"
 #include "vendor/cudnn.hpp"
 
@@ -103,6 +123,7 @@ struct Band {
 };
 
 Result<Band> band_of(const Problem& p) {
+  if (p.varlen()) return p.causal ? Band{-1, 0, p.bottom_right} : Band{};  // aligned per sequence by cuDNN
   int64_t right = p.causal ? 0 : (p.window_right >= 0 ? p.window_right : -1);
   const int64_t left = p.window_left >= 0 ? p.window_left + 1 : -1;
   if (right < 0 && left < 0) return Band{};
@@ -130,8 +151,12 @@ Status check_problem(const Problem& p, bool backward) {
   if (p.backward != backward)
     return unsupported("this cuDNN engine runs the ", backward ? "backward" : "forward", " pass");
   if (!io_type(p.dtype)) return unsupported("cuDNN's fused attention serves f16 and bf16, not ", dtype_name(p.dtype));
-  if (p.varlen())
-    return unsupported("cuDNN engine: packed variable-length sequences (cu_seqlens) are not served (no ragged offsets)");
+  if (p.varlen() && (p.window_left >= 0 || p.window_right >= 0 || p.softcap > 0))
+    return unsupported("cuDNN engine: packed sequences (cu_seqlens) with a sliding window or a softcap are not served");
+  if (p.varlen() && p.seq_q == 1 && p.seq_kv == 1)
+    return unsupported("cuDNN engine: packed sequences of one token each (max_seqlen 1 and 1) are not served");
+  if (p.varlen() && (p.heads_q > 65535 || p.heads_kv > 65535))
+    return unsupported("cuDNN engine: packed sequences with more than 65535 heads are not served");
   if (p.dropout_p > 0)
     return unsupported("cuDNN's dropout draws its own random stream, not ours (dropout_keep), so it would drop other "
                        "elements");
@@ -150,15 +175,19 @@ Status check_problem(const Problem& p, bool backward) {
     if (d <= 0 || d % kVector != 0 || d > kMaxHeadDim)
       return unsupported("cuDNN needs ", name, " a multiple of ", kVector, " up to ", kMaxHeadDim, ", got ", d);
 
-  BARACUDA_TRY(check_operand("q", p.q, p.batch, p.heads_q, p.seq_q));
-  BARACUDA_TRY(check_operand("k", p.k, p.batch, p.heads_kv, p.seq_kv));
-  BARACUDA_TRY(check_operand("v", p.v, p.batch, p.heads_kv, p.seq_kv));
-  BARACUDA_TRY(check_operand("out", p.out, p.batch, p.heads_q, p.seq_q));
+  const int64_t batch = p.varlen() ? 1 : p.batch;  // packed: no batch stride (ragged offsets)
+  BARACUDA_TRY(check_operand("q", p.q, batch, p.heads_q, p.seq_q));
+  BARACUDA_TRY(check_operand("k", p.k, batch, p.heads_kv, p.seq_kv));
+  BARACUDA_TRY(check_operand("v", p.v, batch, p.heads_kv, p.seq_kv));
+  BARACUDA_TRY(check_operand("out", p.out, batch, p.heads_q, p.seq_q));
   if (backward) {
-    BARACUDA_TRY(check_operand("grad_out", p.grad_out, p.batch, p.heads_q, p.seq_q));
-    BARACUDA_TRY(check_operand("grad_q", p.grad_q, p.batch, p.heads_q, p.seq_q));
-    BARACUDA_TRY(check_operand("grad_k", p.grad_k, p.batch, p.heads_kv, p.seq_kv));
-    BARACUDA_TRY(check_operand("grad_v", p.grad_v, p.batch, p.heads_kv, p.seq_kv));
+    BARACUDA_TRY(check_operand("grad_out", p.grad_out, batch, p.heads_q, p.seq_q));
+    BARACUDA_TRY(check_operand("grad_q", p.grad_q, batch, p.heads_q, p.seq_q));
+    BARACUDA_TRY(check_operand("grad_k", p.grad_k, batch, p.heads_kv, p.seq_kv));
+    BARACUDA_TRY(check_operand("grad_v", p.grad_v, batch, p.heads_kv, p.seq_kv));
+  }
+  if (p.varlen()) return Status::ok();  // the lse goes through the workspace; empty rows are fixed after
+  if (backward) {
     // cuDNN before 9.26 reads the backward's stats as if packed [B, H, S].
     const bool packed = (p.seq_q == 1 || p.lse.seq == 1) && (p.heads_q == 1 || p.lse.head == p.seq_q) &&
                         (p.batch == 1 || p.lse.batch == p.heads_q * p.seq_q);
@@ -201,6 +230,8 @@ struct Key {
   int device = 0;
   DType dtype = DType::bf16;
   int64_t batch = 0, heads_q = 0, heads_kv = 0, seq_q = 0, seq_kv = 0, head_dim = 0, value_dim = 0;
+  bool varlen = false;
+  int64_t tokens_q = 0, tokens_kv = 0;  ///< packed only
   using Strides = std::array<int64_t, 3>;
   Strides q{}, k{}, v{}, out{}, lse{}, mask{}, grad_out{}, grad_q{}, grad_k{}, grad_v{};
   bool lse_out = false, masked = false;
@@ -225,6 +256,11 @@ Key key_of(const Problem& p, int device, const Band& band) {
   if (p.backward) {
     key.grad_out = strides(p.grad_out), key.grad_q = strides(p.grad_q);
     key.grad_k = strides(p.grad_k), key.grad_v = strides(p.grad_v);
+  }
+  if (p.varlen()) {  // a batch stride as if padded to max_seqlen; the ragged offsets place each sequence
+    key.varlen = true, key.tokens_q = p.tokens_q, key.tokens_kv = p.tokens_kv;
+    for (Key::Strides* s : {&key.q, &key.out, &key.grad_out, &key.grad_q}) (*s)[0] = p.seq_q * (*s)[2];
+    for (Key::Strides* s : {&key.k, &key.v, &key.grad_k, &key.grad_v}) (*s)[0] = p.seq_kv * (*s)[2];
   }
   key.scale = std::bit_cast<uint32_t>(static_cast<float>(p.scale));  // cuDNN scales in f32
   if (p.softcap > 0) key.softcap = std::bit_cast<uint32_t>(static_cast<float>(p.softcap));
@@ -268,8 +304,18 @@ class SoftcapModifier {
   std::shared_ptr<TensorPtr> tanh_ = std::make_shared<TensorPtr>();  // shared by the copies std::function makes
 };
 
-/// Variant-pack uids of the graph's tensors.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kBias, kDO, kDQ, kDK, kDV };
+/// Variant-pack uids of the graph's tensors; packed sequences add the lengths
+/// and kOffsets + RaggedOperand.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kBias, kDO, kDQ, kDK, kDV, kLenQ, kLenKV, kOffsets = 32 };
+
+/// Whether a graph reads the ragged offsets of operand i: the forward's are
+/// q, k, v, out and (when it keeps the lse) the stats.
+bool ragged_used(int i, bool backward, bool stats) {
+  return backward || i <= kRaggedOut || (i == kRaggedStats && stats);
+}
+
+constexpr size_t kWorkspaceAlign = 256;
+size_t aligned(size_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
 /// A built graph, or why it could not be built.
 struct Built {
@@ -290,7 +336,9 @@ class CudnnEngine final : public Engine {
   }
   size_t workspace(const Problem& p) const override {
     auto built = graph_for(p);
-    return built ? static_cast<size_t>((*built)->workspace) : 0;
+    if (!built) return 0;
+    const size_t cudnn = static_cast<size_t>((*built)->workspace);
+    return p.varlen() ? aligned(cudnn) + ragged_bytes(p) : cudnn;
   }
   Status run(const Problem& p, const Workspace& workspace, CUstream_st* stream) const override;
 
@@ -346,6 +394,28 @@ Status CudnnEngine::build(const Key& key, cudnnHandle_t handle, std::mutex& hand
     TensorPtr q = g->tensor(make("q", kQ, {b, hq, sq, dqk}, key.q, io));
     TensorPtr k = g->tensor(make("k", kK, {b, hk, sk, dqk}, key.k, io));
     TensorPtr v = g->tensor(make("v", kV, {b, hk, sk, dv}, key.v, io));
+    // Packed sequences: per-tensor offsets and the lengths (Note [Packed sequences on cuDNN]).
+    TensorPtr offsets[kRaggedOperands], len_q, len_kv;
+    auto index_tensor = [&](const char* name, int64_t uid, int64_t rows, fe::DataType_t type) {
+      return g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim({rows, 1, 1, 1}).set_stride(
+          {1, 1, 1, 1}).set_data_type(type));
+    };
+    if (key.varlen) {
+      for (int i = 0; i < kRaggedOperands; ++i)
+        if (ragged_used(i, backward_, key.lse_out))
+          offsets[i] = index_tensor(cat("offsets_", i).c_str(), kOffsets + i, b + 1, fe::DataType_t::INT64);
+      len_q = index_tensor("len_q", kLenQ, b, fe::DataType_t::INT32);
+      len_kv = index_tensor("len_kv", kLenKV, b, fe::DataType_t::INT32);
+      q->set_ragged_offset(offsets[kRaggedQ]);
+      k->set_ragged_offset(offsets[kRaggedK]);
+      v->set_ragged_offset(offsets[kRaggedV]);
+    }
+    auto packed = [&](auto& attrs) {
+      if (key.varlen) attrs.set_padding_mask(true).set_seq_len_q(len_q).set_seq_len_kv(len_kv);
+    };
+    // The lse: ours, or (packed) cuDNN's token-major [T, Hq] in the workspace.
+    const std::vector<int64_t> stats_stride = key.varlen ? std::vector<int64_t>{sq * hq, 1, hq, 1}
+                                                         : std::vector<int64_t>{key.lse[0], key.lse[1], key.lse[2], 1};
     TensorPtr bias;
     if (key.masked) {  // stride-0 batch/head dims broadcast as extent 1
       const int64_t mb = key.mask[0] == 0 ? 1 : b, mh = key.mask[1] == 0 ? 1 : hq;
@@ -367,24 +437,35 @@ Status CudnnEngine::build(const Key& key, cudnnHandle_t handle, std::mutex& hand
     if (!backward_) {
       auto attrs = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(key.lse_out).set_attn_scale(scale);
       apply_band(attrs);
+      packed(attrs);
       if (bias) attrs.set_bias(bias);
       if (key.softcap) attrs.set_score_mod(softcap_forward);
       auto [o, stats] = g->sdpa(q, k, v, std::move(attrs));
       o->set_output(true).set_uid(kO).set_dim({b, hq, sq, dv}).set_stride({key.out[0], key.out[1], key.out[2], 1});
       o->set_data_type(io);
+      if (key.varlen) o->set_ragged_offset(offsets[kRaggedOut]);
       if (key.lse_out) {
-        stats->set_output(true).set_uid(kStats).set_dim({b, hq, sq, 1});
-        stats->set_stride({key.lse[0], key.lse[1], key.lse[2], 1}).set_data_type(f32);
+        stats->set_output(true).set_uid(kStats).set_dim({b, hq, sq, 1}).set_stride(stats_stride).set_data_type(f32);
+        if (key.varlen) stats->set_ragged_offset(offsets[kRaggedStats]);
       }
     } else {
       TensorPtr o = g->tensor(make("o", kO, {b, hq, sq, dv}, key.out, io));
       TensorPtr d_o = g->tensor(make("grad_out", kDO, {b, hq, sq, dv}, key.grad_out, io));
-      TensorPtr stats = g->tensor(make("stats", kStats, {b, hq, sq, 1}, key.lse, f32));
+      TensorPtr stats = g->tensor(make("stats", kStats, {b, hq, sq, 1}, key.lse, f32).set_stride(stats_stride));
       auto attrs = fe::graph::SDPA_backward_attributes()
                        .set_name("sdpa_backward")
                        .set_attn_scale(scale)
                        .set_deterministic_algorithm(deterministic_);
       apply_band(attrs);
+      packed(attrs);
+      if (key.varlen) {
+        o->set_ragged_offset(offsets[kRaggedOut]);
+        d_o->set_ragged_offset(offsets[kRaggedGradOut]);
+        stats->set_ragged_offset(offsets[kRaggedStats]);
+        // Sizes cuDNN's token-major scratch by the tokens, not batch x max_seqlen (rounded as its tests do).
+        auto total = [](int64_t tokens) { return std::max<int64_t>(64, (tokens + 63) / 64 * 64); };
+        attrs.set_max_total_seq_len_q(total(key.tokens_q)).set_max_total_seq_len_kv(total(key.tokens_kv));
+      }
       if (bias) attrs.set_bias(bias);
       if (key.softcap) {
         attrs.set_score_mod(softcap_forward);
@@ -399,6 +480,11 @@ Status CudnnEngine::build(const Key& key, cudnnHandle_t handle, std::mutex& hand
       dk->set_stride({key.grad_k[0], key.grad_k[1], key.grad_k[2], 1}).set_data_type(io);
       d_v->set_output(true).set_uid(kDV).set_dim({b, hk, sk, dv});
       d_v->set_stride({key.grad_v[0], key.grad_v[1], key.grad_v[2], 1}).set_data_type(io);
+      if (key.varlen) {
+        dq->set_ragged_offset(offsets[kRaggedGradQ]);
+        dk->set_ragged_offset(offsets[kRaggedGradK]);
+        d_v->set_ragged_offset(offsets[kRaggedGradV]);
+      }
     }
 
     if (auto e = g->validate(); e.is_bad()) return refuse("validate", e.err_msg);
@@ -422,12 +508,25 @@ Status CudnnEngine::run(const Problem& p, const Workspace& workspace, CUstream_s
   BARACUDA_TRY(supports(p));  // host checks only: the pointers (alignment) change from run to run
   auto built = graph_for(p);
   if (!built) return built.status();
-  const size_t needed = static_cast<size_t>((*built)->workspace);
+  const size_t cudnn_bytes = static_cast<size_t>((*built)->workspace);
+  const size_t needed = p.varlen() ? aligned(cudnn_bytes) + ragged_bytes(p) : cudnn_bytes;
   if (workspace.bytes < needed)
     return Status::too_small(ErrorKind::workspace_too_small, needed, workspace.bytes,
                              "cuDNN attention workspace");
   std::unordered_map<int64_t, void*> pack{{kQ, p.q.data}, {kK, p.k.data}, {kV, p.v.data}, {kO, p.out.data}};
-  if (p.backward || p.lse.data) pack.emplace(kStats, p.lse.data);
+  RaggedArrays ragged;
+  if (p.varlen()) {
+    ragged = ragged_carve(p, static_cast<char*>(workspace.data) + aligned(cudnn_bytes));
+    BARACUDA_TRY(ragged_prepare(p, ragged, stream));
+    pack.emplace(kLenQ, ragged.len_q);
+    pack.emplace(kLenKV, ragged.len_kv);
+    for (int i = 0; i < kRaggedOperands; ++i)
+      if (ragged_used(i, p.backward, p.backward || p.lse.data))
+        pack.emplace(kOffsets + i, ragged.offsets + i * (p.batch + 1));
+    if (p.backward || p.lse.data) pack.emplace(kStats, ragged.stats);
+  } else if (p.backward || p.lse.data) {
+    pack.emplace(kStats, p.lse.data);
+  }
   if (p.mask.data) pack.emplace(kBias, p.mask.data);
   if (p.backward) {
     pack.emplace(kDO, p.grad_out.data);
@@ -444,7 +543,7 @@ Status CudnnEngine::run(const Problem& p, const Workspace& workspace, CUstream_s
   } catch (const std::exception& e) {
     return Status::backend("cudnn_frontend", 0, cat("cuDNN attention execute threw: ", e.what()));
   }
-  return Status::ok();
+  return p.varlen() ? ragged_finish(p, ragged, stream) : Status::ok();
 }
 
 }  // namespace
