@@ -5,9 +5,11 @@ candidate (cuDNN's fused attention where it serves), the bespoke kernels
 forced through the backend preference (forward; backward on tensor cores
 at D128 and D64, causal, and padded to 128 at D96), dropout (cuDNN refuses
 it: the default is the bespoke kernel) and softcap (cuDNN through a score
-modifier by default, and the bespoke kernel forced).
+modifier by default, and the bespoke kernel forced) and packed sequences
+(varlen_attention: cuDNN's ragged layout by default, and the bespoke kernels
+forced; torch runs the same tokens as a dense batch of equal lengths).
 `--only bespoke` runs the bespoke rows, `--only refused` only the
-dropout and softcap rows."""
+dropout and softcap rows, `--only varlen` the packed-sequence rows."""
 import argparse
 
 import torch
@@ -124,6 +126,8 @@ def main():
                 10 * b * h * s * s * d // (2 if causal else 1),
                 check=lambda: all(rel_close(a, r, 2e-2) for a, r in zip(ours(), theirs())))
             del q, k, v, g, out, lse, grads, qr, kr, vr, ref
+    if want("varlen"):
+        varlen_rows()
     if not (want("bespoke") or want("refused")):
         return
     # Cases cuDNN refuses, so the default candidate is the bespoke kernel: dropout (its RNG is not ours)
@@ -167,6 +171,42 @@ def main():
     row(f"sdpa bwd dropout 0.1 B{b} H{h} S{s} D{d} (bespoke)",
         lambda: F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **extra),
         lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True), 10 * b * h * s * s * d)
+
+
+def varlen_rows():
+    """B equal-length sequences packed [B * S, H, D]; torch sees them as [B, H, S, D] (same FLOPs)."""
+    b, h, s, d = 8, 32, 2048, 128
+    t = b * s
+    q, k, v, g = (torch.randn(t, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    cu = torch.arange(0, t + 1, s, device="cuda", dtype=torch.int32)
+    sl = torch.empty(0, device="cuda")
+    dense = lambda x: x.view(b, s, h, d).transpose(1, 2)  # noqa: E731
+    for causal in (False, True):
+        flops = 4 * b * h * s * s * d // (2 if causal else 1)
+        tag = f"B{b} H{h} S{s} D{d}{' causal' if causal else ''}"
+        attrs = dict(ATTRS, causal=int(causal), max_seqlen_q=s, max_seqlen_kv=s)
+        out_b, lse_b = torch.empty_like(q), torch.empty(h, t, device="cuda")
+        bespoke = lambda: run_backend("varlen_attention", [q, k, v, cu, cu, sl], [out_b, lse_b], attrs,  # noqa: E731
+                                      "cuda")[0]
+        default = lambda: F.varlen_attention(q, k, v, cu, cu, s, s, causal=causal)  # noqa: E731
+        theirs = lambda: TF.scaled_dot_product_attention(dense(q), dense(k), dense(v), is_causal=causal)  # noqa: E731
+        row(f"varlen fwd {tag} (default: cuDNN)", default, theirs, flops,
+            check=lambda: close(default(), bespoke(), 3e-2) and close(dense(default()), theirs(), 3e-2))
+        row(f"varlen fwd {tag} (bespoke)", bespoke, theirs, flops)
+        out, lse = F.varlen_attention(q, k, v, cu, cu, s, s, causal=causal, return_lse=True)
+        grads = [torch.empty_like(q) for _ in range(3)]
+        bespoke_bwd = lambda: run_backend("varlen_attention_backward",  # noqa: E731
+                                          [g, q, k, v, out, lse, cu, cu, sl], grads, attrs, "cuda")
+        default_bwd = lambda: F.varlen_attention_backward(g, q, k, v, out, lse, cu, cu, s, s,  # noqa: E731
+                                                          causal=causal)
+        qr, kr, vr = (dense(x).detach().requires_grad_() for x in (q, k, v))
+        ref = TF.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+        theirs_bwd = lambda: torch.autograd.grad(ref, (qr, kr, vr), dense(g), retain_graph=True)  # noqa: E731
+        row(f"varlen bwd {tag} (default: cuDNN)", default_bwd, theirs_bwd, flops * 5 // 2,
+            check=lambda: all(rel_close(a, r, 2e-2) for a, r in zip(default_bwd(), bespoke_bwd())) and
+            all(rel_close(dense(a), r, 2e-2) for a, r in zip(default_bwd(), theirs_bwd())))
+        row(f"varlen bwd {tag} (bespoke)", bespoke_bwd, theirs_bwd, flops * 5 // 2)
+        del out, lse, grads, qr, kr, vr, ref
 
 
 def rel_close(a, b, tol):
