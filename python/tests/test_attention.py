@@ -216,16 +216,18 @@ def test_dropout_is_reproducible_on_the_gpu():
 @gpu
 @pytest.mark.parametrize("backend", ["cudnn", "cuda"])
 @pytest.mark.parametrize("bottom_right", [False, True])
-def test_varlen_forward_backward_on_every_candidate(backend, bottom_right):
-    # GQA 8/2, causal; an empty sequence, one with one token; with bottom-right
-    # alignment sequence 3's first 50 queries sit before every key (out 0, lse -inf).
+@pytest.mark.parametrize("window", [-1, 12])
+def test_varlen_forward_backward_on_every_candidate(backend, bottom_right, window):
+    # GQA 8/2, causal (and a left window); an empty sequence, one with one token; with
+    # bottom-right alignment sequence 3's first 50 queries sit before every key (out 0, lse -inf).
     lens_q, lens_kv = [17, 64, 0, 90, 1], [17, 64, 5, 40, 3]
     cq = torch.tensor([0] + list(np.cumsum(lens_q)), device="cuda", dtype=torch.int32)
     ck = torch.tensor([0] + list(np.cumsum(lens_kv)), device="cuda", dtype=torch.int32)
     tq, tk, hq, hkv, d = int(cq[-1]), int(ck[-1]), 8, 2, 64
     q, k, v, g = _t((tq, hq, d), "bfloat16"), _t((tk, hkv, d), "bfloat16"), _t((tk, hkv, d), "bfloat16"), \
         _t((tq, hq, d), "bfloat16")
-    attrs = dict(ATTRS, causal=1, bottom_right=int(bottom_right), max_seqlen_q=max(lens_q), max_seqlen_kv=max(lens_kv))
+    attrs = dict(ATTRS, causal=1, bottom_right=int(bottom_right), window_left=window, max_seqlen_q=max(lens_q),
+                 max_seqlen_kv=max(lens_kv))
     slopes = torch.empty(0, device="cuda")
     out, lse = torch.full_like(q, float("nan")), torch.full((hq, tq), float("nan"), device="cuda")
     _run("varlen_attention", [q, k, v, cq, ck, slopes], [out, lse], attrs, backend)
@@ -237,10 +239,12 @@ def test_varlen_forward_backward_on_every_candidate(backend, bottom_right):
             assert torch.all(grads[1][sk] == 0) and torch.all(grads[2][sk] == 0), f"{backend} sequence {b}"
             continue
         qd, kd, vd = (x.transpose(0, 1).double().requires_grad_() for x in (q[sq], k[sk], v[sk]))
-        # Keys j <= i (+ Lk - Lq bottom-right); a query that sees none gets out = 0 (torch would give NaN).
+        # Keys pos - window <= j <= pos, pos = i (+ Lk - Lq bottom-right); a query that sees none gets
+        # out = 0 (torch would give NaN).
         shift = lens_kv[b] - lens_q[b] if bottom_right else 0
         rows, keys = torch.arange(lens_q[b], device="cuda"), torch.arange(lens_kv[b], device="cuda")
-        seen = keys[None, :] <= rows[:, None] + shift
+        pos = rows[:, None] + shift
+        seen = (keys[None, :] <= pos) & ((keys[None, :] >= pos - window) if window >= 0 else True)
         scores = (qd @ kd.repeat_interleave(hq // hkv, 0).transpose(1, 2)) / d ** 0.5
         empty = ~seen.any(-1, keepdim=True)  # rows kept finite through the softmax, then zeroed
         weights = torch.softmax(scores.masked_fill(~seen, float("-inf")).masked_fill(empty, 0.0), -1)

@@ -40,9 +40,9 @@
 // a data-dependent case, so it cannot be refused at plan time) gets out = 0
 // and lse = -inf after the forward; the backward reads such an lse as +inf,
 // so that every weight exp(score - lse) of the row is 0, not NaN; keys of a
-// sequence without queries get zero gradients. Windows and softcaps stay
-// with the bespoke kernels (a window's bounds against per-sequence lengths
-// and the score modifier beside a padding mask are untested there).
+// sequence without queries get zero gradients. Causal and window bands align
+// to each sequence's lengths (top-left or bottom-right). Softcaps stay with
+// the bespoke kernels (the score modifier beside a padding mask).
 #include "attention/engine.hpp"
 
 #if BARACUDA_HAS_CUDNN
@@ -123,10 +123,14 @@ struct Band {
 };
 
 Result<Band> band_of(const Problem& p) {
-  if (p.varlen()) return p.causal ? Band{-1, 0, p.bottom_right} : Band{};  // aligned per sequence by cuDNN
   int64_t right = p.causal ? 0 : (p.window_right >= 0 ? p.window_right : -1);
   const int64_t left = p.window_left >= 0 ? p.window_left + 1 : -1;
   if (right < 0 && left < 0) return Band{};
+  if (p.varlen()) {  // cuDNN aligns the band to each sequence's own lengths (its padding mask)
+    Band band{left, right < 0 ? p.seq_q + p.seq_kv : right, p.bottom_right};
+    if (band.left > INT_MAX || band.right > INT_MAX) return unsupported("cuDNN's band bounds are int32");
+    return band;
+  }
   if (left >= 0 && p.seq_q > p.seq_kv)
     return unsupported("cuDNN serves a sliding window (window_left) only with seq_q <= seq_kv, got ", p.seq_q, " > ",
                        p.seq_kv);
@@ -151,8 +155,9 @@ Status check_problem(const Problem& p, bool backward) {
   if (p.backward != backward)
     return unsupported("this cuDNN engine runs the ", backward ? "backward" : "forward", " pass");
   if (!io_type(p.dtype)) return unsupported("cuDNN's fused attention serves f16 and bf16, not ", dtype_name(p.dtype));
-  if (p.varlen() && (p.window_left >= 0 || p.window_right >= 0 || p.softcap > 0))
-    return unsupported("cuDNN engine: packed sequences (cu_seqlens) with a sliding window or a softcap are not served");
+  if (p.varlen() && p.softcap > 0)
+    return unsupported("cuDNN engine: packed sequences (cu_seqlens) with a softcap are not served (the score modifier "
+                       "beside a padding mask)");
   if (p.varlen() && p.seq_q == 1 && p.seq_kv == 1)
     return unsupported("cuDNN engine: packed sequences of one token each (max_seqlen 1 and 1) are not served");
   if (p.varlen() && (p.heads_q > 65535 || p.heads_kv > 65535))
