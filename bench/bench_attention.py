@@ -5,7 +5,8 @@ candidate (cuDNN's fused attention where it serves), the bespoke kernels
 forced through the backend preference (forward; backward on tensor cores
 at D128 and D64, causal, and padded to 128 at D96), dropout (cuDNN refuses
 it: the default is the bespoke kernel) and softcap (cuDNN through a score
-modifier by default, and the bespoke kernel forced) and packed sequences
+modifier by default, and the bespoke kernel forced; a causal softcap's
+forward and backward: cuDNN with the causal mask in the modifier) and packed sequences
 (varlen_attention: cuDNN's ragged layout by default, and the bespoke kernels
 forced; torch runs the same tokens as a dense batch of equal lengths).
 `--only bespoke` runs the bespoke rows, `--only refused` only the
@@ -166,6 +167,29 @@ def main():
                               bespoke_bwd())))
     row(f"sdpa bwd softcap 30 B{b} H{h} S{s} D{d} (bespoke)", bespoke_bwd,
         lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True), 10 * b * h * s * s * d)
+    # A causal softcap: cuDNN by default, the causal mask inside its score modifier; checked against the bespoke
+    # kernels.
+    bespoke_fwd_c = lambda: run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out_b, lse_b],  # noqa: E731
+                                        dict(capped, causal=1), "cuda")[0]
+    row(f"sdpa fwd softcap 30 causal B{b} H{h} S{s} D{d} (default: cuDNN)",
+        lambda: F.scaled_dot_product_attention(q, k, v, softcap=30.0, is_causal=True),
+        lambda: TF.scaled_dot_product_attention(q, k, v, is_causal=True), 2 * b * h * s * s * d,
+        check=lambda: close(F.scaled_dot_product_attention(q, k, v, softcap=30.0, is_causal=True), bespoke_fwd_c(),
+                            3e-2))
+    row(f"sdpa fwd softcap 30 causal B{b} H{h} S{s} D{d} (bespoke)", bespoke_fwd_c,
+        lambda: TF.scaled_dot_product_attention(q, k, v, is_causal=True), 2 * b * h * s * s * d)
+    ref_c = TF.scaled_dot_product_attention(qr, kr, vr, is_causal=True)
+    out_c, lse_c = F.scaled_dot_product_attention(q, k, v, return_lse=True, softcap=30.0, is_causal=True)
+    bespoke_bwd_c = lambda: run_backend("scaled_dot_product_attention_backward",  # noqa: E731
+                                        [g, q, k, v, out_c, lse_c, m, sl], grads, dict(capped, causal=1), "cuda")
+    default_bwd_c = lambda: F.scaled_dot_product_attention_backward(g, q, k, v, out_c, lse_c,  # noqa: E731
+                                                                    softcap=30.0, is_causal=True)
+    row(f"sdpa bwd softcap 30 causal B{b} H{h} S{s} D{d} (default: cuDNN)", default_bwd_c,
+        lambda: torch.autograd.grad(ref_c, (qr, kr, vr), g, retain_graph=True), 5 * b * h * s * s * d,
+        check=lambda: all(rel_close(a, r, 2e-2) for a, r in zip(default_bwd_c(), bespoke_bwd_c())))
+    row(f"sdpa bwd softcap 30 causal B{b} H{h} S{s} D{d} (bespoke)", bespoke_bwd_c,
+        lambda: torch.autograd.grad(ref_c, (qr, kr, vr), g, retain_graph=True), 5 * b * h * s * s * d)
+    del ref_c, out_c, lse_c
     extra = dict(dropout_p=0.1, seed=1)
     out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, **extra)
     row(f"sdpa bwd dropout 0.1 B{b} H{h} S{s} D{d} (bespoke)",

@@ -101,8 +101,8 @@ TEST(AttentionCudnn, RefusesWithReasons) {
   expect_refused(*fwd, p, "dropout");
   p = base;
   p.softcap = 30;
-  p.causal = true;
-  expect_refused(*fwd, p, "softcap");
+  p.causal = true;  // the causal rule moves into the score modifier
+  EXPECT_TRUE(fwd->supports(p).is_ok()) << fwd->supports(p).message();
   p.causal = false, p.window_left = 4;
   expect_refused(*fwd, p, "softcap");
   p = base;
@@ -150,6 +150,10 @@ TEST(AttentionCudnn, RefusesWithReasons) {
   p.backward = true, p.softcap = 30;
   p.grad_out = p.grad_q = p.out, p.grad_k = p.k, p.grad_v = p.v;
   EXPECT_TRUE(bwd->supports(p).is_ok()) << bwd->supports(p).message();
+  p.causal = true;  // the backward masks inside the modifier
+  EXPECT_TRUE(bwd->supports(p).is_ok()) << bwd->supports(p).message();
+  p.window_left = 16;
+  expect_refused(*bwd, p, "softcap");
 }
 
 TEST(AttentionCudnn, AcceptsWhatItMaps) {
@@ -228,6 +232,11 @@ std::vector<Case> cases() {
                .lens_q = {12, 9, 33}, .lens_kv = {40, 0, 17}, .pad = 8});
   // Windows aligned to each sequence: bottom-right causal (queries 0-9 of
   // sequence 2 see no key), and a two-sided top-left window.
+  // A causal softcap: the causal rule inside the score modifier.
+  c.push_back({.name = "softcap_causal_gqa", .heads_q = 8, .heads_kv = 2, .seq_q = 128, .seq_kv = 128,
+               .causal = true, .softcap = 0.5});
+  c.push_back({.name = "softcap_causal_bottom_right_mask_d128", .seq_q = 72, .seq_kv = 256, .head_dim = 128,
+               .causal = true, .bottom_right = true, .mask = true, .softcap = 0.7});
   c.push_back({.name = "varlen_window_bottom_right", .heads_q = 8, .heads_kv = 2, .seq_q = 96, .seq_kv = 130,
                .causal = true, .bottom_right = true, .window_left = 24, .lens_q = {96, 17, 40, 1},
                .lens_kv = {130, 17, 30, 64}});

@@ -205,6 +205,27 @@ def test_softcap_matches_torch_on_every_candidate(backend, dtype, case):
 
 
 @gpu
+@pytest.mark.parametrize("backend", ["cudnn", "cuda"])
+@pytest.mark.parametrize("bottom_right", [False, True])
+def test_causal_softcap_on_every_candidate(backend, bottom_right):
+    # cuDNN takes a causal softcap with the causal mask inside its score modifier.
+    b, hq, hkv, sq, skv, d, cap = 2, 8, 2, 96, 128, 64, 1.5
+    q, k, v = (_t((b, h, s, d), "bfloat16") * 2 for h, s in ((hq, sq), (hkv, skv), (hkv, skv)))
+    shift = skv - sq if bottom_right else 0
+    seen = torch.arange(skv, device="cuda")[None, :] <= torch.arange(sq, device="cuda")[:, None] + shift
+    hidden = torch.zeros((sq, skv), device="cuda", dtype=torch.float64).masked_fill(~seen, float("-inf"))
+    qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
+    want = _softcap_reference(qd, kd, vd, cap, hidden)
+    attrs = dict(ATTRS, softcap=cap, causal=1, bottom_right=int(bottom_right))
+    m, slopes = torch.empty(0, device="cuda", dtype=q.dtype), torch.empty(0, device="cuda", dtype=torch.float32)
+    out, lse = torch.empty_like(q), torch.empty((b, hq, sq), device="cuda")
+    _run("scaled_dot_product_attention", [q, k, v, m, slopes], [out, lse], attrs, backend)
+    close(out, want.detach(), "bfloat16", scale=4, msg=f"{backend} causal softcap forward")
+    _backward_matches(backend, attrs, want, (qd, kd, vd), [q, k, v, out, lse, m, slopes], 5e-2,
+                      f"{backend} causal softcap")
+
+
+@gpu
 def test_dropout_is_reproducible_on_the_gpu():
     q, k, v = (_t((1, 2, 64, 32), "float16") for _ in range(3))
     a = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, seed=5, offset=2)
