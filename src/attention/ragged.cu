@@ -115,13 +115,13 @@ __global__ void ragged_backward_finish_kernel(const Problem p, const RaggedArray
   for (int64_t d = 0; d < p.value_dim; ++d) dv[d * p.grad_v.dim] = 0;
 }
 
-}  // namespace
-
 /// Bytes of the lengths (each array) and of the offsets.
 size_t lens_bytes(const Problem& p) { return aligned(size_t(p.batch) * sizeof(int32_t)); }
 size_t offsets_bytes(const Problem& p) {
   return aligned(size_t(kRaggedOperands) * size_t(p.batch + 1) * sizeof(int64_t));
 }
+
+}  // namespace
 
 size_t ragged_bytes(const Problem& p) {
   return 2 * lens_bytes(p) + offsets_bytes(p) + aligned(size_t(p.tokens_q * p.heads_q) * sizeof(float));
