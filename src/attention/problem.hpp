@@ -66,6 +66,14 @@ struct Problem {
   BCD_HD int64_t group() const { return heads_q / heads_kv; }
 };
 
+/// Whether packed sequence offsets [q0, q1) and [k0, k1) lie within the
+/// tokens and the longest lengths; every backend treats a sequence that
+/// fails this as empty.
+BCD_HD bool packing_valid(const Problem& p, int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+  return 0 <= q0 && q0 <= q1 && q1 <= p.tokens_q && 0 <= k0 && k0 <= k1 && k1 <= p.tokens_kv &&
+         q1 - q0 <= p.seq_q && k1 - k0 <= p.seq_kv;
+}
+
 /// Where query i sits on the key axis: i, or i + Lk - Lq when bottom-right aligned.
 BCD_HD int64_t query_position(const Problem& p, int64_t i, int64_t len_q, int64_t len_kv) {
   return p.bottom_right ? i + len_kv - len_q : i;

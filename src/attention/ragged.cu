@@ -7,16 +7,13 @@
 
 #include "attention/ragged.hpp"
 #include "core/cuda_check.hpp"
+#include "core/sizes.hpp"
 
 namespace baracuda::attn {
 
 namespace {
 
 constexpr int kBlock = 256;
-constexpr size_t kAlign = 256;
-
-size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /// Element strides along the token axis of each ragged operand, and whether
 /// it is packed by the key offsets.
@@ -34,8 +31,8 @@ TokenStrides token_strides(const Problem& p) {
   return t;
 }
 
-/// Thread b <= batch: sequence b's lengths (0 when its offsets are invalid,
-/// head_view's test) and every operand's offset; entry `batch` is the end.
+/// Thread b <= batch: sequence b's lengths (0 when its offsets are invalid:
+/// packing_valid) and every operand's offset; entry `batch` is the end.
 __global__ void ragged_offsets_kernel(const Problem p, RaggedArrays a, TokenStrides t) {
   const int64_t b = int64_t(blockIdx.x) * kBlock + threadIdx.x;
   if (b > p.batch) return;
@@ -43,6 +40,7 @@ __global__ void ragged_offsets_kernel(const Problem p, RaggedArrays a, TokenStri
   if (b < p.batch) {
     const int64_t q0 = p.cu_seqlens_q[b], q1 = p.cu_seqlens_q[b + 1];
     const int64_t k0 = p.cu_seqlens_kv[b], k1 = p.cu_seqlens_kv[b + 1];
+    // packing_valid (problem.hpp), written out: calling it compiles to reordered code not yet run on a GPU.
     const bool valid = 0 <= q0 && q0 <= q1 && q1 <= p.tokens_q && 0 <= k0 && k0 <= k1 && k1 <= p.tokens_kv &&
                        q1 - q0 <= p.seq_q && k1 - k0 <= p.seq_kv;
     a.len_q[b] = valid ? int32_t(q1 - q0) : 0;
@@ -116,15 +114,15 @@ __global__ void ragged_backward_finish_kernel(const Problem p, const RaggedArray
 }
 
 /// Bytes of the lengths (each array) and of the offsets.
-size_t lens_bytes(const Problem& p) { return aligned(size_t(p.batch) * sizeof(int32_t)); }
+size_t lens_bytes(const Problem& p) { return workspace_aligned(size_t(p.batch) * sizeof(int32_t)); }
 size_t offsets_bytes(const Problem& p) {
-  return aligned(size_t(kRaggedOperands) * size_t(p.batch + 1) * sizeof(int64_t));
+  return workspace_aligned(size_t(kRaggedOperands) * size_t(p.batch + 1) * sizeof(int64_t));
 }
 
 }  // namespace
 
 size_t ragged_bytes(const Problem& p) {
-  return 2 * lens_bytes(p) + offsets_bytes(p) + aligned(size_t(p.tokens_q * p.heads_q) * sizeof(float));
+  return 2 * lens_bytes(p) + offsets_bytes(p) + workspace_aligned(size_t(p.tokens_q * p.heads_q) * sizeof(float));
 }
 
 RaggedArrays ragged_carve(const Problem& p, void* base) {

@@ -27,7 +27,7 @@ size_t ragged_bytes(const Problem& p);
 RaggedArrays ragged_carve(const Problem& p, void* base);
 
 /// Before cuDNN runs: lengths and offsets from cu_seqlens (each sequence
-/// checked as head_view does), and for the backward the lse copied into
+/// checked by packing_valid), and for the backward the lse copied into
 /// `stats` with -inf (a query that sees no key) turned into +inf.
 Status ragged_prepare(const Problem& p, const RaggedArrays& a, CUstream_st* stream);
 /// After cuDNN ran: forward, lse from `stats` and out = 0, lse = -inf for

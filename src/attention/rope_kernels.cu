@@ -16,6 +16,7 @@
 
 #include "attention/rope.hpp"
 #include "core/cuda_check.hpp"
+#include "core/sizes.hpp"
 
 namespace baracuda::rope {
 namespace {
@@ -29,7 +30,6 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 /// N elements at p into the math type: one vector load when kVec (p aligned,

@@ -23,8 +23,7 @@ BCD_HD HeadView head_view(const Problem& p, int64_t b, int64_t h) {
   if (p.varlen()) {
     const int64_t q0 = p.cu_seqlens_q[b], q1 = p.cu_seqlens_q[b + 1];
     const int64_t k0 = p.cu_seqlens_kv[b], k1 = p.cu_seqlens_kv[b + 1];
-    v.valid = 0 <= q0 && q0 <= q1 && q1 <= p.tokens_q && 0 <= k0 && k0 <= k1 && k1 <= p.tokens_kv &&
-              q1 - q0 <= p.seq_q && k1 - k0 <= p.seq_kv;
+    v.valid = packing_valid(p, q0, q1, k0, k1);
     v.tok_q = q0, v.tok_kv = k0;
     v.len_q = v.valid ? q1 - q0 : 0, v.len_kv = v.valid ? k1 - k0 : 0;
   }

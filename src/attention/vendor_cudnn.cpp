@@ -31,9 +31,9 @@
 // layout: [B, H, max_seqlen, D] tensors whose batch b starts at a per-tensor
 // element offset (cu_seqlens[b] times the token stride), with a padding mask
 // over per-sequence lengths. Both come from cu_seqlens on the device, in the
-// workspace after cuDNN's own (ragged.cu: a sequence whose offsets are not a
-// valid packing, head_view's test, gets length 0, so nothing outside the
-// operands is read or written). The lse travels through the workspace in
+// workspace after cuDNN's own (ragged.cu: a sequence whose offsets fail
+// packing_valid gets length 0, so nothing outside the operands is read or
+// written). The lse travels through the workspace in
 // cuDNN's token-major [T, Hq] stats layout, since ours is [Hq, T]. Our rules
 // where cuDNN's differ are restored around it: a query that sees no key (no
 // keys in its sequence, or bottom-right causal with more queries than keys;
@@ -66,6 +66,7 @@
 
 #include "attention/ragged.hpp"
 #include "core/cuda_check.hpp"
+#include "core/sizes.hpp"
 #include "vendor/cudnn.hpp"
 
 namespace cudnn_frontend {
@@ -353,8 +354,10 @@ bool ragged_used(int i, bool backward, bool stats) {
   return backward || i <= kRaggedOut || (i == kRaggedStats && stats);
 }
 
-constexpr size_t kWorkspaceAlign = 256;
-size_t aligned(size_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+/// The workspace of a run: cuDNN's graph's, then (packed sequences) the ragged arrays.
+size_t total_workspace(const Problem& p, size_t cudnn_bytes) {
+  return p.varlen() ? workspace_aligned(cudnn_bytes) + ragged_bytes(p) : cudnn_bytes;
+}
 
 /// A built graph, or why it could not be built.
 struct Built {
@@ -375,9 +378,7 @@ class CudnnEngine final : public Engine {
   }
   size_t workspace(const Problem& p) const override {
     auto built = graph_for(p);
-    if (!built) return 0;
-    const size_t cudnn = static_cast<size_t>((*built)->workspace);
-    return p.varlen() ? aligned(cudnn) + ragged_bytes(p) : cudnn;
+    return built ? total_workspace(p, static_cast<size_t>((*built)->workspace)) : 0;
   }
   Status run(const Problem& p, const Workspace& workspace, CUstream_st* stream) const override;
 
@@ -548,14 +549,14 @@ Status CudnnEngine::run(const Problem& p, const Workspace& workspace, CUstream_s
   auto built = graph_for(p);
   if (!built) return built.status();
   const size_t cudnn_bytes = static_cast<size_t>((*built)->workspace);
-  const size_t needed = p.varlen() ? aligned(cudnn_bytes) + ragged_bytes(p) : cudnn_bytes;
+  const size_t needed = total_workspace(p, cudnn_bytes);
   if (workspace.bytes < needed)
     return Status::too_small(ErrorKind::workspace_too_small, needed, workspace.bytes,
                              "cuDNN attention workspace");
   std::unordered_map<int64_t, void*> pack{{kQ, p.q.data}, {kK, p.k.data}, {kV, p.v.data}, {kO, p.out.data}};
   RaggedArrays ragged;
   if (p.varlen()) {
-    ragged = ragged_carve(p, static_cast<char*>(workspace.data) + aligned(cudnn_bytes));
+    ragged = ragged_carve(p, static_cast<char*>(workspace.data) + workspace_aligned(cudnn_bytes));
     BARACUDA_TRY(ragged_prepare(p, ragged, stream));
     pack.emplace(kLenQ, ragged.len_q);
     pack.emplace(kLenKV, ragged.len_kv);

@@ -7,6 +7,7 @@
 #include "core/family.hpp"
 #include "core/launch_table.hpp"
 #include "core/registry_internal.hpp"
+#include "core/sizes.hpp"
 #include "core/tensor_util.hpp"
 #include "loss/ctc.hpp"
 
@@ -96,8 +97,6 @@ Result<OpDesc> infer_ctc(bool backward, const OpDesc& partial) {
 
 constexpr size_t kSmemBytes = 48 * 1024;
 
-size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 class CtcPlan final : public FamilyPlan {
  public:
   CtcPlan(const OpInfo& info, OpDesc desc, Backend backend, Fn fn, bool backward)
@@ -114,11 +113,11 @@ class CtcPlan final : public FamilyPlan {
     const size_t m = t == DType::f64 ? 8 : 4;
     const size_t rows = size_t(dims_.concatenated ? 2 * dims_.S + dims_.N : dims_.N * (2 * dims_.S + 1));
     rows_in_smem_ = kRollingRows * size_t(2 * dims_.S + 1) * m <= kSmemBytes;
-    loss_bytes_ = aligned(!backward && reduction_ != 0 ? size_t(dims_.N) * m : 0);
-    alpha_bytes_ = aligned(backward ? size_t(dims_.T) * rows * m : 0);
-    rows_bytes_ = aligned(rows_in_smem_ ? 0 : kRollingRows * rows * m);
+    loss_bytes_ = workspace_aligned(!backward && reduction_ != 0 ? size_t(dims_.N) * m : 0);
+    alpha_bytes_ = workspace_aligned(backward ? size_t(dims_.T) * rows * m : 0);
+    rows_bytes_ = workspace_aligned(rows_in_smem_ ? 0 : kRollingRows * rows * m);
     const size_t next = backward ? 2 * size_t(dims_.concatenated ? dims_.S : dims_.N * dims_.S) * 4 : 0;
-    workspace_ = loss_bytes_ + alpha_bytes_ + rows_bytes_ + aligned(next);
+    workspace_ = loss_bytes_ + alpha_bytes_ + rows_bytes_ + workspace_aligned(next);
   }
 
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {

@@ -35,6 +35,7 @@
 #include "core/family.hpp"
 #include "core/launch_table.hpp"
 #include "core/registry_internal.hpp"
+#include "core/sizes.hpp"
 #include "core/tensor_util.hpp"
 #include "gemm/engine.hpp"
 #include "loss/linear_ce.hpp"
@@ -72,8 +73,6 @@ const char* op_name(Kind k) {
   return k == Kind::forward ? "linear_cross_entropy" : k == Kind::backward ? "linear_cross_entropy_backward"
                                                                              : "linear_cross_entropy_fused";
 }
-
-size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 Result<OpDesc> infer_lce(Kind kind, const OpDesc& partial) {
   OpDesc d = partial;
@@ -318,14 +317,14 @@ class LcePlan final : public FamilyPlan {
     }
     // Workspace: stats | row losses | lse | class scratch | ones | logits | f32 sums | GEMM scratch.
     const bool f32_sums = sum_dtype_ != t;
-    off_rows_ = aligned(2 * ws_elem);
-    off_lse_ = off_rows_ + aligned(size_t(N_) * ws_elem);
-    off_scratch_ = off_lse_ + aligned(size_t(chunk_) * ws_elem);
-    off_ones_ = off_scratch_ + aligned(size_t(scratch_elements(chunk_)) * ws_elem);
-    off_logits_ = off_ones_ + aligned(bias_ && kind_ != Kind::forward ? size_t(chunk_) * ts : 0);
-    off_sum_w_ = off_logits_ + aligned(size_t(chunk_) * size_t(V_) * ts);
-    off_sum_b_ = off_sum_w_ + aligned(f32_sums ? size_t(V_) * size_t(H_) * sizeof(float) : 0);
-    off_sub_ = off_sum_b_ + aligned(f32_sums && bias_ ? size_t(V_) * sizeof(float) : 0);
+    off_rows_ = workspace_aligned(2 * ws_elem);
+    off_lse_ = off_rows_ + workspace_aligned(size_t(N_) * ws_elem);
+    off_scratch_ = off_lse_ + workspace_aligned(size_t(chunk_) * ws_elem);
+    off_ones_ = off_scratch_ + workspace_aligned(size_t(scratch_elements(chunk_)) * ws_elem);
+    off_logits_ = off_ones_ + workspace_aligned(bias_ && kind_ != Kind::forward ? size_t(chunk_) * ts : 0);
+    off_sum_w_ = off_logits_ + workspace_aligned(size_t(chunk_) * size_t(V_) * ts);
+    off_sum_b_ = off_sum_w_ + workspace_aligned(f32_sums ? size_t(V_) * size_t(H_) * sizeof(float) : 0);
+    off_sub_ = off_sum_b_ + workspace_aligned(f32_sums && bias_ ? size_t(V_) * sizeof(float) : 0);
     workspace_ = off_sub_ + sub;
     return Status::ok();
   }

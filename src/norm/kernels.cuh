@@ -319,6 +319,9 @@ __global__ void __launch_bounds__(256)
 // overwritten unread. The rows then stream four stages deep, the extra
 // stage holding row i - 1.
 inline constexpr int kMaxRanks = kMaxClusterRanks, kExchangeSlots = 4;
+/// Rows in flight through shared memory: a fourth stage holds row i - 1 in a cluster.
+template <bool kCluster>
+inline constexpr int kFusedStages = kCluster ? 4 : 3;
 
 /// kWhole: every row is in whole aligned vectors (the element loads left
 /// out: fewer registers in the clustered kernel, which sits at its cap).
@@ -334,7 +337,7 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
   }
 #endif
   using M = math_t<T, false>;
-  constexpr int V = rows::kVecOf<T>, kStages = kCluster ? 4 : 3;
+  constexpr int V = rows::kVecOf<T>, kStages = kFusedStages<kCluster>;
   using P = rows::Vec<T, V>;
   extern __shared__ __align__(16) char smem_bytes[];
   // [stage][grad_output, input][vector k][thread], then the weight in the
@@ -590,7 +593,7 @@ Result<int> launch_fused_backward(const RowLaunch& l, const rows::OffsetCalc<S::
   if constexpr (kCluster)
     if (vec) kernel = fused_backward_kernel<S, T, TPR, K, kCluster, true>;
   // The stages of two operands, and the weight in the math type.
-  const int smem = ((kCluster ? 4 : 3) * 2 * 16 + rows::kVecOf<T> * int(sizeof(math_t<T, false>))) * K * TPR;
+  const int smem = (kFusedStages<kCluster> * 2 * 16 + rows::kVecOf<T> * int(sizeof(math_t<T, false>))) * K * TPR;
   BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, /*max_carveout=*/true));
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(TPR);
