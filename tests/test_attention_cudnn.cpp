@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/engine.hpp"
@@ -263,6 +264,7 @@ struct PlainBuffer {
   PlainBuffer(const PlainBuffer&) = delete;
   ~PlainBuffer() { if (dev) cudaFree(dev); }
   void upload() {
+    if (dev) cudaFree(std::exchange(dev, nullptr));
     ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), host.size() * sizeof(E)), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(dev, host.data(), host.size() * sizeof(E), cudaMemcpyHostToDevice), cudaSuccess);
   }
@@ -552,6 +554,57 @@ TEST(AttentionCudnnPacked, InvalidOffsetsStayInBounds) {
   for (int i = 0; i < 3; ++i) {
     expect_close(names[i], got[i], *want[i], 3e-2);
     untouched(names[i], got[i], *want[i]);
+  }
+}
+
+/// Packings in one bucket (batch, max_seqlen and tokens rounded up to powers
+/// of two) run on one cuDNN graph per direction, each against the reference;
+/// a packing in another bucket builds a second pair. Engines share the cache,
+/// so the counts are taken relative to the graphs built before.
+TEST(AttentionCudnnPacked, PackingsInOneBucketShareAGraph) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  CUDNN_ENGINE_OR_SKIP(fwd, false, false);
+  CUDNN_ENGINE_OR_SKIP(bwd, true, true);
+  const Case same_bucket[] = {
+      {.name = "b4_s200", .heads_q = 4, .heads_kv = 1, .seq_q = 200, .seq_kv = 200, .causal = true,
+       .lens_q = {37, 128, 5, 200}, .lens_kv = {37, 128, 5, 200}},  // B4 S256 T512
+      {.name = "b3_s180", .heads_q = 4, .heads_kv = 1, .seq_q = 180, .seq_kv = 180, .causal = true,
+       .lens_q = {100, 180, 7}, .lens_kv = {100, 180, 7}},  // B3 -> 4, S180 -> 256, T287 -> 512
+      {.name = "b4_s300", .heads_q = 4, .heads_kv = 1, .seq_q = 300, .seq_kv = 300, .causal = true,
+       .lens_q = {300, 3, 90, 11}, .lens_kv = {300, 3, 90, 11}}};  // S300 -> 512: another bucket
+  const size_t graphs_before = cudnn_graphs_built(), new_graphs_after[] = {2, 2, 4};  // forward + backward
+  for (int i = 0; i < 3; ++i) {
+    const Case& c = same_bucket[i];
+    SCOPED_TRACE(c.name);
+    Operands s(c);
+    std::mt19937 rng(40 + i);
+    ASSERT_NO_FATAL_FAILURE(s.host_forward(rng));
+    const std::vector<float> want_out = s.out.values(c.dtype), want_lse = s.lse.host;
+    const std::vector<uint16_t> ref_out = s.out.host;
+    s.q.upload(), s.k.upload(), s.v.upload(), s.cu_q.upload(), s.cu_kv.upload();
+    s.out.poison(s.numel_q), s.out.upload();
+    s.lse.host.assign(s.numel_lse, NAN), s.lse.upload();
+    ASSERT_NO_FATAL_FAILURE(s.run(*fwd, s.problem(true, false)));
+    expect_close("out", s.out.download(c.dtype), want_out, 2e-2);
+    expect_close("lse", s.lse.download(), want_lse, 1e-3);
+
+    s.out.host = ref_out, s.lse.host = want_lse;  // the backward differentiates the reference's forward
+    s.grad_out.random(s.numel_q, c.dtype, rng);
+    s.grad_q.poison(s.numel_q), s.grad_k.poison(s.numel_kv), s.grad_v.poison(s.numel_kv);
+    AttentionFn ref = host_attention().find(launch_key("attention_backward", c.dtype));
+    ASSERT_NE(ref, nullptr);
+    const Status r = ref(s.problem(false, true), Workspace{}, nullptr);
+    ASSERT_TRUE(r.is_ok()) << r.to_string();
+    const std::vector<float> want_q = s.grad_q.values(c.dtype), want_k = s.grad_k.values(c.dtype),
+                             want_v = s.grad_v.values(c.dtype);
+    s.grad_q.poison(s.numel_q), s.grad_k.poison(s.numel_kv), s.grad_v.poison(s.numel_kv);
+    for (Buffer* b : {&s.out, &s.grad_out, &s.grad_q, &s.grad_k, &s.grad_v}) b->upload();
+    s.lse.upload();
+    ASSERT_NO_FATAL_FAILURE(s.run(*bwd, s.problem(true, true)));
+    expect_close("grad_q", s.grad_q.download(c.dtype), want_q, 3e-2);
+    expect_close("grad_k", s.grad_k.download(c.dtype), want_k, 3e-2);
+    expect_close("grad_v", s.grad_v.download(c.dtype), want_v, 3e-2);
+    EXPECT_EQ(cudnn_graphs_built() - graphs_before, new_graphs_after[i]) << "graphs built";
   }
 }
 

@@ -54,6 +54,9 @@ Result<TmaCheck> tma_self_test(DType dtype, int head_dim);
 /// cuDNN's fused flash attention through the cuDNN frontend graph API
 /// (f16/bf16), forward or backward, or why it cannot serve. `deterministic`:
 /// the backward must be bitwise reproducible run to run. Defined only in CUDA builds.
+/// Every engine shares one cache of built graphs (process-wide, keyed by
+/// layout, options and device); `cudnn_graphs_built` counts its entries.
 Result<std::unique_ptr<Engine>> make_cudnn_engine(bool backward, bool deterministic);
+size_t cudnn_graphs_built();
 
 }  // namespace baracuda::attn

@@ -31,11 +31,12 @@ TokenStrides token_strides(const Problem& p) {
   return t;
 }
 
-/// Thread b <= batch: sequence b's lengths (0 when its offsets are invalid:
-/// packing_valid) and every operand's offset; entry `batch` is the end.
+/// Thread b <= graph batch: sequence b's lengths (0 when its offsets are
+/// invalid, packing_valid, and past the batch) and every operand's offset;
+/// entries from `batch` on are the end.
 __global__ void ragged_offsets_kernel(const Problem p, RaggedArrays a, TokenStrides t) {
   const int64_t b = int64_t(blockIdx.x) * kBlock + threadIdx.x;
-  if (b > p.batch) return;
+  if (b > a.graph_batch) return;
   int64_t tok_q = 0, tok_kv = 0;
   if (b < p.batch) {
     const int64_t q0 = p.cu_seqlens_q[b], q1 = p.cu_seqlens_q[b + 1];
@@ -47,11 +48,12 @@ __global__ void ragged_offsets_kernel(const Problem p, RaggedArrays a, TokenStri
     a.len_kv[b] = valid ? int32_t(k1 - k0) : 0;
     if (valid) tok_q = q0, tok_kv = k0;
   } else {
-    tok_q = min(max(int64_t(p.cu_seqlens_q[b]), int64_t(0)), p.tokens_q);
-    tok_kv = min(max(int64_t(p.cu_seqlens_kv[b]), int64_t(0)), p.tokens_kv);
+    tok_q = min(max(int64_t(p.cu_seqlens_q[p.batch]), int64_t(0)), p.tokens_q);
+    tok_kv = min(max(int64_t(p.cu_seqlens_kv[p.batch]), int64_t(0)), p.tokens_kv);
+    if (b < a.graph_batch) a.len_q[b] = a.len_kv[b] = 0;
   }
   for (int i = 0; i < kRaggedOperands; ++i)
-    a.offsets[i * (p.batch + 1) + b] = (t.by_kv[i] ? tok_kv : tok_q) * t.stride[i];
+    a.offsets[i * (a.graph_batch + 1) + b] = (t.by_kv[i] ? tok_kv : tok_q) * t.stride[i];
 }
 
 /// stats[t, h] = lse[h, t], a query that saw no key (-inf) as +inf: cuDNN's
@@ -113,10 +115,10 @@ __global__ void ragged_backward_finish_kernel(const Problem p, const RaggedArray
   for (int64_t d = 0; d < p.value_dim; ++d) dv[d * p.grad_v.dim] = 0;
 }
 
-/// Bytes of the lengths (each array) and of the offsets.
-size_t lens_bytes(const Problem& p) { return workspace_aligned(size_t(p.batch) * sizeof(int32_t)); }
+/// Bytes of the lengths (each array) and of the offsets, for the graph's batch.
+size_t lens_bytes(const Problem& p) { return workspace_aligned(size_t(ragged_shape(p).batch) * sizeof(int32_t)); }
 size_t offsets_bytes(const Problem& p) {
-  return workspace_aligned(size_t(kRaggedOperands) * size_t(p.batch + 1) * sizeof(int64_t));
+  return workspace_aligned(size_t(kRaggedOperands) * size_t(ragged_shape(p).batch + 1) * sizeof(int64_t));
 }
 
 }  // namespace
@@ -132,11 +134,12 @@ RaggedArrays ragged_carve(const Problem& p, void* base) {
   a.len_kv = reinterpret_cast<int32_t*>(at + lens_bytes(p));
   a.offsets = reinterpret_cast<int64_t*>(at + 2 * lens_bytes(p));
   a.stats = reinterpret_cast<float*>(at + 2 * lens_bytes(p) + offsets_bytes(p));
+  a.graph_batch = ragged_shape(p).batch;
   return a;
 }
 
 Status ragged_prepare(const Problem& p, const RaggedArrays& a, CUstream_st* stream) {
-  ragged_offsets_kernel<<<unsigned(ceil_div(p.batch + 1, kBlock)), kBlock, 0, stream>>>(p, a, token_strides(p));
+  ragged_offsets_kernel<<<unsigned(ceil_div(a.graph_batch + 1, kBlock)), kBlock, 0, stream>>>(p, a, token_strides(p));
   BARACUDA_CUDA_TRY(cudaGetLastError());
   if (p.backward && p.tokens_q * p.heads_q > 0) {
     const int64_t blocks = std::min<int64_t>(ceil_div(p.tokens_q * p.heads_q, kBlock), 4096);

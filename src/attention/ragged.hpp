@@ -13,11 +13,29 @@ enum RaggedOperand : int {
   kRaggedOperands
 };
 
-/// Device arrays in the plan's workspace (ragged_carve).
+/// The shape cuDNN's graph is built for: batch, max_seqlen and token counts
+/// rounded up to powers of two, so that one graph serves every packing in
+/// the bucket (the sequences past the batch get length 0).
+struct RaggedShape {
+  int64_t batch = 0, seq_q = 0, seq_kv = 0, tokens_q = 0, tokens_kv = 0;
+};
+inline int64_t ragged_bucket(int64_t n) {
+  int64_t b = 1;
+  while (b < n) b *= 2;
+  return b;
+}
+inline RaggedShape ragged_shape(const Problem& p) {
+  return {ragged_bucket(p.batch), ragged_bucket(p.seq_q), ragged_bucket(p.seq_kv), ragged_bucket(p.tokens_q),
+          ragged_bucket(p.tokens_kv)};
+}
+
+/// Device arrays in the plan's workspace (ragged_carve), sized for the
+/// graph's batch (ragged_shape).
 struct RaggedArrays {
-  int32_t* len_q = nullptr;   ///< [batch]; 0 for a sequence whose offsets are not a valid packing
-  int32_t* len_kv = nullptr;  ///< [batch]
-  int64_t* offsets = nullptr; ///< [kRaggedOperands][batch + 1] element offsets of each sequence's first token
+  int32_t* len_q = nullptr;   ///< [graph batch]; 0 for an invalid packing and past the batch
+  int32_t* len_kv = nullptr;  ///< [graph batch]
+  int64_t* offsets = nullptr; ///< [kRaggedOperands][graph batch + 1] element offsets of each sequence's first token
+  int64_t graph_batch = 0;
   float* stats = nullptr;     ///< lse in cuDNN's token-major layout [tokens_q, heads_q]
 };
 

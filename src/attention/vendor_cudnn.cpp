@@ -41,7 +41,10 @@
 // and lse = -inf after the forward; the backward reads such an lse as +inf,
 // so that every weight exp(score - lse) of the row is 0, not NaN; keys of a
 // sequence without queries get zero gradients. Causal and window bands align
-// to each sequence's lengths (top-left or bottom-right). Softcaps stay with
+// to each sequence's lengths (top-left or bottom-right). The graph is built
+// for the bucketed shape (ragged_shape: batch, max_seqlen and token counts
+// rounded up to powers of two; sequences past the batch have length 0), so
+// that a training loop whose packing changes every step reuses a few graphs. Softcaps stay with
 // the bespoke kernels (the score modifier beside a padding mask).
 #include "attention/engine.hpp"
 
@@ -130,7 +133,8 @@ Result<Band> band_of(const Problem& p) {
   const int64_t left = p.window_left >= 0 ? p.window_left + 1 : -1;
   if (right < 0 && left < 0) return Band{};
   if (p.varlen()) {  // cuDNN aligns the band to each sequence's own lengths (its padding mask)
-    Band band{left, right < 0 ? p.seq_q + p.seq_kv : right, p.bottom_right};
+    const RaggedShape graph = ragged_shape(p);
+    Band band{left, right < 0 ? graph.seq_q + graph.seq_kv : right, p.bottom_right};
     if (band.left > INT_MAX || band.right > INT_MAX) return unsupported("cuDNN's band bounds are int32");
     return band;
   }
@@ -236,6 +240,7 @@ Status check_problem(const Problem& p, bool backward) {
 /// 16-byte aligned (checked) and the pack is filled per run.
 struct Key {
   int device = 0;
+  bool backward = false, deterministic = false;
   DType dtype = DType::bf16;
   int64_t batch = 0, heads_q = 0, heads_kv = 0, seq_q = 0, seq_kv = 0, head_dim = 0, value_dim = 0;
   bool varlen = false;
@@ -251,9 +256,9 @@ struct Key {
 
 Key::Strides strides(const Operand& o) { return {o.batch, o.head, o.seq}; }
 
-Key key_of(const Problem& p, int device, const Band& band) {
+Key key_of(const Problem& p, int device, const Band& band, bool backward, bool deterministic) {
   Key key;
-  key.device = device;
+  key.device = device, key.backward = backward, key.deterministic = deterministic;
   key.dtype = p.dtype;
   key.batch = p.batch, key.heads_q = p.heads_q, key.heads_kv = p.heads_kv;
   key.seq_q = p.seq_q, key.seq_kv = p.seq_kv, key.head_dim = p.head_dim, key.value_dim = p.value_dim;
@@ -266,10 +271,13 @@ Key key_of(const Problem& p, int device, const Band& band) {
     key.grad_out = strides(p.grad_out), key.grad_q = strides(p.grad_q);
     key.grad_k = strides(p.grad_k), key.grad_v = strides(p.grad_v);
   }
-  if (p.varlen()) {  // a batch stride as if padded to max_seqlen; the ragged offsets place each sequence
-    key.varlen = true, key.tokens_q = p.tokens_q, key.tokens_kv = p.tokens_kv;
-    for (Key::Strides* s : {&key.q, &key.out, &key.grad_out, &key.grad_q}) (*s)[0] = p.seq_q * (*s)[2];
-    for (Key::Strides* s : {&key.k, &key.v, &key.grad_k, &key.grad_v}) (*s)[0] = p.seq_kv * (*s)[2];
+  if (p.varlen()) {  // the bucketed shape; a batch stride as if padded, the ragged offsets place each sequence
+    const RaggedShape graph = ragged_shape(p);
+    key.varlen = true, key.batch = graph.batch, key.seq_q = graph.seq_q, key.seq_kv = graph.seq_kv;
+    key.tokens_q = graph.tokens_q, key.tokens_kv = graph.tokens_kv;
+    for (Key::Strides* s : {&key.q, &key.out, &key.grad_out, &key.grad_q}) (*s)[0] = graph.seq_q * (*s)[2];
+    for (Key::Strides* s : {&key.k, &key.v, &key.grad_k, &key.grad_v}) (*s)[0] = graph.seq_kv * (*s)[2];
+    if (key.lse_out) key.lse = {};  // not the graph's (cuDNN's stats live in the workspace)
   }
   key.scale = std::bit_cast<uint32_t>(static_cast<float>(p.scale));  // cuDNN scales in f32
   if (p.softcap > 0) key.softcap = std::bit_cast<uint32_t>(static_cast<float>(p.softcap));
@@ -385,21 +393,32 @@ class CudnnEngine final : public Engine {
  private:
   /// The graph of the problem's layout on the current device, built on a miss.
   Result<const Built*> graph_for(const Problem& p) const;
-  Status build(const Key& key, cudnnHandle_t handle, std::mutex& handle_mutex, Built& built) const;
 
   bool backward_, deterministic_;
-  mutable std::mutex mutex_;  // guards graphs_; entries are never removed
-  mutable std::map<Key, std::unique_ptr<Built>> graphs_;
 };
+
+/// The graphs every engine shares. Never destroyed: graphs must not be torn
+/// down after cuDNN and the CUDA context at exit. Entries are never removed.
+struct GraphCache {
+  std::mutex mutex;
+  std::map<Key, std::unique_ptr<Built>> graphs;
+};
+GraphCache& graph_cache() {
+  static GraphCache* cache = new GraphCache;
+  return *cache;
+}
+
+Status build(const Key& key, cudnnHandle_t handle, std::mutex& handle_mutex, Built& built);
 
 Result<const Built*> CudnnEngine::graph_for(const Problem& p) const {
   auto band = band_of(p);
   if (!band) return band.status();
   int device = 0;
   BARACUDA_CUDA_TRY(cudaGetDevice(&device));
-  const Key key = key_of(p, device, *band);
-  std::lock_guard lock(mutex_);
-  std::unique_ptr<Built>& slot = graphs_[key];
+  const Key key = key_of(p, device, *band, backward_, deterministic_);
+  GraphCache& cache = graph_cache();
+  std::lock_guard lock(cache.mutex);
+  std::unique_ptr<Built>& slot = cache.graphs[key];
   if (!slot) {
     slot = std::make_unique<Built>();
     auto handle = vendor::dnn_handle();
@@ -410,8 +429,8 @@ Result<const Built*> CudnnEngine::graph_for(const Problem& p) const {
   return static_cast<const Built*>(slot.get());
 }
 
-Status CudnnEngine::build(const Key& key, cudnnHandle_t handle, std::mutex& handle_mutex, Built& built) const {
-  const char* pass = backward_ ? "backward" : "forward";
+Status build(const Key& key, cudnnHandle_t handle, std::mutex& handle_mutex, Built& built) {
+  const char* pass = key.backward ? "backward" : "forward";
   auto refuse = [&](const std::string& step, const std::string& message) {
     return unsupported("cuDNN cannot build the attention ", pass, " graph (", step, "): ", message);
   };
@@ -442,7 +461,7 @@ Status CudnnEngine::build(const Key& key, cudnnHandle_t handle, std::mutex& hand
     };
     if (key.varlen) {
       for (int i = 0; i < kRaggedOperands; ++i)
-        if (ragged_used(i, backward_, key.lse_out))
+        if (ragged_used(i, key.backward, key.lse_out))
           offsets[i] = index_tensor(cat("offsets_", i).c_str(), kOffsets + i, b + 1, fe::DataType_t::INT64);
       len_q = index_tensor("len_q", kLenQ, b, fe::DataType_t::INT32);
       len_kv = index_tensor("len_kv", kLenKV, b, fe::DataType_t::INT32);
@@ -474,7 +493,7 @@ Status CudnnEngine::build(const Key& key, cudnnHandle_t handle, std::mutex& hand
     auto softcap_forward = [softcap](std::shared_ptr<fe::graph::Graph> graph, TensorPtr score) {
       return softcap.forward(graph, score);
     };
-    if (!backward_) {
+    if (!key.backward) {
       auto attrs = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(key.lse_out).set_attn_scale(scale);
       apply_band(attrs);
       packed(attrs);
@@ -495,7 +514,7 @@ Status CudnnEngine::build(const Key& key, cudnnHandle_t handle, std::mutex& hand
       auto attrs = fe::graph::SDPA_backward_attributes()
                        .set_name("sdpa_backward")
                        .set_attn_scale(scale)
-                       .set_deterministic_algorithm(deterministic_);
+                       .set_deterministic_algorithm(key.deterministic);
       apply_band(attrs);
       packed(attrs);
       if (key.varlen) {
@@ -562,7 +581,7 @@ Status CudnnEngine::run(const Problem& p, const Workspace& workspace, CUstream_s
     pack.emplace(kLenKV, ragged.len_kv);
     for (int i = 0; i < kRaggedOperands; ++i)
       if (ragged_used(i, p.backward, p.backward || p.lse.data))
-        pack.emplace(kOffsets + i, ragged.offsets + i * (p.batch + 1));
+        pack.emplace(kOffsets + i, ragged.offsets + i * (ragged.graph_batch + 1));
     if (p.backward || p.lse.data) pack.emplace(kStats, ragged.stats);
   } else if (p.backward || p.lse.data) {
     pack.emplace(kStats, p.lse.data);
@@ -593,6 +612,12 @@ Result<std::unique_ptr<Engine>> make_cudnn_engine(bool backward, bool determinis
   return std::unique_ptr<Engine>(std::make_unique<CudnnEngine>(backward, deterministic));
 }
 
+size_t cudnn_graphs_built() {
+  GraphCache& cache = graph_cache();
+  std::lock_guard lock(cache.mutex);
+  return cache.graphs.size();
+}
+
 }  // namespace baracuda::attn
 
 #else  // !BARACUDA_HAS_CUDNN
@@ -602,6 +627,7 @@ namespace baracuda::attn {
 Result<std::unique_ptr<Engine>> make_cudnn_engine(bool, bool) {
   return unsupported("built without cuDNN (libcudnn or the cudnn_frontend headers were not found at configure time)");
 }
+size_t cudnn_graphs_built() { return 0; }
 
 }  // namespace baracuda::attn
 
