@@ -155,6 +155,55 @@ TEST(CudaScan, LongChainIsExact) {
   cudaFree(ws);
 }
 
+/// f32 sums and products of rows of stride 1 stream their tiles (Note
+/// [Streamed single-pass tiles]): integer-valued inputs whose running sums
+/// and products stay exact in f32, checked element by element against exact
+/// host scans, over rows of full tiles, rows with a partial last tile, and
+/// more tiles than blocks resident (every block takes several); outputs
+/// poisoned. A row stride that is not a multiple of 4 elements takes the
+/// non-streamed kernel, checked the same way.
+TEST(CudaScan, StreamedF32IsExact) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Shape shapes[] = {{7, 3 * 8192}, {3, (int64_t(1) << 20) + 4}, {(int64_t(1) << 22) + 12}, {2, 100003}, {4, 8196}};
+  for (const std::string op : {"cumsum", "cumprod"}) {
+    for (const Shape& shape : shapes) {
+      SCOPED_TRACE(op + " " + shape_str(shape));
+      auto desc = infer(op, {{DType::f32, shape}});
+      ASSERT_TRUE(desc);
+      auto plan = select(Stream::cuda(), *desc);
+      ASSERT_TRUE(plan) << plan.status().to_string();
+      const int64_t n = desc->inputs[0].numel(), cols = shape.back(), rows = n / cols;
+      std::vector<float> host(n), got(n);
+      std::mt19937 rng(17);
+      for (auto& v : host) v = op == "cumsum" ? float(int(rng() % 7) - 3) : (rng() % 2 ? 1.f : -1.f);
+      if (op == "cumprod") host[n / 2] = 0, host[n - 1] = 0;  // zeros hold to the end of their row
+      void *x = nullptr, *y = nullptr, *ws = nullptr;
+      ASSERT_EQ(cudaMalloc(&x, n * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&y, n * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&ws, std::max<size_t>((*plan)->workspace_size(), 1)), cudaSuccess);
+      cudaMemcpy(x, host.data(), n * 4, cudaMemcpyHostToDevice);
+      cudaMemset(y, 0xFF, n * 4);
+      std::array<TensorView, 1> in{*TensorView::contiguous(x, DType::f32, shape)};
+      std::array<TensorView, 1> out{*TensorView::contiguous(y, DType::f32, shape)};
+      ASSERT_TRUE((*plan)->run(Stream::cuda(), Workspace{ws, (*plan)->workspace_size()}, OpArgs{in, out}));
+      ASSERT_EQ(cudaMemcpy(got.data(), y, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      int64_t bad = 0, first_bad = -1;
+      for (int64_t r = 0; r < rows; ++r) {
+        double acc = op == "cumsum" ? 0 : 1;
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t e = r * cols + c;
+          acc = op == "cumsum" ? acc + host[e] : acc * host[e];
+          if (!(double(got[e]) == acc) && bad++ == 0) first_bad = e;
+        }
+      }
+      EXPECT_EQ(bad, 0) << "first wrong element " << first_bad << " of " << n;
+      cudaFree(x);
+      cudaFree(y);
+      cudaFree(ws);
+    }
+  }
+}
+
 /// Rows whose start is not 16-byte aligned (views from element 1 of a buffer,
 /// for the input, the outputs or both) take the single-pass kernel's scalar
 /// path and must give the bits the vectorised path gives for the same values
