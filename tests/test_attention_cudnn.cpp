@@ -417,6 +417,20 @@ struct Operands {
     ASSERT_TRUE(s.is_ok()) << s.to_string();
   }
 
+  /// Random grad_out and the host backward's gradients (q, k, v) of the host
+  /// forward (out and lse as it left them) into `want`; the gradients are
+  /// poisoned again after, ready for upload.
+  void host_backward(std::mt19937& rng, std::vector<float> (&want)[3]) {
+    grad_out.random(numel_q, c.dtype, rng);
+    grad_q.poison(numel_q), grad_k.poison(numel_kv), grad_v.poison(numel_kv);
+    AttentionFn ref = host_attention().find(launch_key("attention_backward", c.dtype));
+    ASSERT_NE(ref, nullptr) << "no host reference attention_backward:" << dtype_name(c.dtype);
+    const Status r = ref(problem(false, true), Workspace{}, nullptr);
+    ASSERT_TRUE(r.is_ok()) << r.to_string();
+    want[0] = grad_q.values(c.dtype), want[1] = grad_k.values(c.dtype), want[2] = grad_v.values(c.dtype);
+    grad_q.poison(numel_q), grad_k.poison(numel_kv), grad_v.poison(numel_kv);
+  }
+
   /// Runs the engine on the device problem with a workspace of its size.
   void run(const Engine& engine, const Problem& p) {
     const Status supported = engine.supports(p);
@@ -464,29 +478,22 @@ TEST_P(AttentionCudnnGpu, BackwardMatchesReference) {
     Operands s(GetParam());
     std::mt19937 rng(99);
     ASSERT_NO_FATAL_FAILURE(s.host_forward(rng));
-    s.grad_out.random(s.numel_q, s.c.dtype, rng);
-    s.grad_q.poison(s.numel_q), s.grad_k.poison(s.numel_kv), s.grad_v.poison(s.numel_kv);
-    AttentionFn ref = host_attention().find(launch_key("attention_backward", s.c.dtype));
-    ASSERT_NE(ref, nullptr) << "no host reference attention_backward:" << dtype_name(s.c.dtype);
-    const Status r = ref(s.problem(false, true), Workspace{}, nullptr);
-    ASSERT_TRUE(r.is_ok()) << r.to_string();
-    const std::vector<float> want_q = s.grad_q.values(s.c.dtype), want_k = s.grad_k.values(s.c.dtype),
-                             want_v = s.grad_v.values(s.c.dtype);
+    std::vector<float> want[3];
+    ASSERT_NO_FATAL_FAILURE(s.host_backward(rng, want));
 
     // cuDNN gets the reference's out and lse, so both sides differentiate the same forward.
     for (Buffer* b : {&s.q, &s.k, &s.v, &s.out, &s.grad_out}) b->upload();
     if (s.c.mask) s.mask.upload();
     if (s.packed()) s.cu_q.upload(), s.cu_kv.upload();
     s.lse.upload();
-    s.grad_q.poison(s.numel_q), s.grad_k.poison(s.numel_kv), s.grad_v.poison(s.numel_kv);
     s.grad_q.upload(), s.grad_k.upload(), s.grad_v.upload();
     const Problem p = s.problem(true, true);
     ASSERT_NO_FATAL_FAILURE(s.run(*engine, p));
     const std::vector<float> got_q = s.grad_q.download(s.c.dtype), got_k = s.grad_k.download(s.c.dtype),
                              got_v = s.grad_v.download(s.c.dtype);
-    expect_close("grad_q", got_q, want_q, 3e-2);
-    expect_close("grad_k", got_k, want_k, 3e-2);
-    expect_close("grad_v", got_v, want_v, 3e-2);
+    expect_close("grad_q", got_q, want[0], 3e-2);
+    expect_close("grad_k", got_k, want[1], 3e-2);
+    expect_close("grad_v", got_v, want[2], 3e-2);
     if (deterministic) {  // a second run gives the same bits (row pads stay the same NaN)
       ASSERT_NO_FATAL_FAILURE(s.run(*engine, p));
       auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
@@ -535,25 +542,18 @@ TEST(AttentionCudnnPacked, InvalidOffsetsStayInBounds) {
   Operands s(c);
   std::mt19937 rng(6);
   ASSERT_NO_FATAL_FAILURE(s.host_forward(rng));
-  s.grad_out.random(s.numel_q, c.dtype, rng);
-  s.grad_q.poison(s.numel_q), s.grad_k.poison(s.numel_kv), s.grad_v.poison(s.numel_kv);
-  AttentionFn ref = host_attention().find(launch_key("attention_backward", c.dtype));
-  ASSERT_NE(ref, nullptr);
-  const Status r = ref(s.problem(false, true), Workspace{}, nullptr);
-  ASSERT_TRUE(r.is_ok()) << r.to_string();
-  const std::vector<float> want_q = s.grad_q.values(c.dtype), want_k = s.grad_k.values(c.dtype),
-                           want_v = s.grad_v.values(c.dtype);
+  std::vector<float> want[3];
+  ASSERT_NO_FATAL_FAILURE(s.host_backward(rng, want));
   s.cu_q.host = bad_q, s.cu_kv.host = bad_kv;
   for (Buffer* b : {&s.q, &s.k, &s.v, &s.out, &s.grad_out, &s.grad_q, &s.grad_k, &s.grad_v}) b->upload();
   s.lse.upload(), s.cu_q.upload(), s.cu_kv.upload();
   ASSERT_NO_FATAL_FAILURE(s.run(*engine, s.problem(true, true)));
   const std::vector<float> got[3] = {s.grad_q.download(c.dtype), s.grad_k.download(c.dtype),
                                      s.grad_v.download(c.dtype)};
-  const std::vector<float>* want[3] = {&want_q, &want_k, &want_v};
   const char* names[3] = {"grad_q", "grad_k", "grad_v"};
   for (int i = 0; i < 3; ++i) {
-    expect_close(names[i], got[i], *want[i], 3e-2);
-    untouched(names[i], got[i], *want[i]);
+    expect_close(names[i], got[i], want[i], 3e-2);
+    untouched(names[i], got[i], want[i]);
   }
 }
 
@@ -589,21 +589,14 @@ TEST(AttentionCudnnPacked, PackingsInOneBucketShareAGraph) {
     expect_close("lse", s.lse.download(), want_lse, 1e-3);
 
     s.out.host = ref_out, s.lse.host = want_lse;  // the backward differentiates the reference's forward
-    s.grad_out.random(s.numel_q, c.dtype, rng);
-    s.grad_q.poison(s.numel_q), s.grad_k.poison(s.numel_kv), s.grad_v.poison(s.numel_kv);
-    AttentionFn ref = host_attention().find(launch_key("attention_backward", c.dtype));
-    ASSERT_NE(ref, nullptr);
-    const Status r = ref(s.problem(false, true), Workspace{}, nullptr);
-    ASSERT_TRUE(r.is_ok()) << r.to_string();
-    const std::vector<float> want_q = s.grad_q.values(c.dtype), want_k = s.grad_k.values(c.dtype),
-                             want_v = s.grad_v.values(c.dtype);
-    s.grad_q.poison(s.numel_q), s.grad_k.poison(s.numel_kv), s.grad_v.poison(s.numel_kv);
+    std::vector<float> want[3];
+    ASSERT_NO_FATAL_FAILURE(s.host_backward(rng, want));
     for (Buffer* b : {&s.out, &s.grad_out, &s.grad_q, &s.grad_k, &s.grad_v}) b->upload();
     s.lse.upload();
     ASSERT_NO_FATAL_FAILURE(s.run(*bwd, s.problem(true, true)));
-    expect_close("grad_q", s.grad_q.download(c.dtype), want_q, 3e-2);
-    expect_close("grad_k", s.grad_k.download(c.dtype), want_k, 3e-2);
-    expect_close("grad_v", s.grad_v.download(c.dtype), want_v, 3e-2);
+    expect_close("grad_q", s.grad_q.download(c.dtype), want[0], 3e-2);
+    expect_close("grad_k", s.grad_k.download(c.dtype), want[1], 3e-2);
+    expect_close("grad_v", s.grad_v.download(c.dtype), want[2], 3e-2);
     EXPECT_EQ(cudnn_graphs_built() - graphs_before, new_graphs_after[i]) << "graphs built";
   }
 }
