@@ -1,7 +1,8 @@
 // The cuDNN engine of the attention family: cuDNN's fused flash attention
 // (the frontend's SDPA node), forward and backward, on dense [B, H, S, D]
 // views of f16/bf16. One graph per layout, options and device, built on first
-// use and cached; `run` only fills the variant pack and enqueues. A softcap
+// use and kept in a cache every engine shares; `run` only fills the variant
+// pack and enqueues. A softcap
 // rides on the frontend's score modifier (Note [Softcap as a score modifier]);
 // packed sequences on its ragged layout (Note [Packed sequences on cuDNN]).
 //
@@ -44,8 +45,9 @@
 // to each sequence's lengths (top-left or bottom-right). The graph is built
 // for the bucketed shape (ragged_shape: batch, max_seqlen and token counts
 // rounded up to powers of two; sequences past the batch have length 0), so
-// that a training loop whose packing changes every step reuses a few graphs. Softcaps stay with
-// the bespoke kernels (the score modifier beside a padding mask).
+// that a training loop whose packing changes every step reuses a few graphs.
+// Softcaps stay with the bespoke kernels (the score modifier beside a
+// padding mask).
 #include "attention/engine.hpp"
 
 #if BARACUDA_HAS_CUDNN
