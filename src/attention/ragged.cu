@@ -41,9 +41,7 @@ __global__ void ragged_offsets_kernel(const Problem p, RaggedArrays a, TokenStri
   if (b < p.batch) {
     const int64_t q0 = p.cu_seqlens_q[b], q1 = p.cu_seqlens_q[b + 1];
     const int64_t k0 = p.cu_seqlens_kv[b], k1 = p.cu_seqlens_kv[b + 1];
-    // packing_valid (problem.hpp), written out: calling it compiles to reordered code not yet run on a GPU.
-    const bool valid = 0 <= q0 && q0 <= q1 && q1 <= p.tokens_q && 0 <= k0 && k0 <= k1 && k1 <= p.tokens_kv &&
-                       q1 - q0 <= p.seq_q && k1 - k0 <= p.seq_kv;
+    const bool valid = packing_valid(p, q0, q1, k0, k1);
     a.len_q[b] = valid ? int32_t(q1 - q0) : 0;
     a.len_kv[b] = valid ? int32_t(k1 - k0) : 0;
     if (valid) tok_q = q0, tok_kv = k0;

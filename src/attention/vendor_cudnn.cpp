@@ -2,9 +2,9 @@
 // (the frontend's SDPA node), forward and backward, on dense [B, H, S, D]
 // views of f16/bf16. One graph per layout, options and device, built on first
 // use and kept in a cache every engine shares; `run` only fills the variant
-// pack and enqueues. A softcap
-// rides on the frontend's score modifier (Note [Softcap as a score modifier]);
-// packed sequences on its ragged layout (Note [Packed sequences on cuDNN]).
+// pack and enqueues. A softcap rides on the frontend's score modifier (Note
+// [Softcap as a score modifier]); packed sequences on its ragged layout (Note
+// [Packed sequences on cuDNN]).
 //
 // Note [cuDNN diagonal band]
 // cuDNN keeps key j for query i when pos - left < j <= pos + right, where
@@ -524,7 +524,7 @@ Status build(const Key& key, cudnnHandle_t handle, std::mutex& handle_mutex, Bui
         d_o->set_ragged_offset(offsets[kRaggedGradOut]);
         stats->set_ragged_offset(offsets[kRaggedStats]);
         // Sizes cuDNN's token-major scratch by the tokens, not batch x max_seqlen (rounded as its tests do).
-        auto total = [](int64_t tokens) { return std::max<int64_t>(64, (tokens + 63) / 64 * 64); };
+        auto total = [](int64_t tokens) { return std::max<int64_t>(64, ceil_div(tokens, 64) * 64); };
         attrs.set_max_total_seq_len_q(total(key.tokens_q)).set_max_total_seq_len_kv(total(key.tokens_kv));
       }
       if (bias) attrs.set_bias(bias);

@@ -12,6 +12,7 @@
 
 #include "core/cuda_async.cuh"
 #include "core/cuda_check.hpp"
+#include "core/cuda_rows.cuh"
 #include "core/rows.hpp"
 #include "scan/ops.hpp"
 #include "scan/register.hpp"
@@ -581,8 +582,11 @@ inline constexpr int kStreamStages = 3, kStreamBlocks = 2, kStreamItems = 32;
 inline constexpr int kStreamTile = kBlock * kStreamItems;
 inline constexpr size_t kStreamSmem = size_t(kStreamStages) * kStreamTile * 4;
 
-/// Chunk (4 elements) of a stage that holds thread o's chunk q.
+/// Chunk (4 elements) of a stage that holds thread o's chunk q; the stage's
+/// chunk and element that hold the tile's chunk c and element i.
 __device__ __forceinline__ int stream_chunk(int o, int q) { return o * 8 + (q ^ (o & 7)); }
+__device__ __forceinline__ int stage_chunk(int c) { return stream_chunk(c >> 3, c & 7); }
+__device__ __forceinline__ int stage_element(int i) { return stage_chunk(i >> 2) * 4 + (i & 3); }
 
 template <class Io>
 __global__ void __launch_bounds__(kBlock, kStreamBlocks) streamed_scan_kernel(ScanLaunch l,
@@ -615,7 +619,7 @@ __global__ void __launch_bounds__(kBlock, kStreamBlocks) streamed_scan_kernel(Sc
 #pragma unroll
       for (int i = 0; i < kChunksEach; ++i) {
         const int c = o + i * kBlock;
-        cp_async_16(stage(st) + stream_chunk(c >> 3, c & 7), io.in + base + 4 * c, true);
+        cp_async_16(stage(st) + stage_chunk(c), io.in + base + 4 * c, true);
       }
       return;
     }
@@ -624,7 +628,7 @@ __global__ void __launch_bounds__(kBlock, kStreamBlocks) streamed_scan_kernel(Sc
     for (int k = 0; k < kIt; ++k) {
       const int i = k * kBlock + o;
       const int64_t e = base + i;
-      elements[stream_chunk(i >> 5, (i >> 2) & 7) * 4 + (i & 3)] = e < end ? S(io.in[e]) : Op::identity();
+      elements[stage_element(i)] = e < end ? S(io.in[e]) : Op::identity();
     }
   };
   // Thread o's elements of tile t from stage st, scanned in order.
@@ -699,14 +703,14 @@ __global__ void __launch_bounds__(kBlock, kStreamBlocks) streamed_scan_kernel(Sc
 #pragma unroll
         for (int i = 0; i < kChunksEach; ++i) {  // coalesced 16-byte stores
           const int c = o + i * kBlock;
-          reinterpret_cast<float4*>(io.out + base)[c] = stage(sa)[stream_chunk(c >> 3, c & 7)];
+          reinterpret_cast<float4*>(io.out + base)[c] = stage(sa)[stage_chunk(c)];
         }
       } else {
         const S* elements = reinterpret_cast<const S*>(stage(sa));
 #pragma unroll 4
         for (int k = 0; k < kIt; ++k) {
           const int i = k * kBlock + o;
-          if (base + i < end) io.out[base + i] = elements[stream_chunk(i >> 5, (i >> 2) & 7) * 4 + (i & 3)];
+          if (base + i < end) io.out[base + i] = elements[stage_element(i)];
         }
       }
     }
@@ -781,11 +785,12 @@ Status scan_on_cuda(const ScanLaunch& l, CUstream_st* stream) {
     if constexpr (Io::kStreams) {
       if (streams<Io>(l)) {
         static_assert(kStreamTile == kBlock * kPassItems<Io>, "the same tiles as the single-pass kernel");
+        // A persistent grid of the blocks an SM holds (kStreamBlocks on sm_90; where fewer fit, the rest wait
+        // their turn: tiles go by ticket, so no block waits on one that has not started).
         auto kernel = streamed_scan_kernel<Io>;
-        BARACUDA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStreamSmem)));
-        int per_sm = 0;
-        BARACUDA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlock, kStreamSmem));
-        const int64_t resident = int64_t(std::max(per_sm, 1)) * current_sm_count();
+        BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(kStreamSmem),
+                                                   /*max_carveout=*/true));
+        const int64_t resident = int64_t(kStreamBlocks) * current_sm_count();
         kernel<<<unsigned(std::min(blocks, resident)), kBlock, kStreamSmem, stream>>>(l, outer, tiles);
         BARACUDA_CUDA_TRY(cudaGetLastError());
         return Status::ok();
