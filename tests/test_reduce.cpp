@@ -10,6 +10,8 @@
 #include <random>
 
 #include "baracuda/registry.hpp"
+#include "core/errors.hpp"
+#include "exec.hpp"
 #include "gradcheck.hpp"
 #include "harness.hpp"
 #include "sweep.hpp"
@@ -231,6 +233,35 @@ TEST(ReduceErrors, ShortWorkspaceIsRefusedWithSizes) {
 
 #ifdef BARACUDA_HAS_CUDA
 /// The same reduction twice on the GPU gives the same bits (splits merged in order).
+// Contiguous rows numerous enough for a warp each on every resident warp
+// slot take no split at run time, whatever the plan chose from the shapes
+// (a warp a row, however long): 8600 rows (8448 warps fill an H100) of 2052
+// elements, which took a block each before, over two outer dims; exact
+// small integers (sums exact in f32, and bf16 rounds them as the host
+// does), outputs poisoned.
+TEST(CudaReduce, WarpRowsMatchHost) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(11);
+  for (const Shape& shape : {Shape{2, 4300, 2052}}) {
+    const std::vector<double> x = small_ints(numel(shape), rng);
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (const char* op : {"sum", "mean", "amax", "argmax"}) {
+        const Attrs attrs{{"dims", double(1 << (shape.size() - 1))}};  // the last axis
+        auto gpu = exec(Backend::bespoke_cuda, op, {{x, shape, dtype}}, attrs);
+        auto host = exec(Backend::host_reference, op, {{x, shape, dtype}}, attrs);
+        ASSERT_TRUE(gpu) << op << ": " << gpu.status().to_string();
+        ASSERT_TRUE(host) << op << ": " << host.status().to_string();
+        ASSERT_EQ((*gpu)[0].size(), (*host)[0].size());
+        int64_t bad = 0;
+        for (size_t i = 0; i < (*host)[0].size(); ++i) {
+          const double a = (*gpu)[0][i], b = (*host)[0][i];
+          bad += !(std::abs(a - b) <= 1e-6 * std::abs(b));  // NaN (unwritten) counts
+        }
+        EXPECT_EQ(bad, 0) << op << " " << dtype_name(dtype) << " " << shape_str(shape);
+      }
+  }
+}
+
 TEST(CudaReduce, BitwiseDeterministicRunToRun) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (const char* op : {"sum", "var", "logsumexp", "norm"}) {
