@@ -45,6 +45,21 @@ def torch_sparsemax_backward(g, y):
     return torch.where(s, g - (g * s).sum(-1, keepdim=True) / s.sum(-1, keepdim=True), 0)
 
 
+def softmax_rows(x, g, o1, o2, shape, es, tol):
+    """softmax, log_softmax (outputs checked against torch's) and softmax_backward over the last dim of x."""
+    n, dtype = x.numel(), x.dtype
+    row(f"softmax {shape}", dtype, lambda: F.softmax(x, -1, out=o1),
+        lambda: aten._softmax.out(x, -1, False, out=o2), 2 * n * es,
+        lambda: close(F.softmax(x, -1), torch.softmax(x, -1), tol))
+    row(f"log_softmax {shape}", dtype, lambda: F.log_softmax(x, -1, out=o1),
+        lambda: aten._log_softmax.out(x, -1, False, out=o2), 2 * n * es,
+        lambda: close(F.log_softmax(x, -1), torch.log_softmax(x, -1), tol * 4))
+    y = torch.softmax(x, -1)
+    row(f"softmax_backward {shape}", dtype, lambda: F.softmax_backward(g, y, -1, out=o1),
+        lambda: aten._softmax_backward_data.out(g, y, -1, dtype, grad_input=o2), 3 * n * es,
+        lambda: close(F.softmax_backward(g, y, -1), aten._softmax_backward_data(g, y, -1, dtype), tol))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="", help="comma-separated substrings of row names to run (any matches)")
@@ -61,16 +76,7 @@ def main():
             o1, o2 = torch.empty_like(x), torch.empty_like(x)
             shape = f"{rows}x{cols}"
             if want("softmax"):
-                row(f"softmax {shape}", dtype, lambda: F.softmax(x, -1, out=o1),
-                    lambda: aten._softmax.out(x, -1, False, out=o2), 2 * n * es,
-                    lambda: close(F.softmax(x, -1), torch.softmax(x, -1), tol))
-                row(f"log_softmax {shape}", dtype, lambda: F.log_softmax(x, -1, out=o1),
-                    lambda: aten._log_softmax.out(x, -1, False, out=o2), 2 * n * es)
-                y = torch.softmax(x, -1)
-                row(f"softmax_backward {shape}", dtype, lambda: F.softmax_backward(g, y, -1, out=o1),
-                    lambda: aten._softmax_backward_data.out(g, y, -1, dtype, grad_input=o2), 3 * n * es,
-                    lambda: close(F.softmax_backward(g, y, -1), aten._softmax_backward_data(g, y, -1, dtype), tol))
-                del y
+                softmax_rows(x, g, o1, o2, shape, es, tol)
             if want("gumbel_softmax"):
                 o3 = torch.empty_like(x)
                 for hard in (False, True):
@@ -161,6 +167,12 @@ def main():
                 2 * n * es + rows * 8,
                 lambda: close(F.cross_entropy_fused(x, t)[1], torch_fwd_bwd()[0], 1e-6))
             del x, xr
+        if want("softmax"):
+            for rows, cols in ((1024, 131072), (256, 262144)):  # long rows (clusters)
+                x = torch.randn(rows, cols, device="cuda", dtype=dtype)
+                g = torch.randn_like(x)
+                softmax_rows(x, g, torch.empty_like(x), torch.empty_like(x), f"{rows}x{cols}", es, tol)
+                del x, g
         rows_losses(dtype, es, tol, want)
         if want("batch_norm"):
             # Training step with running stats; f32 parameters for bf16 (torch's mixed batch norm).

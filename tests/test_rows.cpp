@@ -37,6 +37,31 @@ TEST_P(Norm, CudaMatchesReference) {
 }
 INSTANTIATE_TEST_SUITE_P(Ops, Norm, testing::ValuesIn(ops_of(OpCategory::norm)), param_name);
 
+/// Runs each op of `names` on the CUDA backend over `shapes`, in `dtypes`
+/// (empty: every dtype of the op) and every layout (quick runs: `quick_layout`
+/// and contiguous), against the host reference; returns the cases run.
+int cuda_cases(std::initializer_list<const char*> names, const std::vector<DType>& dtypes,
+               const std::vector<Shape>& shapes, LayoutKind quick_layout) {
+  int ran = 0;
+  for (const char* name : names) {
+    const OpInfo& op = *find_op(name);
+    for (DType dtype : dtypes.empty() ? op.dtypes : dtypes)
+      for (const Shape& shape : shapes)
+        for (LayoutKind layout : kAllLayouts) {
+          if (quick() && layout != LayoutKind::contiguous && layout != quick_layout) continue;
+          CaseSpec spec{&op, dtype, shape, op.sample_attrs.front(), layout};
+          RunOptions opt;
+          opt.backend = Backend::bespoke_cuda;
+          const CaseOutcome r = run_case(spec, opt);
+          if (r.skipped) continue;
+          ++ran;
+          EXPECT_TRUE(r.passed) << spec.to_string() << ": " << r.message;
+          EXPECT_FALSE(r.reference_all_zero) << spec.to_string();
+        }
+  }
+  return ran;
+}
+
 // Rows of 1024 elements to 1024 vectors take the one-pass backward (Note
 // [Fused norm backward]): every block width (128 to 1024 threads), rows that
 // are not whole vectors (element loads), many rows a split, a rank-2 outer
@@ -50,24 +75,54 @@ TEST(NormCuda, OnePassBackwardAgainstReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const std::vector<Shape> shapes{{5, 1024},   {300, 1030}, {700, 2048},  {3, 2, 4096}, {2, 8192},   {1500, 1536},
                                   {1, 1100},   {37, 16384}, {9, 20001},   {4, 65536},   {600, 12000}};
-  int ran = 0;
-  for (const char* name : {"layer_norm_backward", "rms_norm_backward"}) {
-    const OpInfo& op = *find_op(name);
-    for (DType dtype : op.dtypes)
-      for (const Shape& shape : shapes)
-        for (LayoutKind layout : kAllLayouts) {
-          if (quick() && layout != LayoutKind::contiguous && layout != LayoutKind::strided) continue;
-          CaseSpec spec{&op, dtype, shape, op.sample_attrs.front(), layout};
-          RunOptions opt;
-          opt.backend = Backend::bespoke_cuda;
-          const CaseOutcome r = run_case(spec, opt);
-          if (r.skipped) continue;
-          ++ran;
-          EXPECT_TRUE(r.passed) << spec.to_string() << ": " << r.message;
-          EXPECT_FALSE(r.reference_all_zero) << spec.to_string();
-        }
-  }
+  const int ran = cuda_cases({"layer_norm_backward", "rms_norm_backward"}, {}, shapes, LayoutKind::strided);
   EXPECT_GT(ran, 50);
+}
+
+// Long rows in whole vectors take the cluster kernel on sm_90 (Note
+// [Softmax over a cluster]): 2 to 16 ranks (past 8: the non-portable
+// sizes), both vector counts a thread (262144: f32 backward at eight, f32
+// forward at 16 ranks), a last rank mostly past the row (16388, 65540),
+// rank-2 outer shapes, and the sweep's layouts (strided and transposed rows
+// keep the rows kernel; in place and poisoned outputs reach both).
+TEST(SoftmaxCuda, ClusterRowsAgainstReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<Shape> shapes{{3, 16388}, {5, 32768}, {2, 40000}, {2, 3, 20000}, {4, 65540}, {1, 262144}};
+  const int ran = cuda_cases({"softmax", "log_softmax", "softmin", "softmax_backward", "log_softmax_backward",
+                              "softmin_backward"},
+                             {DType::f32, DType::bf16, DType::f16}, shapes, LayoutKind::inplace);
+  EXPECT_GT(ran, 200);
+}
+
+// The cluster kernel's special rows against the host: -inf entries (a
+// thread's whole share -inf: its part weighs 0), a row of -inf (NaN, as
+// torch), a NaN, a +inf (NaN row), and huge spreads.
+TEST(SoftmaxCuda, ClusterRowsSpecialValues) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const int64_t cols = 32768;
+  const Shape shape{5, cols};
+  std::vector<double> x(5 * cols);
+  std::mt19937 rng(5);
+  std::normal_distribution<double> n(0, 3);
+  for (auto& v : x) v = n(rng);
+  for (int64_t c = 0; c < cols; c += 3) x[c] = -INFINITY;              // row 0: every third -inf
+  for (int64_t c = 0; c < 8192 + 100; ++c) x[cols + c] = -INFINITY;     // row 1: the first rank's share and more
+  for (int64_t c = 0; c < cols; ++c) x[2 * cols + c] = -INFINITY;       // row 2: all -inf
+  x[3 * cols + 20000] = NAN;                                            // row 3: a NaN
+  x[4 * cols + 7] = INFINITY;                                           // row 4: +inf
+  for (const char* op : {"softmax", "log_softmax", "softmin"}) {
+    auto gpu = exec(Backend::bespoke_cuda, op, {{x, shape, DType::f32}});
+    auto host = exec(Backend::host_reference, op, {{x, shape, DType::f32}});
+    ASSERT_TRUE(gpu) << gpu.status().to_string();
+    ASSERT_TRUE(host) << host.status().to_string();
+    int64_t bad = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double a = (*gpu)[0][i], b = (*host)[0][i];
+      const bool same = (std::isnan(a) && std::isnan(b)) || a == b || std::abs(a - b) <= 1e-5 * std::max(1.0, std::abs(b));
+      bad += !same;
+    }
+    EXPECT_EQ(bad, 0) << op;
+  }
 }
 
 /// Runs `op` on the host over contiguous f64 operands; returns output 0.

@@ -215,6 +215,27 @@ Status launch_cached(Kernel cached, Kernel uncached, size_t cache, bool max_carv
   return Status::ok();
 }
 
+/// One 16-byte store of a vector to global `dst` (16-byte aligned). A copy
+/// of the struct, or of a uint4, may compile to four 4-byte stores (the
+/// clustered norm backward's did: four times the store requests).
+template <class T, int V>
+__device__ __forceinline__ void store_16(T* dst, const Vec<T, V>& v) {
+  static_assert(sizeof(Vec<T, V>) == 16);
+  uint32_t w[4];
+  memcpy(w, &v, 16);
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+               : "memory");
+}
+
+/// Whether every row of operand k is unit-stride and 16-byte aligned, in whole vectors.
+inline bool rows_in_vectors(const RowLaunch& l, int k, size_t elem_bytes) {
+  const int64_t v = int64_t(16 / elem_bytes);
+  if (l.inner.stride[k][0] != 1 || reinterpret_cast<uintptr_t>(l.data[k]) % 16 != 0 || l.cols % v != 0) return false;
+  for (int d = 0; d < l.outer.rank; ++d)
+    if (l.outer.shape[d] > 1 && l.outer.stride[k][d] % v != 0) return false;
+  return true;
+}
+
 /// True when `p` can be read in 16-byte vectors of T over `cols` elements.
 template <class T>
 __device__ __forceinline__ bool vector_ok(const void* p, int64_t stride, int64_t cols) {

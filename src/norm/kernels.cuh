@@ -22,18 +22,8 @@ using rows::RowLaunch;
 using rows::by_row_length;
 using rows::kRowCacheBytes;
 using rows::launch_cached;
-
-/// One 16-byte store of a vector to global `dst` (16-byte aligned). A copy
-/// of the struct, or of a uint4, may compile to four 4-byte stores (the
-/// clustered norm backward's did: four times the store requests).
-template <class T, int V>
-__device__ __forceinline__ void store_16(T* dst, const rows::Vec<T, V>& v) {
-  static_assert(sizeof(rows::Vec<T, V>) == 16);
-  uint32_t w[4];
-  memcpy(w, &v, 16);
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-               : "memory");
-}
+using rows::rows_in_vectors;
+using rows::store_16;
 
 template <class T>
 using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -571,15 +561,6 @@ __global__ void __launch_bounds__(256) merge_params_kernel(RowLaunch l, int spli
   const auto& st = l.inner.stride;
   reinterpret_cast<T*>(l.data[S::kGradWeight])[c * st[S::kGradWeight][0]] = convert<T>(dw);
   if constexpr (S::kBias) reinterpret_cast<T*>(l.data[S::kGradBias])[c * st[S::kGradBias][0]] = convert<T>(db);
-}
-
-/// Whether every row of operand k is unit-stride and 16-byte aligned, in whole vectors.
-inline bool rows_in_vectors(const RowLaunch& l, int k, size_t elem_bytes) {
-  const int64_t v = int64_t(16 / elem_bytes);
-  if (l.inner.stride[k][0] != 1 || reinterpret_cast<uintptr_t>(l.data[k]) % 16 != 0 || l.cols % v != 0) return false;
-  for (int d = 0; d < l.outer.rank; ++d)
-    if (l.outer.shape[d] > 1 && l.outer.stride[k][d] % v != 0) return false;
-  return true;
 }
 
 /// Launches the fused backward over at most `splits` row splits; returns the

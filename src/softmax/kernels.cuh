@@ -1,4 +1,6 @@
 // CUDA softmax family. Rows along `dim`:
+//  - cluster kernel (cluster.cuh): long rows in whole vectors on sm_90,
+//    split over the blocks of a thread-block cluster, held in registers;
 //  - rows kernel: TPR threads per row; the row is kept in shared memory (in
 //    its storage type) when it fits, so memory is read once and written once;
 //    otherwise each pass re-reads it (L2 usually holds it);
@@ -9,6 +11,7 @@
 
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
+#include "softmax/cluster.cuh"
 #include "softmax/ops.hpp"
 
 namespace baracuda::smax {
@@ -170,6 +173,9 @@ Status softmax_on_cuda(const RowLaunch& l, const RowParams& p, CUstream_st* stre
     BARACUDA_CUDA_TRY(cudaGetLastError());
     return Status::ok();
   }
+  Result<bool> clustered = launch_cluster_rows<Op, T, kBackward>(l, outer, scale, stream);
+  BARACUDA_TRY(clustered.status());
+  if (*clustered) return Status::ok();
   // Halves forward: two rows per SM on long rows, one's arithmetic hides the other's loads.
   return rows::by_row_length(
       l.cols,
