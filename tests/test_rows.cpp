@@ -79,6 +79,19 @@ TEST(NormCuda, OnePassBackwardAgainstReference) {
   EXPECT_GT(ran, 50);
 }
 
+// Long layer_norm / rms_norm forward rows in whole vectors take the cluster
+// kernel on sm_90 (src/norm/cluster_forward.cuh): 2 to 16 ranks, both
+// vector counts a thread (262144 f32: eight vectors at 16 ranks; none past
+// that here), ragged last ranks, rank-2 outer shapes, with and without the
+// affine parameters, statistics checked; other layouts keep the rows kernel.
+TEST(NormCuda, ClusterForwardAgainstReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<Shape> shapes{{3, 16388}, {5, 32768}, {2, 40000}, {2, 3, 20000}, {4, 65540}, {1, 262144}};
+  const int ran = cuda_cases({"layer_norm", "rms_norm", "layer_norm_noaffine", "rms_norm_noaffine"},
+                             {DType::f32, DType::bf16, DType::f16}, shapes, LayoutKind::inplace);
+  EXPECT_GT(ran, quick() ? 100 : 150);  // quick runs: two layouts of five
+}
+
 // Long rows in whole vectors take the cluster kernel on sm_90 (Note
 // [Softmax over a cluster]): 2 to 16 ranks (past 8: the non-portable
 // sizes), both vector counts a thread (262144: f32 backward at eight, f32

@@ -215,6 +215,23 @@ Status launch_cached(Kernel cached, Kernel uncached, size_t cache, bool max_carv
   return Status::ok();
 }
 
+/// A launch of `threads`-thread blocks with `smem` bytes of dynamic shared
+/// memory in clusters of `ranks` blocks along x (the cluster attribute lives
+/// in `attr`, which must outlive the launch); the caller sets the grid.
+inline cudaLaunchConfig_t cluster_launch_config(unsigned threads, size_t smem, CUstream_st* stream, int ranks,
+                                                cudaLaunchAttribute& attr) {
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  attr = cudaLaunchAttribute{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = unsigned(ranks), attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return config;
+}
+
 /// One 16-byte store of a vector to global `dst` (16-byte aligned). A copy
 /// of the struct, or of a uint4, may compile to four 4-byte stores (the
 /// clustered norm backward's did: four times the store requests).

@@ -423,16 +423,9 @@ Status launch_cluster_rows(const ClassLaunch& cl, const ClassParams& p, const Of
   const int64_t slice_packs = cluster_slice_packs<T>(cl.rows.cols, ranks);
   auto kernel = cluster_rows_kernel<T, Index>;
   BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSliceBytes, true));
-  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute cluster;
+  cudaLaunchConfig_t config = rows::cluster_launch_config(kSliceThreads, size_t(slice_packs) * 16, stream, ranks, cluster);
   config.gridDim = dim3(unsigned(cl.rows.rows * ranks));
-  config.blockDim = dim3(kSliceThreads);
-  config.dynamicSmemBytes = size_t(slice_packs) * 16;
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = unsigned(ranks), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
   BARACUDA_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, cl, p, outer, slice_packs));
   return Status::ok();
 }

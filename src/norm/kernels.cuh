@@ -1,6 +1,7 @@
 // CUDA normalization. Forward and grad_input: TPR threads per row, the row
 // kept in shared memory when it fits (one read, one write), statistics by
-// fixed-order row reductions. grad_weight / grad_bias: in the same pass as
+// fixed-order row reductions; long forward rows over a thread-block cluster
+// (cluster_forward.cuh). grad_weight / grad_bias: in the same pass as
 // grad_input for rows of 1024 to 1024 x V elements (Note [Fused norm
 // backward]), else a column pass over the rows; either way split across
 // blocks with partial sums merged in split order, so the whole family is
@@ -13,6 +14,7 @@
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
 #include "norm/backward_shape.hpp"
+#include "norm/cluster_forward.cuh"
 #include "norm/ops.hpp"
 #include "reduce/engine.hpp"
 
@@ -24,9 +26,6 @@ using rows::kRowCacheBytes;
 using rows::launch_cached;
 using rows::rows_in_vectors;
 using rows::store_16;
-
-template <class T>
-using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 /// Element c of the normalised row straight from the inputs.
 template <class M, class T>
@@ -576,16 +575,10 @@ Result<int> launch_fused_backward(const RowLaunch& l, const rows::OffsetCalc<S::
   // The stages of two operands, and the weight in the math type.
   const int smem = (kFusedStages<kCluster> * 2 * 16 + rows::kVecOf<T> * int(sizeof(math_t<T, false>))) * K * TPR;
   BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, /*max_carveout=*/true));
-  cudaLaunchConfig_t config{};
-  config.blockDim = dim3(TPR);
-  config.dynamicSmemBytes = size_t(smem);
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
+  cudaLaunchAttribute cluster;
+  cudaLaunchConfig_t config = rows::cluster_launch_config(TPR, size_t(smem), stream, ranks, cluster);
+  if constexpr (!kCluster) config.numAttrs = 0;  // a plain launch
   if constexpr (kCluster) {
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = unsigned(ranks), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
     // As many clusters as the device holds at once: a second wave would double the time.
     // The count is asked once per device and cluster size (the query costs microseconds).
     static std::atomic<int> known[64][2][kMaxRanks + 1] = {};
@@ -613,6 +606,9 @@ template <class S, class T>
 Status norm_forward_on_cuda(const RowLaunch& l, const NormParams& p, int, CUstream_st* stream) {
   const rows::OffsetCalc<S::kOperands, int64_t> outer(l.outer);
   using C = std::conditional_t<S::kResidual, math_t<T, false>, T>;
+  Result<bool> clustered = launch_cluster_forward<S, T>(l, outer, p, stream);
+  BARACUDA_TRY(clustered.status());
+  if (*clustered) return Status::ok();
   return by_row_length(
       l.cols,
       [&]<int TPR, int RPB>() {
