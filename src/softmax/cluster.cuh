@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K * (kBackward ? 2 : 1)
     }
   }
 #else
-  __trap();  // launched on sm_90 and later only (launch_cluster_rows)
+  __trap();  // launched on sm_90 and later only (launch_clustered_softmax)
 #endif
 }
 
@@ -171,8 +171,8 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K * (kBackward ? 2 : 1)
 /// storage, every operand in whole aligned vectors, a cluster_row_shape);
 /// false when they do not, or the device cannot hold the cluster.
 template <class Op, class T, bool kBackward>
-Result<bool> launch_cluster_rows(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer,
-                                 math_t<T, false> scale, CUstream_st* stream) {
+Result<bool> launch_clustered_softmax(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer,
+                                      math_t<T, false> scale, CUstream_st* stream) {
   if constexpr (!std::is_same_v<T, float> && sizeof(T) != 2) {
     return false;
   } else {

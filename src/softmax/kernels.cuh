@@ -173,7 +173,7 @@ Status softmax_on_cuda(const RowLaunch& l, const RowParams& p, CUstream_st* stre
     BARACUDA_CUDA_TRY(cudaGetLastError());
     return Status::ok();
   }
-  Result<bool> clustered = launch_cluster_rows<Op, T, kBackward>(l, outer, scale, stream);
+  Result<bool> clustered = launch_clustered_softmax<Op, T, kBackward>(l, outer, scale, stream);
   BARACUDA_TRY(clustered.status());
   if (*clustered) return Status::ok();
   // Halves forward: two rows per SM on long rows, one's arithmetic hides the other's loads.
