@@ -11,9 +11,6 @@
 
 namespace baracuda::norm {
 
-template <class T>
-using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
 /// Operands as NormSpec's forward (no residual); block rank of cluster
 /// blockIdx.x / ranks owns columns rank * K * 512 * V onwards of that row.
 template <class S, class T, int K>

@@ -341,12 +341,11 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
   auto weight_at = [&](int k, int e) -> M& { return weight[(k * (V / kChunk) + e / kChunk) * TPR].v[e % kChunk]; };
   __shared__ M scratch[2][2][kWarps];  // [row parity][sum][warp]
   int rank = 0, ranks = 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (kCluster) {
-    asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-    asm("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(ranks));
+    uint32_t r, n;
+    rows::cluster_rank(r, n);
+    rank = int(r), ranks = int(n);
   }
-#endif
   const int64_t split = blockIdx.x / ranks, splits = gridDim.x / ranks;
   const int64_t cols = l.cols, first = split * chunk, end = min(l.rows, first + chunk);
   // This thread's columns: c0(k) .. c0(k) + V for each of its K vectors (vector k of the threads adjacent).

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "core/dtype_traits.hpp"
 
@@ -67,6 +68,10 @@ using NormSpecs = SpecList<LayerNorm, LayerNormNoAffine, RmsNorm, RmsNormNoAffin
 
 /// Storage types of input/output/weight: the four floats.
 using NormTypes = FloatTypes;
+
+/// The saved statistics' type (mean, rstd) of storage type T: f64 for f64, else f32.
+template <class T>
+using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 /// Attribute values the kernels read.
 struct NormParams {

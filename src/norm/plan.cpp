@@ -29,14 +29,11 @@ NormTable& cuda_norms() {
 
 namespace {
 
-template <class T>
-using host_stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
 /// The host reference: each row in f64, parameter gradients summed in row order.
 template <class S, class T, bool kBackward>
 Status norm_on_host(const RowLaunch& l, const NormParams& p, int, CUstream_st*) {
   using M = math_t<T, true>;
-  using Stat = host_stat_t<T>;
+  using Stat = stat_t<T>;
   const auto& st = l.inner.stride;
   auto at = [&](int k, const int64_t* off, int64_t c) -> T& {
     return reinterpret_cast<T*>(l.data[k])[off[k] + c * st[k][0]];

@@ -42,12 +42,6 @@ namespace baracuda::smax {
 
 using rows::RowLaunch;
 
-/// NaN-propagating maximum (as rows::MaxOp).
-template <class M>
-__device__ __forceinline__ M nan_max(M a, M b) {
-  return a > b || a != a ? a : b;
-}
-
 /// exp(m - max), 0 for an empty part (m = -inf).
 template <class M, bool kFast>
 __device__ __forceinline__ M part_weight(M m, M max) {
@@ -103,7 +97,7 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K * (kBackward ? 2 : 1)
     for (int k = 0; k < K; ++k)
       if (col(k) < cols)
 #pragma unroll
-        for (int e = 0; e < V; ++e) m = nan_max(m, sign * convert<M>(x[k].v[e]));
+        for (int e = 0; e < V; ++e) m = rows::MaxOp{}(m, sign * convert<M>(x[k].v[e]));
     const M shift = m == M(-INFINITY) ? M(0) : m;  // exp(-inf - -inf) would be NaN
     if constexpr (!kKeepExp)
 #pragma unroll
@@ -121,7 +115,7 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K * (kBackward ? 2 : 1)
     pairs.combine(
         0, max, sum,
         [](M& ma, M& sa, M mb, M sb) {
-          const M mx = nan_max(ma, mb);
+          const M mx = rows::MaxOp{}(ma, mb);
           sa = sa * part_weight<M, kFastExp>(ma, mx) + sb * part_weight<M, kFastExp>(mb, mx);
           ma = mx;
         },
