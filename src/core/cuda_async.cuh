@@ -37,6 +37,14 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
   *static_cast<uint4*>(dst) = valid ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
 #endif
 }
+/// 4 bytes (4-byte aligned) from global `src` to shared `dst`, through L1.
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared_address(dst)), "l"(src) : "memory");
+#else
+  *static_cast<uint32_t*>(dst) = __ldg(static_cast<const uint32_t*>(src));
+#endif
+}
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::: "memory");

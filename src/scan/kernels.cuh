@@ -137,8 +137,11 @@ struct ScanIo {
   // operand is a plain array of its element type. Sums and products of 4-byte
   // elements move faster coalesced through shared memory.
   static constexpr bool kRuns = !(sizeof(T) == 4 && sizeof(S) == 4 && cheap_combine<Op>::value);
-  /// Rows of stride 1 may take streamed_scan_kernel (Note [Streamed single-pass tiles]).
-  static constexpr bool kStreams = !kRuns && sizeof(Out) == 4 && std::is_same_v<T, S>;
+  /// Rows of stride 1 may take streamed_scan_kernel (Note [Streamed single-pass tiles]): sums and products
+  /// of f32, f16 or bf16 elements (an f32 state) written in their own type.
+  static constexpr bool kStreams = cheap_combine<Op>::value && sizeof(S) == 4 && std::is_same_v<T, Out> &&
+                                   (std::is_same_v<T, S> || (sizeof(T) == 2 && is_float_v<T>));
+  using In = T;
   static constexpr size_t kInBytes = sizeof(T);
   /// True when every operand of this row has stride 1 or -1 (cumsum_backward's reversed views) and its runs
   /// of N are 16-byte aligned.
@@ -551,14 +554,14 @@ __global__ void __launch_bounds__(kBlock, kPassBlocks<Io>) single_pass_kernel(Sc
 }
 
 // Note [Streamed single-pass tiles]
-// Sums and products of f32 rows of stride 1 (16-byte aligned; the 64M cumsum)
-// take a persistent, software-pipelined variant of single_pass_kernel. There,
-// tile j published its aggregate only once its block started on it, and its
-// look-back waited for the aggregates of the W tiles before it, each from a
-// block that had to finish its own previous tile first: every tile waited
-// for the slowest of W blocks, and while it waited its SM issued no loads.
-// Here each block takes tickets in a loop and keeps three tiles in three
-// shared-memory stages:
+// Sums and products of rows of stride 1 in f32, f16 or bf16 (the 64M
+// cumsum) take a persistent, software-pipelined variant of
+// single_pass_kernel. There, tile j published its aggregate only once its
+// block started on it, and its look-back waited for the aggregates of the W
+// tiles before it, each from a block that had to finish its own previous
+// tile first: every tile waited for the slowest of W blocks, and while it
+// waited its SM issued no loads. Here each block takes tickets in a loop and
+// keeps three tiles in three shared-memory stages:
 //  - tile d, just ticketed, copying in (cp.async, 16 bytes a copy, coalesced);
 //  - tile b, landed: scanned at once, its aggregate A(b) published;
 //  - tile a, scanned one step earlier: its look-back, then its output.
@@ -568,34 +571,59 @@ __global__ void __launch_bounds__(kBlock, kPassBlocks<Io>) single_pass_kernel(Sc
 // published prefix is some block's tile a (a block's a precedes its b and
 // d), every tile before it is done, and nothing a block does before that
 // look-back waits on another block. Thread o owns elements [32 o, 32 o + 32),
-// and every combine is the one single_pass_kernel makes, so the bits are
-// the same (the output pass rescans a's elements from the stage: 32 adds,
-// no registers held across the look-back). A stage holds its tile swizzled:
-// thread o's chunk q (elements 32 o + 4 q .. + 3) sits at chunk
-// 8 o + (q ^ o % 8), so the coalesced copies and a thread's reads of its own
-// eight chunks touch every bank once a wavefront. Outputs go back through
-// the stage and leave coalesced. A row's last, partial tile is loaded
-// element by element (synchronously) into the same layout.
+// C 16-byte chunks (8 of f32, 4 of a half type), and every combine is the
+// one single_pass_kernel makes, so the bits are the same (the output pass
+// rescans a's elements from the stage: 32 adds, no registers held across the
+// look-back). A stage holds its tile swizzled: thread o's chunk q sits at
+// chunk C o + (q ^ key(o)), key(o) = (C o / 8) mod C, so the coalesced
+// copies (8 consecutive chunks a wavefront) and the reads of 8 threads of
+// their own chunk q touch every 16-byte bank group once a wavefront. Outputs
+// go back through the stage in the input's type and leave coalesced, in
+// 16-byte stores where the tile's output is 16-byte aligned, else element
+// by element. Inputs not 16-byte aligned (views from element 1) copy in
+// 4-byte copies (f32; half types stream only from aligned inputs). A row's
+// last, partial tile is loaded element by element (synchronously) into the
+// same layout.
 
-/// Stages, blocks an SM and elements a thread of streamed_scan_kernel.
-inline constexpr int kStreamStages = 3, kStreamBlocks = 2, kStreamItems = 32;
+/// Stages and elements a thread of streamed_scan_kernel; its blocks an SM:
+/// two for 4-byte elements (96 KiB of stages each), three for 2-byte ones (48 KiB).
+inline constexpr int kStreamStages = 3, kStreamItems = 32;
 inline constexpr int kStreamTile = kBlock * kStreamItems;
-inline constexpr size_t kStreamSmem = size_t(kStreamStages) * kStreamTile * 4;
+template <size_t kElemBytes>
+inline constexpr int kStreamBlocks = kElemBytes == 4 ? 2 : 3;
+template <size_t kElemBytes>
+inline constexpr size_t kStreamSmem = size_t(kStreamStages) * kStreamTile * kElemBytes;
 
-/// Chunk (4 elements) of a stage that holds thread o's chunk q; the stage's
-/// chunk and element that hold the tile's chunk c and element i.
-__device__ __forceinline__ int stream_chunk(int o, int q) { return o * 8 + (q ^ (o & 7)); }
-__device__ __forceinline__ int stage_chunk(int c) { return stream_chunk(c >> 3, c & 7); }
-__device__ __forceinline__ int stage_element(int i) { return stage_chunk(i >> 2) * 4 + (i & 3); }
+/// Chunk of a stage that holds thread o's chunk q (C chunks a thread); the
+/// stage's chunk that holds the tile's chunk c, and the element of tile
+/// element i (E elements a chunk).
+template <int C>
+__device__ __forceinline__ int stream_chunk(int o, int q) {
+  return o * C + (q ^ (o * C / 8 % C));
+}
+template <int C>
+__device__ __forceinline__ int stage_chunk(int c) {
+  return stream_chunk<C>(c / C, c % C);
+}
+template <int C, int E>
+__device__ __forceinline__ int stage_element(int i) {
+  return stage_chunk<C>(i / E) * E + i % E;
+}
 
 template <class Io>
-__global__ void __launch_bounds__(kBlock, kStreamBlocks) streamed_scan_kernel(ScanLaunch l,
-                                                                              OffsetCalc<Io::kOperands, int64_t> outer,
-                                                                              int64_t tiles) {
+__global__ void __launch_bounds__(kBlock, kStreamBlocks<Io::kInBytes>)
+    streamed_scan_kernel(ScanLaunch l, OffsetCalc<Io::kOperands, int64_t> outer, int64_t tiles) {
   using Op = typename Io::Op;
   using S = typename Op::S;
+  using T = typename Io::In;
+  using M = typename Io::M;
   static_assert(Io::kStreams && sizeof(S) == 4);
-  constexpr int kIt = kStreamItems, kT = kStreamTile, kChunks = kT / 4, kChunksEach = kChunks / kBlock;
+  constexpr int kIt = kStreamItems, kT = kStreamTile, E = int(16 / sizeof(T)), C = kIt / E;
+  constexpr int kChunks = kT / E;
+  static_assert(kChunks / kBlock == C, "a thread copies as many chunks as it owns");
+  struct alignas(16) Chunk {
+    T v[E];
+  };
   extern __shared__ float4 stage_memory[];  // [kStreamStages][kChunks]
   __shared__ S warp_totals[kBlock / 32];
   __shared__ S exclusive;
@@ -615,30 +643,43 @@ __global__ void __launch_bounds__(kBlock, kStreamBlocks) streamed_scan_kernel(Sc
   auto fetch = [&](int64_t t, int st) {
     const Io io = io_of(t);
     const int64_t base = (t % tiles) * kT, end = l.rows.cols;
-    if (base + kT <= end) {
+    T* elements = reinterpret_cast<T*>(stage(st));
+    if (base + kT <= end && aligned16(io.in + base)) {
 #pragma unroll
-      for (int i = 0; i < kChunksEach; ++i) {
+      for (int i = 0; i < C; ++i) {
         const int c = o + i * kBlock;
-        cp_async_16(stage(st) + stage_chunk(c), io.in + base + 4 * c, true);
+        cp_async_16(stage(st) + stage_chunk<C>(c), io.in + base + E * c, true);
       }
       return;
     }
-    S* elements = reinterpret_cast<S*>(stage(st));
+    if constexpr (sizeof(T) == 4) {
+      if (base + kT <= end) {
+#pragma unroll 8
+        for (int k = 0; k < kIt; ++k) {
+          const int i = k * kBlock + o;
+          cp_async_4(elements + stage_element<C, E>(i), io.in + base + i);
+        }
+        return;
+      }
+    }
+    const T pad = convert<T>(Op::identity());
 #pragma unroll 4
     for (int k = 0; k < kIt; ++k) {
       const int i = k * kBlock + o;
       const int64_t e = base + i;
-      elements[stage_element(i)] = e < end ? S(io.in[e]) : Op::identity();
+      elements[stage_element<C, E>(i)] = e < end ? io.in[e] : pad;
     }
   };
   // Thread o's elements of tile t from stage st, scanned in order.
   auto scan_mine = [&](int64_t t, int st, S (&v)[kIt]) {
     const int64_t e0 = (t % tiles) * kT + kIt * o;
 #pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      const float4 x = stage(st)[stream_chunk(o, q)];
-      v[4 * q] = Op::lift(x.x, e0 + 4 * q), v[4 * q + 1] = Op::lift(x.y, e0 + 4 * q + 1);
-      v[4 * q + 2] = Op::lift(x.z, e0 + 4 * q + 2), v[4 * q + 3] = Op::lift(x.w, e0 + 4 * q + 3);
+    for (int q = 0; q < C; ++q) {
+      const float4 raw = stage(st)[stream_chunk<C>(o, q)];
+      Chunk x;
+      memcpy(&x, &raw, 16);
+#pragma unroll
+      for (int k = 0; k < E; ++k) v[E * q + k] = Op::lift(convert<M>(x.v[k]), e0 + E * q + k);
     }
 #pragma unroll
     for (int k = 1; k < kIt; ++k) v[k] = Op::combine(v[k - 1], v[k]);
@@ -691,26 +732,28 @@ __global__ void __launch_bounds__(kBlock, kStreamBlocks) streamed_scan_kernel(Sc
       S v[kIt];
       scan_mine(a, sa, v);
 #pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        float4 y;
-        y.x = Op::combine(prefix, v[4 * q]), y.y = Op::combine(prefix, v[4 * q + 1]);
-        y.z = Op::combine(prefix, v[4 * q + 2]), y.w = Op::combine(prefix, v[4 * q + 3]);
-        stage(sa)[stream_chunk(o, q)] = y;
+      for (int q = 0; q < C; ++q) {
+        Chunk y;
+#pragma unroll
+        for (int k = 0; k < E; ++k) y.v[k] = convert<T>(Op::combine(prefix, v[E * q + k]));
+        float4 raw;
+        memcpy(&raw, &y, 16);
+        stage(sa)[stream_chunk<C>(o, q)] = raw;
       }
       __syncthreads();
       const Io io = io_of(a);
-      if (base + kT <= end) {
+      if (base + kT <= end && aligned16(io.out + base)) {
 #pragma unroll
-        for (int i = 0; i < kChunksEach; ++i) {  // coalesced 16-byte stores
+        for (int i = 0; i < C; ++i) {  // coalesced 16-byte stores
           const int c = o + i * kBlock;
-          reinterpret_cast<float4*>(io.out + base)[c] = stage(sa)[stage_chunk(c)];
+          reinterpret_cast<float4*>(io.out + base)[c] = stage(sa)[stage_chunk<C>(c)];
         }
       } else {
-        const S* elements = reinterpret_cast<const S*>(stage(sa));
+        const T* elements = reinterpret_cast<const T*>(stage(sa));
 #pragma unroll 4
         for (int k = 0; k < kIt; ++k) {
           const int i = k * kBlock + o;
-          if (base + i < end) io.out[base + i] = elements[stage_element(i)];
+          if (base + i < end) io.out[base + i] = elements[stage_element<C, E>(i)];
         }
       }
     }
@@ -723,7 +766,8 @@ __global__ void __launch_bounds__(kBlock, kStreamBlocks) streamed_scan_kernel(Sc
 }
 
 /// Whether a split scan can stream (Note [Streamed single-pass tiles]): the
-/// input and output of every row of stride 1 and 16-byte aligned.
+/// input and output of stride 1 along the rows, and for half types every
+/// input row 16-byte aligned.
 template <class Io>
 bool streams(const ScanLaunch& l) {
   if constexpr (!Io::kStreams) {
@@ -731,11 +775,11 @@ bool streams(const ScanLaunch& l) {
   } else {
     const int in = Io::probe(l);
     const rows::RowLaunch& r = l.rows;
-    for (int op : {0, in}) {
-      if (r.inner.stride[op][0] != 1 || reinterpret_cast<uintptr_t>(r.data[op]) % 16 != 0) return false;
-      for (int a = 0; a < r.outer.rank; ++a)
-        if (r.outer.shape[a] > 1 && r.outer.stride[op][a] % 4 != 0) return false;
-    }
+    if (r.inner.stride[0][0] != 1 || r.inner.stride[in][0] != 1) return false;
+    if (Io::kInBytes == 4) return true;
+    if (reinterpret_cast<uintptr_t>(r.data[in]) % 16 != 0) return false;
+    for (int a = 0; a < r.outer.rank; ++a)
+      if (r.outer.shape[a] > 1 && r.outer.stride[in][a] * int64_t(Io::kInBytes) % 16 != 0) return false;
     return true;
   }
 }
@@ -788,10 +832,11 @@ Status scan_on_cuda(const ScanLaunch& l, CUstream_st* stream) {
         // A persistent grid of the blocks an SM holds (kStreamBlocks on sm_90; where fewer fit, the rest wait
         // their turn: tiles go by ticket, so no block waits on one that has not started).
         auto kernel = streamed_scan_kernel<Io>;
-        BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(kStreamSmem),
+        constexpr size_t smem = kStreamSmem<Io::kInBytes>;
+        BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), int(smem),
                                                    /*max_carveout=*/true));
-        const int64_t resident = int64_t(kStreamBlocks) * current_sm_count();
-        kernel<<<unsigned(std::min(blocks, resident)), kBlock, kStreamSmem, stream>>>(l, outer, tiles);
+        const int64_t resident = int64_t(kStreamBlocks<Io::kInBytes>) * current_sm_count();
+        kernel<<<unsigned(std::min(blocks, resident)), kBlock, smem, stream>>>(l, outer, tiles);
         BARACUDA_CUDA_TRY(cudaGetLastError());
         return Status::ok();
       }
