@@ -233,16 +233,17 @@ TEST(ReduceErrors, ShortWorkspaceIsRefusedWithSizes) {
 
 #ifdef BARACUDA_HAS_CUDA
 /// The same reduction twice on the GPU gives the same bits (splits merged in order).
-// Contiguous rows numerous enough for a warp each on every resident warp
-// slot take no split at run time, whatever the plan chose from the shapes
-// (a warp a row, however long): 8600 rows (8448 warps fill an H100) of 2052
-// elements, which took a block each before, over two outer dims; exact
-// small integers (sums exact in f32, and bf16 rounds them as the host
+// Contiguous rows that fill the GPU take no split at run time, whatever the
+// plan chose from the shapes: 8600 rows (8448 warps fill an H100) of 2052
+// elements take a warp a row; 1100 rows (eight blocks an SM on 132 SMs) of
+// 8195 elements and 1200 of 16389 a block of 256 a row, with rows starting
+// off 16-byte alignment; over one outer dim (the rank-1 offsets) or two;
+// exact small integers (sums exact in f32, and bf16 rounds them as the host
 // does), outputs poisoned.
-TEST(CudaReduce, WarpRowsMatchHost) {
+TEST(CudaReduce, UnsplitRowsMatchHost) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(11);
-  for (const Shape& shape : {Shape{2, 4300, 2052}}) {
+  for (const Shape& shape : {Shape{2, 4300, 2052}, Shape{1100, 8195}, Shape{3, 400, 16389}}) {
     const std::vector<double> x = small_ints(numel(shape), rng);
     for (DType dtype : {DType::f32, DType::bf16})
       for (const char* op : {"sum", "mean", "amax", "argmax"}) {

@@ -63,12 +63,17 @@ __global__ void __launch_bounds__(kBlock) rows_kernel(ReduceLaunch l, RParams r,
   A acc = R::template init<A>(r);
   int64_t base[2] = {0, 0};
   if (o < l.outputs) {
-    kept.get(o, base);
+    if (kept.rank == 1) {  // the common case, without a 64-bit division a thread
+      base[0] = o * kept.stride[0][0];
+      base[1] = o * kept.stride[1][0];
+    } else {
+      kept.get(o, base);
+    }
     const T* row = reinterpret_cast<const T*>(l.kept.data[1]) + base[1];
     const int64_t begin = int64_t(split) * l.chunk, end = std::min(l.count, begin + l.chunk);
     // Scalar head up to 16-byte alignment, vector body, scalar tail.
-    int64_t head = (16 - int64_t(reinterpret_cast<uintptr_t>(row + begin) % 16)) % 16 / int64_t(sizeof(T));
-    head = std::min(head, end - begin);
+    const int misalignment = int(reinterpret_cast<uintptr_t>(row + begin) % 16);
+    const int64_t head = std::min(int64_t((16 - misalignment) % 16 / int(sizeof(T))), end - begin);
     if (lane < head) acc = R::step(acc, load_value<T, false>(row[begin + lane]), begin + lane, r);
     const int64_t body = begin + head, vectors = (end - body) / kVec;
     struct alignas(16) Pack {
@@ -150,8 +155,11 @@ __global__ void __launch_bounds__(kBlock)
 
 /// Columns with vectors: the outputs are the input's unit-stride dim; each
 /// thread owns V adjacent outputs and loads them as one 16-byte vector per
-/// reduced element (32 x V outputs x 8 lanes per block).
-template <class R, class T, class Out, int V>
+/// reduced element (32 x V outputs x 8 lanes per block), `kInFlight` vectors
+/// in flight a thread (H100, sums over the first dim of 8192 x 8192 with the
+/// plan's 8 splits: bf16 2.40 -> 2.56 TB/s from two to eight, f32 2.87 ->
+/// 2.89; torch 2.35 and 2.73).
+template <class R, class T, class Out, int V, int kInFlight = 8>
 __global__ void __launch_bounds__(kBlock) vector_columns_kernel(ReduceLaunch l, RParams r) {
   using A = typename R::template Acc<T, false>;
   constexpr int kLanes = kBlock / 32;
@@ -168,13 +176,14 @@ __global__ void __launch_bounds__(kBlock) vector_columns_kernel(ReduceLaunch l, 
     const int64_t begin = int64_t(split) * l.chunk, end = std::min(l.count, begin + l.chunk);
     const int64_t stride = l.reduced.stride[1][0];
     int64_t i = begin + ty;
-    for (; i + kLanes < end; i += 2 * kLanes) {  // two vectors in flight
-      const Pack a = *reinterpret_cast<const Pack*>(in + i * stride);
-      const Pack b = *reinterpret_cast<const Pack*>(in + (i + kLanes) * stride);
+    for (; i + (kInFlight - 1) * kLanes < end; i += kInFlight * kLanes) {
+      Pack p[kInFlight];
 #pragma unroll
-      for (int e = 0; e < V; ++e) acc[e] = R::step(acc[e], load_value<T, false>(a.v[e]), i, r);
+      for (int u = 0; u < kInFlight; ++u) p[u] = *reinterpret_cast<const Pack*>(in + (i + u * kLanes) * stride);
 #pragma unroll
-      for (int e = 0; e < V; ++e) acc[e] = R::step(acc[e], load_value<T, false>(b.v[e]), i + kLanes, r);
+      for (int u = 0; u < kInFlight; ++u)
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = R::step(acc[e], load_value<T, false>(p[u].v[e]), i + u * kLanes, r);
     }
     for (; i < end; i += kLanes) {
       const Pack a = *reinterpret_cast<const Pack*>(in + i * stride);
@@ -215,23 +224,31 @@ Status reduce_on_cuda(const ReduceLaunch& planned, const RParams& r, CUstream_st
   const OffsetCalc<2, int64_t> kept(planned.kept), reduced(planned.reduced);
   const bool contiguous = planned.reduced.rank == 1 && planned.reduced.stride[1][0] == 1;
   // The plan splits by shape alone (its workspace is fixed before the
-  // strides are seen). Contiguous rows enough for a warp each on every
-  // resident warp slot need no split: a warp a row, however long (f32 sums
-  // of 8192 x 8192: 2.69 -> 2.79 TB/s on the H100; eight vectors in flight
-  // a lane instead of four, or a block a row, measured the same).
-  const bool warp_rows = contiguous && planned.outputs * 32 >= int64_t(current_sm_count()) * 2048;
+  // strides are seen). Contiguous rows need no split when their outputs fill
+  // the GPU anyway: rows of 1024 vectors or more, numerous enough for eight
+  // blocks an SM, take a block of 256 a row (H100, f32 sums of 8192 x 8192,
+  // this kernel in a standalone A/B: a block of 256 a row 3.06 TB/s, of 512
+  // 2.55, a warp a row 2.85, eight splits of a warp and a merge 2.81, torch
+  // 2.86); rows enough for a warp each on every resident warp slot take a
+  // warp a row, however long.
+  const int sm_count = current_sm_count();
+  constexpr int V = sizeof(T) >= 16 ? 1 : int(16 / sizeof(T));  // elements a 16-byte vector
+  const int64_t row_vectors = planned.count / V;
+  const bool block_rows = contiguous && planned.outputs >= int64_t(sm_count) * 8 && row_vectors >= 1024;
+  const bool warp_rows = contiguous && planned.outputs * 32 >= int64_t(sm_count) * 2048;
   ReduceLaunch l = planned;
-  if (warp_rows) l.splits = 1, l.chunk = l.count;
+  if (block_rows || warp_rows) l.splits = 1, l.chunk = l.count;
   const unsigned splits = unsigned(l.splits);
   // Vector columns where the per-thread accumulators stay small.
-  constexpr int V = sizeof(T) >= 16 ? 1 : int(16 / sizeof(T));
   constexpr bool kVectorColumns = V > 1 && sizeof(typename R::template Acc<T, false>) * V <= 64;
   bool vector_columns = false;
   if constexpr (kVectorColumns)
     vector_columns = l.kept.rank == 1 && l.kept.stride[1][0] == 1 && l.reduced.rank == 1 && l.outputs % V == 0 &&
                      reinterpret_cast<uintptr_t>(l.kept.data[1]) % 16 == 0 &&
                      (l.reduced.stride[1][0] * int64_t(sizeof(T))) % 16 == 0;
-  if (contiguous && (l.chunk <= 2048 || warp_rows)) {
+  if (block_rows) {
+    rows_kernel<R, T, Out, kBlock><<<unsigned(l.outputs), kBlock, 0, stream>>>(l, r, kept);
+  } else if (contiguous && (l.chunk <= 2048 || warp_rows)) {
     rows_kernel<R, T, Out, 32><<<dim3(unsigned((l.outputs + 7) / 8), splits), kBlock, 0, stream>>>(l, r, kept);
   } else if (contiguous) {
     rows_kernel<R, T, Out, kBlock><<<dim3(unsigned(l.outputs), splits), kBlock, 0, stream>>>(l, r, kept);
