@@ -108,14 +108,10 @@ struct ClusterPairs {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (round == 0) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");  // every peer has started
 #endif
-    if (ranks == 1) {  // a row one block holds: no exchange (memcheck refuses st.async in a cluster of one)
+    if (threadIdx.x < ranks || ranks == 1) {
       a = warp_part[round][0][0], b = warp_part[round][0][1];
       for (int w = 1; w < kWarps; ++w) op(a, b, warp_part[round][w][0], warp_part[round][w][1]);
-      return;
-    }
-    if (threadIdx.x < ranks) {
-      a = warp_part[round][0][0], b = warp_part[round][0][1];
-      for (int w = 1; w < kWarps; ++w) op(a, b, warp_part[round][w][0], warp_part[round][w][1]);
+      if (ranks == 1) return;  // a row one block holds: no exchange (memcheck refuses st.async in a cluster of one)
       st_async_pair(cluster_address(shared_address(&slots[round][rank][0]), int(threadIdx.x)), a, b,
                     cluster_address(shared_address(&arrived[round]), int(threadIdx.x)));
     }

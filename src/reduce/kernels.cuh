@@ -155,14 +155,14 @@ __global__ void __launch_bounds__(kBlock)
 
 /// Columns with vectors: the outputs are the input's unit-stride dim; each
 /// thread owns V adjacent outputs and loads them as one 16-byte vector per
-/// reduced element (32 x V outputs x 8 lanes per block), `kInFlight` vectors
-/// in flight a thread (H100, sums over the first dim of 8192 x 8192 with the
+/// reduced element (32 x V outputs x 8 lanes per block), eight vectors in
+/// flight a thread (H100, sums over the first dim of 8192 x 8192 with the
 /// plan's 8 splits: bf16 2.40 -> 2.56 TB/s from two to eight, f32 2.87 ->
 /// 2.89; torch 2.35 and 2.73).
-template <class R, class T, class Out, int V, int kInFlight = 8>
+template <class R, class T, class Out, int V>
 __global__ void __launch_bounds__(kBlock) vector_columns_kernel(ReduceLaunch l, RParams r) {
   using A = typename R::template Acc<T, false>;
-  constexpr int kLanes = kBlock / 32;
+  constexpr int kLanes = kBlock / 32, kInFlight = 8;
   struct alignas(16) Pack {
     T v[V];
   };
@@ -246,9 +246,7 @@ Status reduce_on_cuda(const ReduceLaunch& planned, const RParams& r, CUstream_st
     vector_columns = l.kept.rank == 1 && l.kept.stride[1][0] == 1 && l.reduced.rank == 1 && l.outputs % V == 0 &&
                      reinterpret_cast<uintptr_t>(l.kept.data[1]) % 16 == 0 &&
                      (l.reduced.stride[1][0] * int64_t(sizeof(T))) % 16 == 0;
-  if (block_rows) {
-    rows_kernel<R, T, Out, kBlock><<<unsigned(l.outputs), kBlock, 0, stream>>>(l, r, kept);
-  } else if (contiguous && (l.chunk <= 2048 || warp_rows)) {
+  if (contiguous && !block_rows && (l.chunk <= 2048 || warp_rows)) {
     rows_kernel<R, T, Out, 32><<<dim3(unsigned((l.outputs + 7) / 8), splits), kBlock, 0, stream>>>(l, r, kept);
   } else if (contiguous) {
     rows_kernel<R, T, Out, kBlock><<<dim3(unsigned(l.outputs), splits), kBlock, 0, stream>>>(l, r, kept);
