@@ -60,9 +60,11 @@ inline std::pair<std::vector<int64_t>, int64_t> offsets(const Shape& shape, cons
 }
 
 /// Runs `op` on `backend` (the host or CUDA with the given candidate);
-/// every output is returned as f64 in row-major order.
+/// output j is laid out with output_strides[j] when given (else row-major)
+/// and every output is returned as f64 in row-major order.
 inline Result<std::vector<std::vector<double>>> exec(Backend backend, const std::string& op, const std::vector<Operand>& inputs,
-                                              const Attrs& attrs = {}, const PlanPreference& base = {}) {
+                                              const Attrs& attrs = {}, const PlanPreference& base = {},
+                                              const std::vector<Shape>& output_strides = {}) {
   const bool device = backend != Backend::host_reference;
   std::vector<TensorSpec> specs;
   for (const auto& o : inputs) specs.push_back({o.dtype, o.shape});
@@ -102,7 +104,8 @@ inline Result<std::vector<std::vector<double>>> exec(Backend backend, const std:
     in.push_back(*v);
   }
   std::vector<Operand> outs;
-  for (const auto& s : full.outputs) outs.push_back({{}, s.shape, s.dtype, {}});
+  for (const auto& s : full.outputs)
+    outs.push_back({{}, s.shape, s.dtype, outs.size() < output_strides.size() ? output_strides[outs.size()] : Shape{}});
   for (const auto& o : outs) {
     auto v = place(o, false);
     if (!v) return v.status();
@@ -129,7 +132,7 @@ inline Result<std::vector<std::vector<double>>> exec(Backend backend, const std:
     else
 #endif
       std::memcpy(host.data(), m.data(), m.bytes());
-    auto [offs, span] = offsets(outs[j].shape, row_major(outs[j].shape));
+    auto [offs, span] = offsets(outs[j].shape, outs[j].strides.empty() ? row_major(outs[j].shape) : outs[j].strides);
     std::vector<double> v;
     for (int64_t off : offs) v.push_back(load_double(host.data(), outs[j].dtype, off));
     result.push_back(v);

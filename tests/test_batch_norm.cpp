@@ -177,10 +177,14 @@ TEST(BatchNormErrors, BadInputsAreNamed) {
 
 /// `x` [N, C, H, W] laid out channels-last: strides of an NHWC buffer.
 Shape channels_last(const Shape& s) { return {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}; }
+/// Channels-last inside an NHWC buffer `width` positions wide (> W): the
+/// space does not coalesce into one dim (rows of W positions).
+Shape channels_last_in(const Shape& s, int64_t width) { return {s[1] * s[2] * width, 1, width * s[1], s[1]}; }
 
-/// Every output of `op` on each backend against the host reference in f64.
+/// Every output of `op` on each backend against the host reference in f64;
+/// the backends' output j laid out with output_strides[j] when given.
 void check_backends(const std::string& op, const std::vector<Operand>& in, const Attrs& attrs, double tol,
-                    const std::string& what) {
+                    const std::string& what, const std::vector<Shape>& output_strides = {}) {
   std::vector<Operand> ref = in;
   for (auto& o : ref) {  // the values each backend sees: rounded to the operand's dtype
     for (auto& v : o.values) {
@@ -192,7 +196,7 @@ void check_backends(const std::string& op, const std::vector<Operand>& in, const
   }
   auto want = host(op, ref, attrs);
   for (Backend b : host_and_cuda_backends()) {
-    auto got = exec(b, op, in, attrs);
+    auto got = exec(b, op, in, attrs, {}, output_strides);
     ASSERT_TRUE(got) << what << ": " << got.status().to_string();
     ASSERT_EQ(got->size(), want.size());
     for (size_t j = 0; j < want.size(); ++j) {
@@ -209,44 +213,60 @@ void check_backends(const std::string& op, const std::vector<Operand>& in, const
 }
 
 /// Large spaces (several chunks per channel on CUDA), channels-first and
-/// channels-last, f32 / bf16 with bf16 (same-dtype) or f32 parameters.
+/// channels-last (whole or inside a wider buffer), f32 / bf16 with bf16
+/// (same-dtype) or f32 parameters.
 TEST(BatchNormBackends, LargeAndChannelsLast) {
   std::mt19937_64 rng(7);
+  enum Layout { nchw, nhwc, nhwc_in_wider };
   struct Case {
     Shape shape;
-    bool nhwc;
+    Layout layout;
     DType t, p;
     double tol;
   };
   const std::vector<Case> cases = {
-      {{8, 6, 33, 65}, false, DType::f32, DType::f32, 2e-5},  {{8, 6, 32, 64}, false, DType::f32, DType::f32, 2e-5},
-      {{8, 40, 17, 19}, true, DType::f32, DType::f32, 2e-5},   {{4, 16, 64, 64}, false, DType::bf16, DType::bf16, 2e-2},
-      {{4, 48, 16, 16}, true, DType::bf16, DType::f32, 2e-2},  {{2, 8, 48, 48}, false, DType::f16, DType::f16, 4e-3},
-      {{3, 5, 40, 41}, false, DType::f64, DType::f64, 1e-11}, {{40000, 3, 1, 1}, false, DType::f32, DType::f32, 2e-5},
-      {{512, 4, 3, 3}, false, DType::f32, DType::f32, 2e-5},
+      {{8, 6, 33, 65}, nchw, DType::f32, DType::f32, 2e-5},  {{8, 6, 32, 64}, nchw, DType::f32, DType::f32, 2e-5},
+      {{8, 40, 17, 19}, nhwc, DType::f32, DType::f32, 2e-5},   {{4, 16, 64, 64}, nchw, DType::bf16, DType::bf16, 2e-2},
+      {{4, 48, 16, 16}, nhwc, DType::bf16, DType::f32, 2e-2},  {{2, 8, 48, 48}, nchw, DType::f16, DType::f16, 4e-3},
+      {{3, 5, 40, 41}, nchw, DType::f64, DType::f64, 1e-11}, {{40000, 3, 1, 1}, nchw, DType::f32, DType::f32, 2e-5},
+      {{512, 4, 3, 3}, nchw, DType::f32, DType::f32, 2e-5},
       // Channels-last with hundreds of splits per channel (the split merge's batched loads and its tail).
-      {{32, 8, 32, 40}, true, DType::f32, DType::f32, 2e-5},    {{16, 16, 40, 40}, true, DType::bf16, DType::f32, 2e-2},
+      {{32, 8, 32, 40}, nhwc, DType::f32, DType::f32, 2e-5},    {{16, 16, 40, 40}, nhwc, DType::bf16, DType::f32, 2e-2},
+      // Channels-last whose space is rows of W positions (the general offset walk), vectors and scalars.
+      {{4, 24, 10, 13}, nhwc_in_wider, DType::bf16, DType::f32, 2e-2},
+      {{6, 40, 9, 11}, nhwc_in_wider, DType::f32, DType::f32, 2e-5},
+      {{5, 5, 12, 7}, nhwc_in_wider, DType::f32, DType::f32, 2e-5},
   };
   for (const Case& k : cases) {
     const int64_t n = numel(k.shape), c = k.shape[1];
-    const Shape strides = k.nhwc ? channels_last(k.shape) : Shape{};
+    const Shape strides = k.layout == nhwc            ? channels_last(k.shape)
+                          : k.layout == nhwc_in_wider ? channels_last_in(k.shape, k.shape[3] + 3)
+                                                      : Shape{};
     auto x = random_values(n, rng, 1, 3), g = random_values(n, rng);  // mean far from 0: a shifted-sum test
     auto w = random_values(c, rng), b = random_values(c, rng), rm = random_values(c, rng, -0.5, 0.5),
          rv = random_values(c, rng, 0.5, 2);
     auto vec = [&](const std::vector<double>& v) { return Operand{v, {c}, k.p, {}}; };
-    for (double training : {1.0, 0.0}) {
-      const Attrs attrs{{"training", training}, {"momentum", 0.2}};
-      const std::string what = shape_str(k.shape) + (k.nhwc ? " channels-last " : " ") + dtype_name(k.t) + "/" +
-                               dtype_name(k.p) + (training == 1 ? " training" : " eval");
-      check_backends("batch_norm", {Operand{x, k.shape, k.t, strides}, vec(w), vec(b), vec(rm), vec(rv)}, attrs, k.tol,
-                     what);
-      // Saved statistics from the f64 forward, as f32 (f64 for f64) operands.
-      auto f = host("batch_norm", {f64(x, k.shape), f64(w, {c}), f64(b, {c}), f64(rm, {c}), f64(rv, {c})}, attrs);
-      const DType s = k.t == DType::f64 ? DType::f64 : DType::f32;
-      check_backends("batch_norm_backward",
-                     {Operand{g, k.shape, k.t, strides}, Operand{x, k.shape, k.t, strides}, vec(w),
-                      Operand{f[1], {c}, s, {}}, Operand{f[2], {c}, s, {}}, vec(rm), vec(rv)},
-                     Attrs{{"training", training}}, k.tol * 4, what + " backward");
+    // Channels-last: out / grad_input row-major (scalar walks), then in x's layout (16-byte vectors).
+    std::vector<std::vector<Shape>> output_layouts{{}};
+    if (k.layout != nchw) output_layouts.push_back({strides});
+    for (const auto& out_strides : output_layouts) {
+      for (double training : {1.0, 0.0}) {
+        const Attrs attrs{{"training", training}, {"momentum", 0.2}};
+        const char* layout = k.layout == nchw   ? " "
+                             : k.layout == nhwc ? " channels-last "
+                                                : " channels-last (wider buffer) ";
+        const std::string what = shape_str(k.shape) + layout + dtype_name(k.t) + "/" + dtype_name(k.p) +
+                                 (training == 1 ? " training" : " eval") + (out_strides.empty() ? "" : ", out like x");
+        check_backends("batch_norm", {Operand{x, k.shape, k.t, strides}, vec(w), vec(b), vec(rm), vec(rv)}, attrs,
+                       k.tol, what, out_strides);
+        // Saved statistics from the f64 forward, as f32 (f64 for f64) operands.
+        auto f = host("batch_norm", {f64(x, k.shape), f64(w, {c}), f64(b, {c}), f64(rm, {c}), f64(rv, {c})}, attrs);
+        const DType s = k.t == DType::f64 ? DType::f64 : DType::f32;
+        check_backends("batch_norm_backward",
+                       {Operand{g, k.shape, k.t, strides}, Operand{x, k.shape, k.t, strides}, vec(w),
+                        Operand{f[1], {c}, s, {}}, Operand{f[2], {c}, s, {}}, vec(rm), vec(rv)},
+                       Attrs{{"training", training}}, k.tol * 4, what + " backward", out_strides);
+      }
     }
   }
 }

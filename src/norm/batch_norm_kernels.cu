@@ -8,6 +8,8 @@
 // Workspace (A = f32, f64 for f64): coefficients [C][kCoef] (forward: mean,
 // scale, bias; backward: k_g, mean_g, k_x, mean), then partials
 // [C][splits][kWidth] (forward: count, mean, M2; backward: sum g, sum g (x - mean)).
+#include <type_traits>
+
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
 #include "norm/batch_norm.hpp"
@@ -66,21 +68,22 @@ __device__ __forceinline__ Moments<A> load_partial(const A* src, Moments<A>*) { 
 template <class A>
 __device__ __forceinline__ Sums<A> load_partial(const A* src, Sums<A>*) { return {src[0], src[1]}; }
 
-/// One thread's share of a chunk: shifted sums (statistics) or plain sums (gradients).
+/// One thread's share of a chunk: shifted sums (statistics) or plain sums
+/// (gradients). The walker counts the elements (the same count for every
+/// channel of a thread) and hands it to finish. The shift is the channel's
+/// first element, the same for every thread of the channel: a sample of
+/// the data, so the sums of squares do not cancel (Note [Batch norm statistics]).
 template <class A>
 struct StatsAcc {
   using Partial = Moments<A>;
   static constexpr int kWidth = 3;
   A shift = 0, s1 = 0, s2 = 0;
-  int64_t n = 0;
-  __device__ __forceinline__ void add(A x, A) {
-    if (n == 0) shift = x;
-    const A d = x - shift;
+  __device__ __forceinline__ void add(A x, A, bool live) {
+    const A d = live ? x - shift : A(0);
     s1 += d;
     s2 += d * d;
-    ++n;
   }
-  __device__ __forceinline__ Partial finish() const { return from_shifted(A(n), shift, s1, s2); }
+  __device__ __forceinline__ Partial finish(int64_t n) const { return from_shifted(A(n), shift, s1, s2); }
 };
 template <class A>
 struct GradAcc {
@@ -88,11 +91,12 @@ struct GradAcc {
   static constexpr int kWidth = 2;
   A mean = 0;
   Partial sums{};
-  __device__ __forceinline__ void add(A x, A g) {
+  __device__ __forceinline__ void add(A x, A g, bool live) {
+    g = live ? g : A(0);
     sums.g += g;
     sums.gxm += g * (x - mean);
   }
-  __device__ __forceinline__ Partial finish() const { return sums; }
+  __device__ __forceinline__ Partial finish(int64_t) const { return sums; }
 };
 
 template <class T, int V, class A>
@@ -131,16 +135,19 @@ struct Step {
 
   __device__ __forceinline__ void init(const BatchNormLaunch& l, int64_t c) {
     const A* coef = static_cast<const A*>(l.workspace) + c * kCoef<kPass>;
+    if constexpr (kPass == Pass::stats)  // the channel's first element (Note [Batch norm statistics])
+      acc.shift = convert<A>(reinterpret_cast<const T*>(l.data[kX])[c * l.channel_stride[kX]]);
     if constexpr (kPass == Pass::grad_sums) acc.mean = coef[3];
     if constexpr (!kReduces<kPass>)
 #pragma unroll
       for (int i = 0; i < kCoef<kPass>; ++i) k[i] = coef[i];
   }
 
-  /// The output element (elementwise passes), or 0 after accumulating.
-  __device__ __forceinline__ A operator()(A x, A g) {
+  /// The output element (elementwise passes), or 0 after accumulating
+  /// (nothing when not `live`).
+  __device__ __forceinline__ A operator()(A x, A g, bool live) {
     if constexpr (kReduces<kPass>) {
-      acc.add(x, g);
+      acc.add(x, g, live);
       return A(0);
     } else if constexpr (kPass == Pass::normalize) {
       return (x - k[0]) * k[1] + k[2];
@@ -150,29 +157,32 @@ struct Step {
   }
 };
 
-/// Loads V elements of x (and g) at `o` and, when `second`, at `q` (both
-/// loads in flight before any store: stores never precede the loads of
-/// their own elements, so y may alias x or g), runs each element through
-/// steps[e * kStepStride] (one channel: stride 0; V neighbouring channels:
-/// stride 1) and stores y.
-template <Pass kPass, class T, int V, int kStepStride>
-__device__ __forceinline__ void visit(const BatchNormLaunch& l, const int64_t (&o)[kFull], const int64_t (&q)[kFull],
-                                      bool second, Step<kPass, T>* steps) {
+/// Loads V elements of x (and g) at each of the U offsets in `o`, all in
+/// flight at once, runs each element through steps[e * kStepStride] (one
+/// channel: stride 0; V neighbouring channels: stride 1) and stores y. Only
+/// the first `present` offsets are live. kGuarded: the others are skipped
+/// (branches). Else they repeat the first (valid addresses), add nothing to
+/// the sums and store the first's values again: no branch, so the compiler
+/// cannot sink their loads behind one (the channels-last walks, U up to 4;
+/// the channels-first walk keeps its two guarded vectors, fewer registers).
+/// Stores never precede the loads of their own elements, so y may alias x or g.
+template <Pass kPass, class T, int V, int kStepStride, int U, bool kGuarded>
+__device__ __forceinline__ void visit(const BatchNormLaunch& l, const int64_t (&o)[U][kFull], int present,
+                                      Step<kPass, T>* steps) {
   using A = acc_t<T>;
-  A x[2][V], g[2][V] = {}, y[V];
-  load<T, V>(l.data[kX], o[kX], x[0]);
-  if constexpr (kReadsG<kPass>) load<T, V>(l.data[kG], o[kG], g[0]);
-  if (second) {
-    load<T, V>(l.data[kX], q[kX], x[1]);
-    if constexpr (kReadsG<kPass>) load<T, V>(l.data[kG], q[kG], g[1]);
+  A x[U][V], g[U][V] = {}, y[V];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (kGuarded && u > 0 && u >= present) break;
+    load<T, V>(l.data[kX], o[u][kX], x[u]);
+    if constexpr (kReadsG<kPass>) load<T, V>(l.data[kG], o[u][kG], g[u]);
   }
 #pragma unroll
-  for (int e = 0; e < V; ++e) y[e] = steps[e * kStepStride](x[0][e], g[0][e]);
-  if constexpr (!kReduces<kPass>) store_y<T, V>(l.data[kY], o[kY], y);
-  if (second) {
+  for (int u = 0; u < U; ++u) {
+    if (kGuarded && u > 0 && u >= present) break;
 #pragma unroll
-    for (int e = 0; e < V; ++e) y[e] = steps[e * kStepStride](x[1][e], g[1][e]);
-    if constexpr (!kReduces<kPass>) store_y<T, V>(l.data[kY], q[kY], y);
+    for (int e = 0; e < V; ++e) y[e] = steps[e * kStepStride](x[u][e], g[u][e], u < present);
+    if constexpr (!kReduces<kPass>) store_y<T, V>(l.data[kY], o[u][kY], y);
   }
 }
 
@@ -196,6 +206,7 @@ __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
   const int64_t lo = s * units / l.splits * V, hi = (s + 1) * units / l.splits * V;
   Step<kPass, T> step;
   step.init(l, c);
+  int64_t visited = 0;  // elements of the channel this thread saw (the statistics' count)
   if (l.row_len >= kThreads * V) {
     for (int64_t e = lo; e < hi;) {
       const int64_t row = e / l.row_len, start = row * l.row_len;
@@ -205,29 +216,31 @@ __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
 #pragma unroll
       for (int k = 0; k < kFull; ++k) off[k] += c * l.channel_stride[k];
       for (int64_t i = e - start + int64_t(threadIdx.x) * V; i < end; i += 2 * kThreads * V) {
-        const int64_t j = i + kThreads * V;
-        int64_t o[kFull], q[kFull];
+        const int64_t j = i + kThreads * V;  // loaded only when j < end (guarded visit)
+        int64_t o[2][kFull];
 #pragma unroll
-        for (int k = 0; k < kFull; ++k) o[k] = off[k] + i * l.row_stride[k], q[k] = off[k] + j * l.row_stride[k];
-        visit<kPass, T, V, 0>(l, o, q, j < end, &step);
+        for (int k = 0; k < kFull; ++k) o[0][k] = off[k] + i * l.row_stride[k], o[1][k] = off[k] + j * l.row_stride[k];
+        visit<kPass, T, V, 0, 2, true>(l, o, j < end ? 2 : 1, &step);
+        visited += j < end ? 2 * V : V;
       }
       e = start + end;
     }
   } else {  // short rows: every thread finds the row of each of its vectors
     for (int64_t e = lo + int64_t(threadIdx.x) * V; e < hi; e += kThreads * V) {
       const int64_t row = e / l.row_len, col = e - row * l.row_len;
-      int64_t o[kFull];
-      l.row_offsets.get(row, o);
+      int64_t o[1][kFull];
+      l.row_offsets.get(row, o[0]);
 #pragma unroll
-      for (int k = 0; k < kFull; ++k) o[k] += c * l.channel_stride[k] + col * l.row_stride[k];
-      visit<kPass, T, V, 0>(l, o, o, false, &step);
+      for (int k = 0; k < kFull; ++k) o[0][k] += c * l.channel_stride[k] + col * l.row_stride[k];
+      visit<kPass, T, V, 0, 1, true>(l, o, 1, &step);
+      visited += V;
     }
   }
   if constexpr (kReduces<kPass>) {
     using Acc = typename Step<kPass, T>::Acc;
     using Partial = typename Acc::Partial;
     __shared__ Partial warps[kWarps];
-    const Partial p = warp_combine(step.acc.finish());
+    const Partial p = warp_combine(step.acc.finish(visited));
     if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = p;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -240,8 +253,12 @@ __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
 
 /// Channels-last: lane x owns channels V (32 tile + x) .. + V - 1 (one
 /// 16-byte vector, or 1), the warps of the block take every kWarps-th space
-/// position of chunk s. Partials merge across the warps in warp order.
-template <Pass kPass, class T, int V>
+/// position of chunk s: forward in the reductions, backward in the
+/// elementwise passes, which so start on the positions the reduction read
+/// last (still in L2). Partials merge across the warps in warp order.
+/// kOneRow: the space is one strided dim (NHWC), so a position's offset is
+/// one product; the general offset path would cost its registers here too.
+template <Pass kPass, class T, int V, bool kOneRow, int U>
 __global__ void __launch_bounds__(kThreads) last_kernel(BatchNormLaunch l) {
   using A = acc_t<T>;
   constexpr bool kReverse = !kReduces<kPass>;
@@ -254,7 +271,7 @@ __global__ void __launch_bounds__(kThreads) last_kernel(BatchNormLaunch l) {
 #pragma unroll
   for (int e = 0; e < V; ++e) steps[e].init(l, valid ? c0 + e : 0);
   auto offsets = [&](int64_t p, int64_t (&o)[kFull]) {
-    if (l.rows == 1) {
+    if constexpr (kOneRow) {
 #pragma unroll
       for (int k = 0; k < kFull; ++k) o[k] = p * l.row_stride[k] + c0 * l.channel_stride[k];
     } else {
@@ -264,13 +281,18 @@ __global__ void __launch_bounds__(kThreads) last_kernel(BatchNormLaunch l) {
       for (int k = 0; k < kFull; ++k) o[k] += col * l.row_stride[k] + c0 * l.channel_stride[k];
     }
   };
+  int64_t visited = 0;  // positions this thread saw (the statistics' count)
   if (valid) {
-    for (int64_t p = lo + threadIdx.y; p < hi; p += 2 * kWarps) {
-      const bool second = p + kWarps < hi;
-      int64_t o[kFull], q[kFull];
-      offsets(p, o);
-      offsets(second ? p + kWarps : p, q);
-      visit<kPass, T, V, 1>(l, o, q, second, steps);
+    for (int64_t i = threadIdx.y; i < hi - lo; i += U * kWarps) {
+      const int present = int(min(int64_t(U), (hi - lo - i + kWarps - 1) / kWarps));
+      int64_t o[U][kFull];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t iu = u < present ? i + u * kWarps : i;
+        offsets(kReverse ? hi - 1 - iu : lo + iu, o[u]);
+      }
+      visit<kPass, T, V, 1, U, false>(l, o, present, steps);
+      visited += present;
     }
   }
   if constexpr (kReduces<kPass>) {
@@ -278,7 +300,7 @@ __global__ void __launch_bounds__(kThreads) last_kernel(BatchNormLaunch l) {
     using Partial = typename Acc::Partial;
     __shared__ Partial part[kWarps][32 * V];
 #pragma unroll
-    for (int e = 0; e < V; ++e) part[threadIdx.y][threadIdx.x * V + e] = steps[e].acc.finish();
+    for (int e = 0; e < V; ++e) part[threadIdx.y][threadIdx.x * V + e] = steps[e].acc.finish(visited);
     __syncthreads();
     for (int j = threadIdx.y * 32 + threadIdx.x; j < 32 * V; j += kThreads) {
       const int64_t c = tile * 32 * V + j;
@@ -411,15 +433,28 @@ bool vectors_fit(const BatchNormLaunch& l, size_t elem, bool across_channels) {
   return true;
 }
 
+/// Space positions a warp has in flight in the channels-last walks (U):
+/// 64 bytes of loads a thread in every pass (H100: 2, 4 or 8 ran the
+/// statistics pass within noise of each other).
+template <Pass kPass>
+inline constexpr int kPositionsInFlight = kReadsG<kPass> ? 2 : 4;
+
 template <Pass kPass, class T>
 void launch_pass(const BatchNormLaunch& l, cudaStream_t stream) {
   constexpr int V = rows::kVecOf<T>;
   if (l.channels_last) {
     const dim3 block(32, kWarps);
+    auto launch = [&]<int kV>(std::integral_constant<int, kV>) {
+      const dim3 grid(unsigned((l.channels + 32 * kV - 1) / (32 * kV)), l.splits);
+      if (l.rows == 1)
+        last_kernel<kPass, T, kV, true, kPositionsInFlight<kPass>><<<grid, block, 0, stream>>>(l);
+      else
+        last_kernel<kPass, T, kV, false, kPositionsInFlight<kPass>><<<grid, block, 0, stream>>>(l);
+    };
     if (vectors_fit<kPass, V>(l, sizeof(T), /*across_channels=*/true))
-      last_kernel<kPass, T, V><<<dim3(unsigned((l.channels + 32 * V - 1) / (32 * V)), l.splits), block, 0, stream>>>(l);
+      launch(std::integral_constant<int, V>{});
     else
-      last_kernel<kPass, T, 1><<<dim3(unsigned((l.channels + 31) / 32), l.splits), block, 0, stream>>>(l);
+      launch(std::integral_constant<int, 1>{});
     return;
   }
   const dim3 grid(unsigned(l.channels), l.splits);
