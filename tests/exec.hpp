@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "baracuda/registry.hpp"
+#include "core/errors.hpp"
 #include "harness.hpp"
 
 #ifdef BARACUDA_HAS_CUDA
@@ -61,10 +62,12 @@ inline std::pair<std::vector<int64_t>, int64_t> offsets(const Shape& shape, cons
 
 /// Runs `op` on `backend` (the host or CUDA with the given candidate);
 /// output j is laid out with output_strides[j] when given (else row-major)
-/// and every output is returned as f64 in row-major order.
+/// and every output is returned as f64 in row-major order. CUDA with
+/// `graph_replays` > 0: the run is captured into a CUDA graph on a stream of
+/// its own and the graph launched that many times instead.
 inline Result<std::vector<std::vector<double>>> exec(Backend backend, const std::string& op, const std::vector<Operand>& inputs,
                                               const Attrs& attrs = {}, const PlanPreference& base = {},
-                                              const std::vector<Shape>& output_strides = {}) {
+                                              const std::vector<Shape>& output_strides = {}, int graph_replays = 0) {
   const bool device = backend != Backend::host_reference;
   std::vector<TensorSpec> specs;
   for (const auto& o : inputs) specs.push_back({o.dtype, o.shape});
@@ -122,7 +125,28 @@ inline Result<std::vector<std::vector<double>>> exec(Backend backend, const std:
 #endif
   OpArgs args{in, out};
   BARACUDA_TRY((*plan)->can_implement(args));
-  BARACUDA_TRY((*plan)->run(device ? Stream::cuda() : Stream::host(), Workspace{ws.data(), ws.bytes()}, args));
+#ifdef BARACUDA_HAS_CUDA
+  if (device && graph_replays > 0) {
+    cudaStream_t cs;
+    cudaGraph_t graph;
+    cudaGraphExec_t instance;
+    if (cudaStreamCreate(&cs) != cudaSuccess) return internal_error("exec: cudaStreamCreate failed");
+    cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal);
+    const Status ran = (*plan)->run(Stream::cuda(cs), Workspace{ws.data(), ws.bytes()}, args);
+    const cudaError_t captured = cudaStreamEndCapture(cs, &graph);
+    BARACUDA_TRY(ran);
+    if (captured != cudaSuccess) return internal_error("exec: capture failed: ", cudaGetErrorString(captured));
+    if (cudaGraphInstantiate(&instance, graph, 0) != cudaSuccess) return internal_error("exec: graph instantiation failed");
+    for (int r = 0; r < graph_replays; ++r)
+      if (cudaGraphLaunch(instance, cs) != cudaSuccess) return internal_error("exec: graph launch failed");
+    const cudaError_t done = cudaStreamSynchronize(cs);
+    cudaGraphExecDestroy(instance);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(cs);
+    if (done != cudaSuccess) return internal_error("exec: graph replay failed: ", cudaGetErrorString(done));
+  } else
+#endif
+    BARACUDA_TRY((*plan)->run(device ? Stream::cuda() : Stream::host(), Workspace{ws.data(), ws.bytes()}, args));
   std::vector<std::vector<double>> result;
   for (size_t j = 0; j < outs.size(); ++j) {
     const Memory& m = memory[first_out + j];

@@ -271,6 +271,36 @@ TEST(BatchNormBackends, LargeAndChannelsLast) {
   }
 }
 
+/// The plans' kernels captured into a CUDA graph and replayed (twice) give
+/// the direct run's bits, forward and backward, in both walks.
+TEST(BatchNormBackends, CudaGraphReplayMatchesDirectRun) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(17);
+  const Shape s{8, 64, 12, 12};
+  const int64_t n = numel(s), c = s[1];
+  auto x = random_values(n, rng), g = random_values(n, rng), w = random_values(c, rng), b = random_values(c, rng);
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (const Shape& strides : {Shape{}, channels_last(s)}) {
+      const std::string what = std::string(dtype_name(t)) + (strides.empty() ? " NCHW" : " NHWC");
+      const Attrs attrs{{"training", 1}};
+      const std::vector<Operand> in{Operand{x, s, t, strides}, Operand{w, {c}, DType::f32, {}},
+                                    Operand{b, {c}, DType::f32, {}}, absent(DType::f32), absent(DType::f32)};
+      const std::vector<Shape> out_strides{strides};
+      auto direct = exec(Backend::bespoke_cuda, "batch_norm", in, attrs, {}, out_strides);
+      auto graphed = exec(Backend::bespoke_cuda, "batch_norm", in, attrs, {}, out_strides, 2);
+      ASSERT_TRUE(direct && graphed) << what << ": " << (direct ? graphed : direct).status().to_string();
+      EXPECT_EQ(*direct, *graphed) << what;
+      const std::vector<Operand> bin{Operand{g, s, t, strides}, Operand{x, s, t, strides}, Operand{w, {c}, DType::f32, {}},
+                                     Operand{(*direct)[1], {c}, DType::f32, {}}, Operand{(*direct)[2], {c}, DType::f32, {}},
+                                     absent(DType::f32), absent(DType::f32)};
+      auto bdirect = exec(Backend::bespoke_cuda, "batch_norm_backward", bin, attrs, {}, out_strides);
+      auto bgraphed = exec(Backend::bespoke_cuda, "batch_norm_backward", bin, attrs, {}, out_strides, 2);
+      ASSERT_TRUE(bdirect && bgraphed) << what << " backward: " << (bdirect ? bgraphed : bdirect).status().to_string();
+      EXPECT_EQ(*bdirect, *bgraphed) << what << " backward";
+    }
+  }
+}
+
 /// Two CUDA runs give bitwise equal results (fixed-order merges, no atomics).
 TEST(BatchNormBackends, CudaIsDeterministic) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
