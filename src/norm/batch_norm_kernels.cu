@@ -434,8 +434,8 @@ bool vectors_fit(const BatchNormLaunch& l, size_t elem, bool across_channels) {
 }
 
 /// Space positions a warp has in flight in the channels-last walks (U):
-/// 64 bytes of loads a thread in every pass (H100: 2, 4 or 8 ran the
-/// statistics pass within noise of each other).
+/// 64 bytes of loads a thread in every pass with 16-byte vectors (H100: 2,
+/// 4 or 8 ran the statistics pass within noise of each other).
 template <Pass kPass>
 inline constexpr int kPositionsInFlight = kReadsG<kPass> ? 2 : 4;
 
