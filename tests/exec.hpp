@@ -127,23 +127,31 @@ inline Result<std::vector<std::vector<double>>> exec(Backend backend, const std:
   BARACUDA_TRY((*plan)->can_implement(args));
 #ifdef BARACUDA_HAS_CUDA
   if (device && graph_replays > 0) {
-    cudaStream_t cs;
-    cudaGraph_t graph;
-    cudaGraphExec_t instance;
-    if (cudaStreamCreate(&cs) != cudaSuccess) return internal_error("exec: cudaStreamCreate failed");
-    cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal);
-    const Status ran = (*plan)->run(Stream::cuda(cs), Workspace{ws.data(), ws.bytes()}, args);
-    const cudaError_t captured = cudaStreamEndCapture(cs, &graph);
+    struct Captured {  // released on every path out
+      cudaStream_t stream = nullptr;
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t instance = nullptr;
+      ~Captured() {
+        if (instance) cudaGraphExecDestroy(instance);
+        if (graph) cudaGraphDestroy(graph);
+        if (stream) cudaStreamDestroy(stream);
+      }
+    } g;
+    auto failed = [](const char* what, cudaError_t e) {
+      return internal_error("exec: ", what, ": ", cudaGetErrorString(e));
+    };
+    if (auto e = cudaStreamCreate(&g.stream); e != cudaSuccess) return failed("cudaStreamCreate", e);
+    if (auto e = cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeGlobal); e != cudaSuccess)
+      return failed("cudaStreamBeginCapture", e);
+    const Status ran = (*plan)->run(Stream::cuda(g.stream), Workspace{ws.data(), ws.bytes()}, args);
+    const cudaError_t captured = cudaStreamEndCapture(g.stream, &g.graph);
     BARACUDA_TRY(ran);
-    if (captured != cudaSuccess) return internal_error("exec: capture failed: ", cudaGetErrorString(captured));
-    if (cudaGraphInstantiate(&instance, graph, 0) != cudaSuccess) return internal_error("exec: graph instantiation failed");
+    if (captured != cudaSuccess) return failed("cudaStreamEndCapture", captured);
+    if (auto e = cudaGraphInstantiate(&g.instance, g.graph, 0); e != cudaSuccess)
+      return failed("cudaGraphInstantiate", e);
     for (int r = 0; r < graph_replays; ++r)
-      if (cudaGraphLaunch(instance, cs) != cudaSuccess) return internal_error("exec: graph launch failed");
-    const cudaError_t done = cudaStreamSynchronize(cs);
-    cudaGraphExecDestroy(instance);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(cs);
-    if (done != cudaSuccess) return internal_error("exec: graph replay failed: ", cudaGetErrorString(done));
+      if (auto e = cudaGraphLaunch(g.instance, g.stream); e != cudaSuccess) return failed("cudaGraphLaunch", e);
+    if (auto e = cudaStreamSynchronize(g.stream); e != cudaSuccess) return failed("graph replay", e);
   } else
 #endif
     BARACUDA_TRY((*plan)->run(device ? Stream::cuda() : Stream::host(), Workspace{ws.data(), ws.bytes()}, args));

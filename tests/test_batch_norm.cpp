@@ -176,10 +176,10 @@ TEST(BatchNormErrors, BadInputsAreNamed) {
 }
 
 /// `x` [N, C, H, W] laid out channels-last: strides of an NHWC buffer.
-Shape channels_last(const Shape& s) { return {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}; }
-/// Channels-last inside an NHWC buffer `width` positions wide (> W): the
-/// space does not coalesce into one dim (rows of W positions).
+/// Inside an NHWC buffer `width` positions wide (>= W; wider: the space does
+/// not coalesce into one dim, rows of W positions).
 Shape channels_last_in(const Shape& s, int64_t width) { return {s[1] * s[2] * width, 1, width * s[1], s[1]}; }
+Shape channels_last(const Shape& s) { return channels_last_in(s, s[3]); }
 
 /// Every output of `op` on each backend against the host reference in f64;
 /// the backends' output j laid out with output_strides[j] when given.

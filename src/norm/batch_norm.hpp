@@ -30,8 +30,8 @@
 // k the channel's first element (a shift from the channel's own data, so no
 // catastrophic cancellation; the same k for every thread, loaded before the
 // walk, so the loop has no first-element branch), turns them into (count,
-// mean, M2) and merges by Chan's formula. Eval: mean = running_mean, invstd = 1 / sqrt(running_var + eps);
-// save_mean / save_invstd receive those (torch returns them empty) and the
+// mean, M2) and merges by Chan's formula. Eval: mean = running_mean,
+// invstd = 1 / sqrt(running_var + eps); save_mean / save_invstd receive those (torch returns them empty) and the
 // running outputs receive the running stats unchanged. An empty space
 // (N = 0) in training: save_mean and save_invstd are NaN, the running stats
 // are copied unchanged (torch leaves them alone).
