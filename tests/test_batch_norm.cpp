@@ -271,6 +271,25 @@ TEST(BatchNormBackends, LargeAndChannelsLast) {
   }
 }
 
+/// An outlier as the first element of every channel (the first element each
+/// walk meets): the shifted sums must not all be taken about it, else every
+/// partial's sum of squares cancels (about 1e-2 relative error in the
+/// variance here; 2e-4 is the bound).
+TEST(BatchNormBackends, OutlierFirstElementKeepsVariancePrecise) {
+  std::mt19937_64 rng(23);
+  const Shape s{16, 8, 32, 32};
+  const int64_t n = numel(s), c = s[1];
+  auto x = random_values(n, rng, -1, 1);
+  for (int64_t k = 0; k < c; ++k) x[k * s[2] * s[3]] = 1e4;  // element (0, k, 0, 0), NCHW order
+  auto w = random_values(c, rng), b = random_values(c, rng), rm = random_values(c, rng, -0.5, 0.5),
+       rv = random_values(c, rng, 0.5, 2);
+  auto vec = [&](const std::vector<double>& v) { return Operand{v, {c}, DType::f32, {}}; };
+  for (const Shape& strides : {Shape{}, channels_last(s)}) {
+    check_backends("batch_norm", {Operand{x, s, DType::f32, strides}, vec(w), vec(b), vec(rm), vec(rv)},
+                   Attrs{{"training", 1}, {"momentum", 1}}, 2e-4, strides.empty() ? "NCHW" : "NHWC", {strides});
+  }
+}
+
 /// The plans' kernels captured into a CUDA graph and replayed (twice) give
 /// the direct run's bits, forward and backward, in both walks.
 TEST(BatchNormBackends, CudaGraphReplayMatchesDirectRun) {

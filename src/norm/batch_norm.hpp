@@ -27,9 +27,9 @@
 // 1 / sqrt(var + eps); running_mean_out = (1 - momentum) running_mean +
 // momentum mean, running_var_out the same with the unbiased variance
 // var * count / (count - 1) (torch). A thread sums x - k and (x - k)^2 with
-// k the channel's first element (a shift from the channel's own data, so no
-// catastrophic cancellation; the same k for every thread, loaded before the
-// walk, so the loop has no first-element branch), turns them into (count,
+// k the thread's own first element of the channel (a shift from the
+// channel's own data, so no catastrophic cancellation, and an outlier there
+// spoils one thread's partial, not every one), turns them into (count,
 // mean, M2) and merges by Chan's formula. Eval: mean = running_mean,
 // invstd = 1 / sqrt(running_var + eps); save_mean / save_invstd receive those (torch returns them empty) and the
 // running outputs receive the running stats unchanged. An empty space

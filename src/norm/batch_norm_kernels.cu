@@ -70,9 +70,10 @@ __device__ __forceinline__ Sums<A> load_partial(const A* src, Sums<A>*) { return
 
 /// One thread's share of a chunk: shifted sums (statistics) or plain sums
 /// (gradients). The walker counts the elements (the same count for every
-/// channel of a thread) and hands it to finish. The shift is the channel's
-/// first element, the same for every thread of the channel: a sample of
-/// the data, so the sums of squares do not cancel (Note [Batch norm statistics]).
+/// channel of a thread) and hands it to finish. The shift is the thread's
+/// own first element of the channel, set by visit: a sample of the data, so
+/// the sums of squares do not cancel, and an outlier there costs only this
+/// thread's partial its precision (Note [Batch norm statistics]).
 template <class A>
 struct StatsAcc {
   using Partial = Moments<A>;
@@ -135,8 +136,6 @@ struct Step {
 
   __device__ __forceinline__ void init(const BatchNormLaunch& l, int64_t c) {
     const A* coef = static_cast<const A*>(l.workspace) + c * kCoef<kPass>;
-    if constexpr (kPass == Pass::stats)  // the channel's first element (Note [Batch norm statistics])
-      acc.shift = convert<A>(reinterpret_cast<const T*>(l.data[kX])[c * l.channel_stride[kX]]);
     if constexpr (kPass == Pass::grad_sums) acc.mean = coef[3];
     if constexpr (!kReduces<kPass>)
 #pragma unroll
@@ -165,10 +164,12 @@ struct Step {
 /// the sums and store the first's values again: no branch, so the compiler
 /// cannot sink their loads behind one (the channels-last walks, U up to 4;
 /// the channels-first walk keeps its two guarded vectors, fewer registers).
+/// `first`: the thread's first visit, whose first elements become the
+/// statistics' shifts (one uniform branch a visit, none an element).
 /// Stores never precede the loads of their own elements, so y may alias x or g.
 template <Pass kPass, class T, int V, int kStepStride, int U, bool kGuarded>
 __device__ __forceinline__ void visit(const BatchNormLaunch& l, const int64_t (&o)[U][kFull], int present,
-                                      Step<kPass, T>* steps) {
+                                      bool first, Step<kPass, T>* steps) {
   using A = acc_t<T>;
   A x[U][V], g[U][V] = {}, y[V];
 #pragma unroll
@@ -177,6 +178,10 @@ __device__ __forceinline__ void visit(const BatchNormLaunch& l, const int64_t (&
     load<T, V>(l.data[kX], o[u][kX], x[u]);
     if constexpr (kReadsG<kPass>) load<T, V>(l.data[kG], o[u][kG], g[u]);
   }
+  if constexpr (kPass == Pass::stats)
+    if (first)
+#pragma unroll
+      for (int e = 0; e < (kStepStride ? V : 1); ++e) steps[e * kStepStride].acc.shift = x[0][e];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (kGuarded && u > 0 && u >= present) break;
@@ -220,7 +225,7 @@ __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
         int64_t o[2][kFull];
 #pragma unroll
         for (int k = 0; k < kFull; ++k) o[0][k] = off[k] + i * l.row_stride[k], o[1][k] = off[k] + j * l.row_stride[k];
-        visit<kPass, T, V, 0, 2, true>(l, o, j < end ? 2 : 1, &step);
+        visit<kPass, T, V, 0, 2, true>(l, o, j < end ? 2 : 1, visited == 0, &step);
         visited += j < end ? 2 * V : V;
       }
       e = start + end;
@@ -232,7 +237,7 @@ __global__ void __launch_bounds__(kThreads) first_kernel(BatchNormLaunch l) {
       l.row_offsets.get(row, o[0]);
 #pragma unroll
       for (int k = 0; k < kFull; ++k) o[0][k] += c * l.channel_stride[k] + col * l.row_stride[k];
-      visit<kPass, T, V, 0, 1, true>(l, o, 1, &step);
+      visit<kPass, T, V, 0, 1, true>(l, o, 1, visited == 0, &step);
       visited += V;
     }
   }
@@ -291,7 +296,7 @@ __global__ void __launch_bounds__(kThreads) last_kernel(BatchNormLaunch l) {
         const int64_t iu = u < present ? i + u * kWarps : i;
         offsets(kReverse ? hi - 1 - iu : lo + iu, o[u]);
       }
-      visit<kPass, T, V, 1, U, false>(l, o, present, steps);
+      visit<kPass, T, V, 1, U, false>(l, o, present, visited == 0, steps);
       visited += present;
     }
   }
