@@ -70,6 +70,20 @@ def main():
             rows.append(("torch cuda f32[4]: torch.add(a, b) (reference)", timed(lambda: torch.add(a, b), sync)))
             rows.append(("torch cuda f32[4]: torch.add(a, b, out=c) (ref.)",
                          timed(lambda: torch.add(a, b, out=c), sync)))
+            # Ten operands a call, three outputs allocated (output 0 in the input's layout).
+            x = torch.randn(2, 4, 3, 3, device="cuda")
+            g, w, bias = torch.randn_like(x), torch.ones(4, device="cuda"), torch.zeros(4, device="cuda")
+            rm, rv = torch.zeros(4, device="cuda"), torch.ones(4, device="cuda")
+            _, sm, si = F.native_batch_norm(x, w, bias, rm, rv, True, 0.1, 1e-5)
+            rows.append(("torch cuda [2,4,3,3]: F.native_batch_norm",
+                         timed(lambda: F.native_batch_norm(x, w, bias, rm, rv, True, 0.1, 1e-5), sync)))
+            rows.append(("torch cuda [2,4,3,3]: torch.native_batch_norm (ref.)",
+                         timed(lambda: torch.native_batch_norm(x, w, bias, rm, rv, True, 0.1, 1e-5), sync)))
+            rows.append(("torch cuda [2,4,3,3]: F.batch_norm_backward",
+                         timed(lambda: F.batch_norm_backward(g, x, sm, si, w), sync)))
+            rows.append(("torch cuda [2,4,3,3]: aten native_batch_norm_backward (ref.)",
+                         timed(lambda: torch.ops.aten.native_batch_norm_backward(
+                             g, x, w, rm, rv, sm, si, True, 1e-5, [True, True, True]), sync)))
         else:
             print("(no CUDA device: torch CUDA rows skipped)")
     else:

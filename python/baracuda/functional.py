@@ -44,7 +44,8 @@ def _call_python(op, args, attrs, out=None, out_specs=None):
 
     Outputs are allocated like the first non-bool array operand (shapes and
     dtypes from `infer`; `out_specs` gives them for ops that need them) unless
-    `out` is given. Returns the output, or a tuple of outputs.
+    `out` is given; a None entry of an `out` sequence is allocated so too.
+    Returns the output, or a tuple of outputs.
 
     The reference for `_call` (= _C.call), which does the same natively for
     numpy arrays, torch tensors and Python scalars and hands everything else
@@ -52,15 +53,18 @@ def _call_python(op, args, attrs, out=None, out_specs=None):
     """
     ins = [_operand(a) for a in args]
     outs = None if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
-    given = None if outs is None else [_operand(o) for o in outs]
-    arrays = [o for o in ins + (given or []) if o[0] is not None]
+    given = None if outs is None else [None if o is None else _operand(o) for o in outs]
+    arrays = [o for o in ins + [g for g in given or [] if g is not None] if o[0] is not None]
     if not arrays:  # only Python scalars: numpy decides their dtypes
         ins = arrays = [_operand(_np.asarray(a)) for a in args]
     ref_adapter, ref, _ = next((o for o in arrays if o[2][0] != "bool"), arrays[0])
     ins = [o if o[0] is not None else _operand(ref_adapter.scalar(o[1], ref)) for o in ins]
-    if given is None:
+    if given is None or _builtins.any(o is None for o in outs):  # None in `out`: allocated here too
         out_specs = _infer(op, tuple(spec for _, _, spec in ins), tuple(attrs.items()), out_specs)
-        given = [(ref_adapter, ref_adapter.empty(d, s, ref), (d, s)) for d, s in out_specs]
+        if given is not None and len(given) != len(out_specs):
+            raise ValueError(f"{op}: out has {len(given)} entries, the op has {len(out_specs)} outputs")
+        given = [(ref_adapter, ref_adapter.empty(d, s, ref), (d, s)) if given is None or given[j] is None else given[j]
+                 for j, (d, s) in enumerate(out_specs)]
         outs = [a for _, a, _ in given]
     exported = [adapter.export(a, spec[0]) for adapter, a, spec in ins + given]
     dtypes = [d for _, d in exported]
@@ -586,14 +590,11 @@ def _bn_attrs(training, eps, momentum=None):
     return attrs
 
 
-def _empty_like_layout(adapter, a, specs):
-    """Outputs for `specs`; output 0 (input's shape and dtype) keeps input's memory layout
-    (channels-last stays channels-last, as in torch)."""
-    outs = [adapter.empty(d, s, a) for d, s in specs]
+def _empty_like(a):
+    """An output of a's shape and dtype in a's memory layout (channels-last stays channels-last, as in
+    torch) for numpy, torch and cupy arrays; None (the call allocates it row-major) for other arrays."""
     module = type(a).__module__.split(".")[0]
-    if module in ("numpy", "torch", "cupy"):
-        outs[0] = _sys.modules[module].empty_like(a)
-    return outs
+    return _sys.modules[module].empty_like(a) if module in ("numpy", "torch", "cupy") else None
 
 
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
@@ -603,15 +604,12 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     running_var). save_mean / save_invstd are f32 (f64 for f64): the batch statistics in training, the
     running ones used in eval (torch returns them empty in eval)."""
     ops = tuple(_absent(input) if t is None else t for t in (weight, bias, running_mean, running_var))
-    args = (input,) + ops
-    attrs = _bn_attrs(training, eps, momentum)
-    adapter, ref, _ = _operand(input)
-    specs = _infer("batch_norm", tuple(_spec(a) for a in args), tuple(attrs.items()), None)
-    outs = _empty_like_layout(adapter, ref, specs[:3])
-    # Absent running stats: [0] outputs in the parameters' dtype (f32 with f32 weights on a half input).
-    running = [ops[2], ops[3]] if running_mean is not None else [adapter.empty(d, s, ref) for d, s in specs[3:5]]
-    _call("batch_norm", args, attrs, tuple(outs + running))
-    return tuple(outs)
+    # out keeps input's memory layout; the statistics and, with absent running stats, their [0] outputs in the
+    # parameters' dtype are allocated by the call; given running stats are updated in place.
+    running = (ops[2], ops[3]) if running_mean is not None else (None, None)
+    outs = _call("batch_norm", (input,) + ops, _bn_attrs(training, eps, momentum),
+                 (_empty_like(input), None, None) + running)
+    return outs[:3]
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
@@ -625,10 +623,9 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
 
     Training uses save_mean / save_invstd from the forward, eval running_mean / running_var."""
     ops = tuple(_absent(input) if t is None else t for t in (weight, save_mean, save_invstd, running_mean, running_var))
-    args, attrs = (grad_out, input) + ops, _bn_attrs(train, eps)
-    adapter, ref, _ = _operand(input)
-    specs = _infer("batch_norm_backward", tuple(_spec(a) for a in args), tuple(attrs.items()), None)
-    grads = _call("batch_norm_backward", args, attrs, tuple(_empty_like_layout(adapter, ref, specs)))
+    # grad_input keeps input's memory layout; grad_weight and grad_bias are allocated by the call.
+    grads = _call("batch_norm_backward", (grad_out, input) + ops, _bn_attrs(train, eps),
+                  (_empty_like(input), None, None))
     return tuple(g if keep else None for g, keep in zip(grads, output_mask))
 
 

@@ -440,6 +440,9 @@ void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& 
 // bf16/fp8 arrays, conjugate or negative torch views, calls with only Python
 // scalars) it hands, before anything has run, to the Python path that keeps
 // every rule (functional._call_python); so do the inputs of error messages.
+// An `out` sequence may hold None where the call should allocate that output
+// (a wrapper that wants output 0 in its input's memory layout passes that
+// one and leaves the rest to the call: no specs inferred in Python).
 
 struct Fallback {};  ///< thrown before any side effect: the Python path takes the call
 
@@ -503,7 +506,7 @@ int to_numpy(DType dtype) {
   return -1;
 }
 
-enum class Kind : uint8_t { numpy, torch, scalar };
+enum class Kind : uint8_t { numpy, torch, scalar, missing };  ///< missing: a None in `out`, allocated
 
 /// One operand of a call: its array (a 0-d one for a scalar once the
 /// reference operand is known), view and device.
@@ -764,6 +767,7 @@ bool call_key(std::string& k, const OpInfo& info, const std::vector<Operand>& in
   for (const auto* list : {&ins, &outs}) {
     put(list->size());
     for (const Operand& o : *list) {
+      put(o.kind);  // a missing output has no view: its entry is inferred
       put(o.view.dtype);
       put(o.view.rank);
       k.append(reinterpret_cast<const char*>(o.view.shape.data()), sizeof(int64_t) * o.view.rank);
@@ -806,8 +810,9 @@ const OpInfo& op_info_fast(nb::handle op) {
   return *it->second;
 }
 
-/// Operands of a sequence argument (a tuple or list), classified.
-std::vector<Operand> operands(nb::handle seq) {
+/// Operands of a sequence argument (a tuple or list), classified; None is
+/// Kind::missing where `none_is_missing` (outputs), else the Python path's.
+std::vector<Operand> operands(nb::handle seq, bool none_is_missing = false) {
   nb::object fast = nb::steal(PySequence_Fast(seq.ptr(), "operands must be a sequence"));
   checked(fast);
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast.ptr());
@@ -815,7 +820,7 @@ std::vector<Operand> operands(nb::handle seq) {
   std::vector<Operand> out(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
     out[i].obj = nb::borrow(items[i]);
-    out[i].kind = classify(items[i]);
+    out[i].kind = none_is_missing && items[i] == Py_None ? Kind::missing : classify(items[i]);
   }
   return out;
 }
@@ -825,16 +830,20 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
   std::vector<Operand> ins = operands(args);
   const bool out_given = !out.is_none();
   std::vector<Operand> outs;
+  bool out_missing = false;  ///< some `out` entries are None: allocated as when out is not given
   if (out_given) {
     if (PyTuple_Check(out.ptr()) || PyList_Check(out.ptr())) {
-      outs = operands(out);
+      outs = operands(out, /*none_is_missing=*/true);
     } else {
       outs.resize(1);
       outs[0].obj = nb::borrow(out), outs[0].kind = classify(out);
     }
     for (Operand& o : outs) {
       if (o.kind == Kind::scalar) throw Fallback{};
-      view_of(o, true);
+      if (o.kind == Kind::missing)
+        out_missing = true;
+      else
+        view_of(o, true);
     }
   }
   if (ins.size() != info.input_names.size() || (out_given && outs.size() != info.output_names.size()))
@@ -846,7 +855,8 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
     if (o.kind != Kind::scalar) view_of(o, false);
   for (const auto* list : {&ins, &outs})
     for (const Operand& o : *list)
-      if (o.kind != Kind::scalar && (!ref || (ref->view.dtype == DType::boolean && o.view.dtype != DType::boolean)))
+      if (o.kind != Kind::scalar && o.kind != Kind::missing &&
+          (!ref || (ref->view.dtype == DType::boolean && o.view.dtype != DType::boolean)))
         ref = &o;
   if (!ref) throw Fallback{};  // only Python scalars: numpy decides their dtypes
   const Operand reference = *ref;
@@ -860,7 +870,8 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
   for (size_t i = 0; i < ins.size(); ++i)
     placement.add(info, info.input_names[i], ins[i].device_type, ins[i].device_id);
   for (size_t j = 0; j < outs.size(); ++j)
-    placement.add(info, info.output_names[j], outs[j].device_type, outs[j].device_id);
+    if (outs[j].kind != Kind::missing)
+      placement.add(info, info.output_names[j], outs[j].device_type, outs[j].device_id);
 
   PlanPreference pref;
   pref.allow_tf32 = allow_tf32.load();
@@ -875,12 +886,14 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
     auto fresh = std::make_shared<CallEntry>();
     fresh->desc = {info.name, {}, {}, to_attrs(info, attrs)};
     for (const Operand& o : ins) fresh->desc.inputs.push_back({o.view.dtype, o.view.shape_vec()});
-    if (out_given) {
+    if (out_given && !out_missing) {
       for (const Operand& o : outs) fresh->desc.outputs.push_back({o.view.dtype, o.view.shape_vec()});
     } else {
       OpDesc partial{info.name, fresh->desc.inputs, {}, fresh->desc.attrs};
       if (!out_specs.is_none()) partial.outputs = to_specs(nb::cast<std::vector<Spec>>(out_specs));
       fresh->desc.outputs = check(info.infer(partial)).outputs;
+      for (size_t j = 0; j < outs.size(); ++j)  // the given ones as given (the plan checks them)
+        if (outs[j].kind != Kind::missing) fresh->desc.outputs[j] = {outs[j].view.dtype, outs[j].view.shape_vec()};
     }
     const Stream s = placement.cuda ? Stream::cuda(reinterpret_cast<CUstream_st*>(stream)) : Stream::host();
     {
@@ -890,10 +903,13 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
     entry = fresh;
     if (cacheable) call_cache().put(key, entry);
   }
-  if (!out_given) {
-    for (const TensorSpec& spec : entry->desc.outputs) outs.push_back(allocate(spec, reference));
-    for (size_t j = 0; j < outs.size(); ++j)
+  if (!out_given || out_missing) {
+    outs.resize(entry->desc.outputs.size());
+    for (size_t j = 0; j < outs.size(); ++j) {
+      if (out_given && outs[j].kind != Kind::missing) continue;
+      outs[j] = allocate(entry->desc.outputs[j], reference);
       placement.add(info, info.output_names[j], outs[j].device_type, outs[j].device_id);
+    }
   }
 
   std::vector<TensorView> in_views, out_views;

@@ -115,6 +115,26 @@ def test_out_given():
     assert_same(*both("exp", (a,), {}, 1.0))
 
 
+def test_out_with_missing_entries():
+    """None in `out`: that output is allocated (as when out is not given), the others are used as given."""
+    a, b = arr((3, 4)), arr((4,))
+    want = F._call_python("mul_backward", (a, a, b), {})
+    for call in (F._call, F._call_python):
+        for given_first in (True, False):
+            g = np.full((3, 4) if given_first else (4,), np.nan, np.float32)
+            out = (g, None) if given_first else (None, g)
+            got = call("mul_backward", (a, a, b), {}, out)
+            assert got[0 if given_first else 1] is g
+            for w, h in zip(want, got):
+                assert h.dtype == w.dtype and h.shape == w.shape
+                np.testing.assert_array_equal(h, w)
+    # A given entry of the wrong shape is still checked; a wrong count of entries is an error on both paths.
+    fast, slow = both("mul_backward", (a, a, b), {}, (np.empty((3, 5), np.float32), None))
+    assert isinstance(fast, Exception) and isinstance(slow, Exception)
+    fast, slow = both("mul_backward", (a, a, b), {}, (None,))
+    assert isinstance(fast, Exception) and isinstance(slow, Exception)
+
+
 def test_in_place_and_out_specs():
     x = arr((5,))
     want = np.exp(x.astype(np.float64)).astype(np.float32)
