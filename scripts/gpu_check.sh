@@ -11,10 +11,12 @@ BUILD_DIR=${BUILD_DIR:-build-gpu}
 export PATH=/usr/local/cuda/bin:$PATH
 
 t0=$(date +%s)
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1
-if ! cmake --build "$BUILD_DIR" -j "$(nproc)" > "$OUT/build.log" 2>&1; then
-  grep -E "error|FAILED" "$OUT/build.log" | head -40
-  exit 1
+if [ -z "${SKIP_BUILD:-}" ]; then  # SKIP_BUILD=1: a second call on a machine that kept $BUILD_DIR
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1
+  if ! cmake --build "$BUILD_DIR" -j "$(nproc)" > "$OUT/build.log" 2>&1; then
+    grep -E "error|FAILED" "$OUT/build.log" | head -40
+    exit 1
+  fi
 fi
 build_s=$(( $(date +%s) - t0 ))
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
@@ -28,7 +30,7 @@ step() {  # name, command...
   return $rc
 }
 : > "$OUT/steps.txt"
-STEPS=${STEPS:-gpu_tests capi memcheck pytest suite bench bench_rows bench_gemm bench_attention bench_decode bench_rope}
+STEPS=${STEPS-gpu_tests capi memcheck pytest suite bench bench_rows bench_gemm bench_attention bench_decode bench_rope}
 for name in $STEPS; do
   case $name in
     gpu_tests) step gpu_tests "$BUILD_DIR/tests/baracuda_tests" --gtest_filter="${GTEST_FILTER:-*}" ;;
@@ -45,19 +47,23 @@ for name in $STEPS; do
     bench_attention) PYTHONPATH="$BUILD_DIR/python" step bench_attention python3 bench/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
     bench_decode) PYTHONPATH="$BUILD_DIR/python" step bench_decode python3 bench/bench_decode.py ${BENCH_DECODE_ARGS:-} ;;
     bench_rope) PYTHONPATH="$BUILD_DIR/python" step bench_rope python3 bench/bench_rope.py ${BENCH_ROPE_ARGS:-} ;;
+    bench_overhead) PYTHONPATH="$BUILD_DIR/python" step bench_overhead python3 bench/bench_overhead.py --number 2000 ;;
+    script) PYTHONPATH="$BUILD_DIR/python" step script python3 ${SCRIPT:?SCRIPT names the python script} ;;
   esac
 done
 
 echo "================ summary (build ${build_s}s) ================"
 cat "$OUT/gpu.txt"
 cat "$OUT/steps.txt"
-echo "--- gpu tests";  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$OUT/gpu_tests.log" | head -20
-echo "--- memcheck";   grep -E "ERROR SUMMARY|tests? ran|FAILED" "$OUT/memcheck.log" | tail -5
-echo "--- pytest";     tail -3 "$OUT/pytest.log"
-echo "--- suite";      grep -E "FAIL|^suite:" "$OUT/suite.log" | tail -15
-echo "--- bench";      tail -32 "$OUT/bench.log"
-echo "--- bench_rows"; tail -40 "$OUT/bench_rows.log"
-echo "--- bench_gemm"; tail -20 "$OUT/bench_gemm.log"
-for b in bench_attention bench_decode bench_rope; do
-  [ -f "$OUT/$b.log" ] && { echo "--- $b"; tail -16 "$OUT/$b.log"; }
-done
+show() {  # step name, lines: the log's tail, when the step ran
+  [ -f "$OUT/$1.log" ] && { echo "--- $1"; tail -"$2" "$OUT/$1.log"; }
+  return 0
+}
+[ -f "$OUT/gpu_tests.log" ] && { echo "--- gpu_tests"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$OUT/gpu_tests.log" | head -20; }
+[ -f "$OUT/memcheck.log" ] && { echo "--- memcheck"; grep -E "ERROR SUMMARY|tests? ran|FAILED" "$OUT/memcheck.log" | tail -5; }
+[ -f "$OUT/suite.log" ] && { echo "--- suite"; grep -E "FAIL|^suite:" "$OUT/suite.log" | tail -15; }
+show pytest 3
+show bench 32
+show bench_rows 40
+show bench_gemm 20
+for b in bench_attention bench_decode bench_rope bench_overhead script; do show $b 24; done
