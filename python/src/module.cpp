@@ -712,7 +712,15 @@ Operand allocate(const TensorSpec& spec, const Operand& ref) {
     nb::tuple shape = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(spec.shape.size())));
     for (size_t i = 0; i < spec.shape.size(); ++i)
       PyTuple_SET_ITEM(shape.ptr(), i, PyLong_FromLongLong(spec.shape[i]));
-    o.obj = hooks().torch_empty(dtype_name(spec.dtype), shape, ref.obj);
+#if PY_VERSION_HEX >= 0x03090000
+    if (spec.dtype == ref.view.dtype) {  // ref.new_empty(shape): no dtype or device to parse (the hook's cost)
+      static PyObject* const kNewEmpty = interned("new_empty");
+      PyObject* args[3] = {nullptr, ref.obj.ptr(), shape.ptr()};  // args[0]: the slot the offset flag lends
+      o.obj = checked(nb::steal(PyObject_VectorcallMethod(kNewEmpty, args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                                          nullptr)));
+    }
+#endif
+    if (!o.obj.is_valid()) o.obj = hooks().torch_empty(dtype_name(spec.dtype), shape, ref.obj);
     view_created_torch(o, ref, spec.dtype, spec.shape);
   }
   return o;

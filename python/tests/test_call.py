@@ -201,6 +201,13 @@ class FakeTensor:
     def is_neg(self):
         return self.neg
 
+    new_empty_calls = 0
+
+    def new_empty(self, shape):
+        """Outputs of the reference's dtype come this way (the hook serves other dtypes)."""
+        FakeTensor.new_empty_calls += 1
+        return FakeTensor(np.empty(shape, self.a.dtype))
+
 
 @pytest.fixture
 def fake_torch():
@@ -233,6 +240,12 @@ def test_torch_reader(fake_torch):
     got = F.where(FakeTensor(x > 0), FakeTensor(x), 0.0)
     np.testing.assert_array_equal(got.a, np.where(x > 0, x, 0))
     assert fake_torch == []
+    calls = FakeTensor.new_empty_calls
+    got = F.gt(FakeTensor(x), FakeTensor(y))  # a bool output: through the hook
+    assert isinstance(got, FakeTensor) and got.a.dtype == np.bool_ and FakeTensor.new_empty_calls == calls
+    np.testing.assert_array_equal(got.a, x > y)
+    F.add(FakeTensor(x), FakeTensor(y))  # the reference's dtype: new_empty
+    assert FakeTensor.new_empty_calls == calls + 1
     with pytest.raises(baracuda.UnsupportedError, match="torch dtype uint16"):
         F.exp(FakeTensor(np.ones(3, np.uint16)))
     np.testing.assert_array_equal(F.add(FakeTensor(x), x).a, x + x)  # a numpy operand on the same host
