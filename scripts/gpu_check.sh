@@ -2,7 +2,10 @@
 # For a GPU machine, in one go: build with every core, run the GPU tests, run
 # them again under compute-sanitizer memcheck, run the standard suite and the
 # benchmark against PyTorch, then print a summary table last.
-# Full logs go to $OUT (or ./gpu-out).
+# Full logs go to $OUT (or ./gpu-out). Environment: STEPS (names below; empty:
+# build only), SKIP_BUILD=1 (a second call on a machine that kept the build),
+# GTEST_FILTER, MEMCHECK_FILTER, PYTEST_ARGS, BENCH_*_ARGS, SCRIPT (a Python
+# script for the `script` step), STEP_TIMEOUT (seconds a step).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}

@@ -317,9 +317,9 @@ template <bool kCluster>
 inline constexpr int kFusedStages = kCluster ? 4 : 3;
 
 /// kWhole: every row is in whole aligned vectors (the element loads left
-/// out: fewer registers in the clustered kernel, which sits at its cap).
-/// kEarlyStats: a row's statistics are loaded an iteration early (the
-/// clustered kernel always does).
+/// out: fewer registers where the clustered kernel and the early
+/// statistics sit at the cap). kEarlyStats: a row's statistics are loaded
+/// an iteration early (the clustered kernel always does).
 template <class S, class T, int TPR, int K, bool kCluster, bool kWhole = false, bool kEarlyStats = false>
 __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
     fused_backward_kernel(RowLaunch l, rows::OffsetCalc<S::kBackwardOperands, int64_t> outer, int64_t chunk,
