@@ -468,12 +468,13 @@ PyObject* interned(const char* name) { return PyUnicode_InternFromString(name); 
 
 nb::object get_attr(nb::handle x, PyObject* name) { return nb::steal(PyObject_GetAttr(x.ptr(), name)); }
 
-nb::object call_method(nb::handle x, PyObject* name) {
+/// x.name() or x.name(arg): one vectorcall.
+nb::object call_method(nb::handle x, PyObject* name, nb::handle arg = {}) {
 #if PY_VERSION_HEX >= 0x03090000
-  PyObject* self = x.ptr();
-  PyObject* r = PyObject_VectorcallMethod(name, &self, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  PyObject* args[3] = {nullptr, x.ptr(), arg.ptr()};  // args[0]: the slot the offset flag lends the callee
+  PyObject* r = PyObject_VectorcallMethod(name, args + 1, (arg ? 2 : 1) | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
 #else
-  PyObject* r = PyObject_CallMethodObjArgs(x.ptr(), name, nullptr);
+  PyObject* r = PyObject_CallMethodObjArgs(x.ptr(), name, arg.ptr(), nullptr);
 #endif
   if (!r) nb::raise_python_error();
   return nb::steal(r);
@@ -712,15 +713,10 @@ Operand allocate(const TensorSpec& spec, const Operand& ref) {
     nb::tuple shape = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(spec.shape.size())));
     for (size_t i = 0; i < spec.shape.size(); ++i)
       PyTuple_SET_ITEM(shape.ptr(), i, PyLong_FromLongLong(spec.shape[i]));
-#if PY_VERSION_HEX >= 0x03090000
-    if (spec.dtype == ref.view.dtype) {  // ref.new_empty(shape): no dtype or device to parse (the hook's cost)
-      static PyObject* const kNewEmpty = interned("new_empty");
-      PyObject* args[3] = {nullptr, ref.obj.ptr(), shape.ptr()};  // args[0]: the slot the offset flag lends
-      o.obj = checked(nb::steal(PyObject_VectorcallMethod(kNewEmpty, args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                                          nullptr)));
-    }
-#endif
-    if (!o.obj.is_valid()) o.obj = hooks().torch_empty(dtype_name(spec.dtype), shape, ref.obj);
+    static PyObject* const kNewEmpty = interned("new_empty");
+    // ref.new_empty(shape) when the dtype is ref's: no dtype or device to parse (the hook's cost).
+    o.obj = spec.dtype == ref.view.dtype ? call_method(ref.obj, kNewEmpty, shape)
+                                         : hooks().torch_empty(dtype_name(spec.dtype), shape, ref.obj);
     view_created_torch(o, ref, spec.dtype, spec.shape);
   }
   return o;

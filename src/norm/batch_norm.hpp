@@ -31,8 +31,9 @@
 // channel's own data, so no catastrophic cancellation, and an outlier there
 // spoils one thread's partial, not every one), turns them into (count,
 // mean, M2) and merges by Chan's formula. Eval: mean = running_mean,
-// invstd = 1 / sqrt(running_var + eps); save_mean / save_invstd receive those (torch returns them empty) and the
-// running outputs receive the running stats unchanged. An empty space
+// invstd = 1 / sqrt(running_var + eps); save_mean / save_invstd receive
+// those (torch returns them empty) and the running outputs receive the
+// running stats unchanged. An empty space
 // (N = 0) in training: save_mean and save_invstd are NaN, the running stats
 // are copied unchanged (torch leaves them alone).
 #pragma once

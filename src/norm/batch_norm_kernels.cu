@@ -178,10 +178,12 @@ __device__ __forceinline__ void visit(const BatchNormLaunch& l, const int64_t (&
     load<T, V>(l.data[kX], o[u][kX], x[u]);
     if constexpr (kReadsG<kPass>) load<T, V>(l.data[kG], o[u][kG], g[u]);
   }
-  if constexpr (kPass == Pass::stats)
-    if (first)
+  if constexpr (kPass == Pass::stats) {
+    if (first) {
 #pragma unroll
       for (int e = 0; e < (kStepStride ? V : 1); ++e) steps[e * kStepStride].acc.shift = x[0][e];
+    }
+  }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (kGuarded && u > 0 && u >= present) break;

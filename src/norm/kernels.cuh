@@ -317,10 +317,10 @@ template <bool kCluster>
 inline constexpr int kFusedStages = kCluster ? 4 : 3;
 
 /// kWhole: every row is in whole aligned vectors (the element loads left
-/// out: fewer registers where the clustered kernel and the early
-/// statistics sit at the cap). kEarlyStats: a row's statistics are loaded
-/// an iteration early (the clustered kernel always does).
-template <class S, class T, int TPR, int K, bool kCluster, bool kWhole = false, bool kEarlyStats = false>
+/// out: fewer registers). Its unclustered instance also loads each row's
+/// statistics an iteration early, as the clustered kernel always does; the
+/// launcher takes it for 2-byte rows only (Note [Fused norm backward]).
+template <class S, class T, int TPR, int K, bool kCluster, bool kWhole = false>
 __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
     fused_backward_kernel(RowLaunch l, rows::OffsetCalc<S::kBackwardOperands, int64_t> outer, int64_t chunk,
                           bool vec_rows) {
@@ -466,13 +466,13 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) load_row(first + s, s);
     int stage = 0;
-    // A row's statistics are loaded an iteration before its sums need them.
+    // kWhole: a row's statistics are loaded an iteration before its sums need them.
     M mean_next = 0, rstd_next = 0;
-    if (kEarlyStats && first < end) mean_next = mean_of(first), rstd_next = rstd_of(first);
+    if (kWhole && first < end) mean_next = mean_of(first), rstd_next = rstd_of(first);
     for (int64_t r = first; r < end; ++r) {
       load_row(r + kStages - 1, (stage + kStages - 1) % kStages);
       M mean = mean_next, rstd = rstd_next;
-      if constexpr (kEarlyStats) {
+      if constexpr (kWhole) {
         if (r + 1 < end) mean_next = mean_of(r + 1), rstd_next = rstd_of(r + 1);
       } else {
         mean = mean_of(r), rstd = rstd_of(r);
@@ -583,11 +583,8 @@ Result<int> launch_fused_backward(const RowLaunch& l, const rows::OffsetCalc<S::
   const bool vec = rows_in_vectors(l, S::kGradOutput, sizeof(T)) && rows_in_vectors(l, S::kSavedInput, sizeof(T)) &&
                    rows_in_vectors(l, S::kGradInput, sizeof(T));
   auto kernel = fused_backward_kernel<S, T, TPR, K, kCluster, false>;
-  if constexpr (kCluster) {
+  if constexpr (kCluster || sizeof(T) == 2)  // f32 unclustered: early statistics cost 4% (Note [Fused norm backward])
     if (vec) kernel = fused_backward_kernel<S, T, TPR, K, kCluster, true>;
-  } else if constexpr (sizeof(T) == 2) {  // Note [Fused norm backward]: statistics an iteration early
-    if (vec) kernel = fused_backward_kernel<S, T, TPR, K, kCluster, true, true>;
-  }
   // The stages of two operands, and the weight in the math type.
   const int smem = (kFusedStages<kCluster> * 2 * 16 + rows::kVecOf<T> * int(sizeof(math_t<T, false>))) * K * TPR;
   BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, /*max_carveout=*/true));
