@@ -245,14 +245,16 @@ TEST(CudaScan, MisalignedRowsMatchAlignedBitwise) {
           std::memcpy(host.data() + e * 4, &bits, 4);
         }
       }
-      // [aligned, input at +1, outputs at +1, both at +1]: element offsets of the input and of the outputs.
-      const int offsets[4][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}};
+      // Element offsets of the input and of the outputs: aligned first, then each shift of a 16-byte word
+      // (f32 outputs at +1, +2, +3 take the shifted 16-byte stores, bf16 at +2; odd bf16 ones go element by element).
+      const int offsets[7][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 2}, {0, 3}, {3, 2}};
+      constexpr int kPad = 3;  // elements the offsets need past n
       std::vector<std::vector<std::vector<char>>> results;
       void* ws = nullptr;
       ASSERT_EQ(cudaMalloc(&ws, std::max<size_t>((*plan)->workspace_size(), 1)), cudaSuccess);
       for (const auto& o : offsets) {
         char* x = nullptr;
-        ASSERT_EQ(cudaMalloc(&x, (n + 1) * es), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&x, (n + kPad) * es), cudaSuccess);
         cudaMemcpy(x + o[0] * es, host.data(), n * es, cudaMemcpyHostToDevice);
         std::array<TensorView, 1> in{*TensorView::contiguous(x + o[0] * es, dtype, shape)};
         std::vector<char*> ys;
@@ -260,8 +262,8 @@ TEST(CudaScan, MisalignedRowsMatchAlignedBitwise) {
         for (const auto& spec : desc->outputs) {
           const size_t os = dtype_size(spec.dtype);
           char* y = nullptr;
-          ASSERT_EQ(cudaMalloc(&y, (n + 1) * os), cudaSuccess);
-          cudaMemset(y, 0xFF, (n + 1) * os);
+          ASSERT_EQ(cudaMalloc(&y, (n + kPad) * os), cudaSuccess);
+          cudaMemset(y, 0xFF, (n + kPad) * os);
           ys.push_back(y);
           out.push_back(*TensorView::contiguous(y + o[1] * os, spec.dtype, spec.shape));
         }
@@ -270,9 +272,15 @@ TEST(CudaScan, MisalignedRowsMatchAlignedBitwise) {
         results.emplace_back();
         for (size_t k = 0; k < ys.size(); ++k) {
           const size_t os = dtype_size(desc->outputs[k].dtype);
-          results.back().emplace_back(n * os);
-          cudaMemcpy(results.back().back().data(), ys[k] + o[1] * os, n * os, cudaMemcpyDeviceToHost);
+          std::vector<char> whole((n + kPad) * os);
+          cudaMemcpy(whole.data(), ys[k], whole.size(), cudaMemcpyDeviceToHost);
           cudaFree(ys[k]);
+          const size_t first = o[1] * os, last = first + n * os;  // the output's bytes
+          for (size_t b = 0; b < whole.size(); ++b)
+            if (b < first || b >= last)
+              ASSERT_EQ(uint8_t(whole[b]), 0xFF) << op << " " << dtype_name(dtype) << " output " << k << " at +" << o[1]
+                                               << ": byte " << b << " outside the output was written";
+          results.back().emplace_back(whole.begin() + first, whole.begin() + last);
         }
         cudaFree(x);
       }

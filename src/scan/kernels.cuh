@@ -579,7 +579,8 @@ __global__ void __launch_bounds__(kBlock, kPassBlocks<Io>) single_pass_kernel(Sc
 // copies (8 consecutive chunks a wavefront) and the reads of 8 threads of
 // their own chunk q touch every 16-byte bank group once a wavefront. Outputs
 // go back through the stage in the input's type and leave coalesced, in
-// 16-byte stores where the tile's output is 16-byte aligned, else element
+// 16-byte stores where the tile's output is 16-byte aligned, or 4-byte
+// aligned (each store then takes parts of two stage chunks), else element
 // by element. Inputs not 16-byte aligned (views from element 1) copy in
 // 4-byte copies (f32; half types stream only from aligned inputs). A row's
 // last, partial tile is loaded element by element (synchronously) into the
@@ -608,6 +609,49 @@ __device__ __forceinline__ int stage_chunk(int c) {
 template <int C, int E>
 __device__ __forceinline__ int stage_element(int i) {
   return stage_chunk<C>(i / E) * E + i % E;
+}
+
+/// Stores a full tile, held in a stage (Note [Streamed single-pass tiles]),
+/// to `address`, which is 4-byte but not 16-byte aligned: the 16-byte words
+/// of memory wholly inside the tile in coalesced 16-byte stores, each taking
+/// the last `shift` 4-byte words of a tile chunk and the first 4 - shift of
+/// the next; the tile's first 4 - shift words and its last `shift` (which
+/// share 16-byte words with the neighbouring tiles) in 4-byte stores.
+template <int C, int kChunks>
+__device__ __forceinline__ void store_shifted_tile(const float4* stage, uintptr_t address) {
+  const int shift = int(address % 16) / 4, o = threadIdx.x;  // 1, 2 or 3
+  auto words_of = [&](int c, uint32_t (&w)[4]) { memcpy(w, &stage[stage_chunk<C>(c)], 16); };
+  auto* first_whole = reinterpret_cast<uint4*>(address + 16 - 4 * shift);
+#pragma unroll
+  for (int i = 0; i < C; ++i) {
+    const int c = o + i * kBlock;
+    if (c + 1 < kChunks) {
+      uint32_t lo[4], hi[4];
+      words_of(c, lo);
+      words_of(c + 1, hi);
+      uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)  // word 4 - shift + k of the pair lo, hi
+        w[k] = shift == 1 ? (k < 1 ? lo[3 + k] : hi[k - 1]) : shift == 2 ? (k < 2 ? lo[2 + k] : hi[k - 2])
+                                                                        : (k < 3 ? lo[1 + k] : hi[k - 3]);
+      first_whole[c] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+  auto* words = reinterpret_cast<uint32_t*>(address);
+  if (o < 4 - shift) {  // the head: words 0 .. 3 - shift of chunk 0
+    uint32_t w[4];
+    words_of(0, w);
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (k == o) words[k] = w[k];
+  } else if (o >= 4 && o < 4 + shift) {  // the tail: words 4 - shift .. 3 of the last chunk
+    const int k = 4 - shift + (o - 4);
+    uint32_t w[4];
+    words_of(kChunks - 1, w);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (j == k) words[4 * (kChunks - 1) + j] = w[j];
+  }
 }
 
 template <class Io>
@@ -742,12 +786,15 @@ __global__ void __launch_bounds__(kBlock, kStreamBlocks<Io::kInBytes>)
       }
       __syncthreads();
       const Io io = io_of(a);
-      if (base + kT <= end && aligned16(io.out + base)) {
+      const uintptr_t out_address = reinterpret_cast<uintptr_t>(io.out + base);
+      if (base + kT <= end && out_address % 16 == 0) {
 #pragma unroll
         for (int i = 0; i < C; ++i) {  // coalesced 16-byte stores
           const int c = o + i * kBlock;
           reinterpret_cast<float4*>(io.out + base)[c] = stage(sa)[stage_chunk<C>(c)];
         }
+      } else if (base + kT <= end && out_address % 4 == 0) {
+        store_shifted_tile<C, kChunks>(stage(sa), out_address);
       } else {
         const T* elements = reinterpret_cast<const T*>(stage(sa));
 #pragma unroll 4
