@@ -477,6 +477,73 @@ TEST(NormKnownValues, ClosedForms) {
   EXPECT_NEAR(d[1][0], 1 / std::sqrt(2.220446049250313e-16), 1);
 }
 
+// layer_norm's statistics on CUDA (sums of h - h[0], then of (h - mean)^2):
+// rows whose first element is an outlier (1e4 among U(-1, 1)), rows far
+// from zero (1000 + U(-1, 1): a sum of squares about zero would cancel),
+// constant rows (exactly zero deviation: the output is the bias, bit for
+// bit) and plain rows, f32, at every block shape of the rows kernel (32 x 8,
+// 32 x 4, 128, 512 and 1024 threads a row) and the cluster kernel (16384),
+// in whole vectors, in elements (1030, 4099, 20001) and with a residual.
+// The mean may be off by a few float32 ulps of |mean| + std + |h[0] - mean|
+// (the shifted values' scale; 6e-7 is 5 ulps: the outlier rows' mean at
+// 16384 was measured 1.1e-3 off, the tolerance there is 6e-3), and an
+// output by that error times rstd |weight|, besides its rstd's (2e-5).
+TEST(NormCuda, LayerNormStatisticsStayPrecise) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(29);
+  std::uniform_real_distribution<double> u(-1, 1);
+  auto f32 = [](double v) { return double(float(v)); };
+  for (const int64_t cols : {100, 1000, 1030, 4096, 4099, 8192, 16384, 20001}) {
+    const int64_t rows = 8;
+    std::vector<double> x(rows * cols), res(rows * cols), w(cols), b(cols);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const int kind = int(r % 4);  // 0 outlier first, 1 far from zero, 2 constant, 3 plain
+        x[r * cols + c] = f32(kind == 2 ? 0.1 : kind == 1 ? 1000 + u(rng) : kind == 0 && c == 0 ? 1e4 : u(rng));
+        res[r * cols + c] = kind == 2 ? 0 : f32(u(rng) * 0.25);
+      }
+    for (int64_t c = 0; c < cols; ++c) w[c] = f32(1 + 0.5 * u(rng)), b[c] = f32(u(rng));
+    for (const bool residual : {false, true}) {
+      const std::string op = residual ? "add_layer_norm" : "layer_norm";
+      const std::string what = op + " " + std::to_string(rows) + "x" + std::to_string(cols);
+      std::vector<Operand> in{Operand{x, {rows, cols}, DType::f32, {}}};
+      std::vector<std::vector<double>> ref_in{x};
+      std::vector<Shape> shapes{{rows, cols}};
+      if (residual) in.push_back(Operand{res, {rows, cols}, DType::f32, {}}), ref_in.push_back(res), shapes.push_back({rows, cols});
+      in.push_back(Operand{w, {cols}, DType::f32, {}}), in.push_back(Operand{b, {cols}, DType::f32, {}});
+      ref_in.push_back(w), ref_in.push_back(b), shapes.push_back({cols}), shapes.push_back({cols});
+      if (residual)  // the reference sees the residual sum as the kernel forms it: in f32
+        for (size_t e = 0; e < x.size(); ++e) ref_in[0][e] = f32(x[e] + res[e]), ref_in[1][e] = 0;
+      const auto want = host_norm(op, ref_in, shapes);
+      auto got = exec(Backend::bespoke_cuda, op, in);
+      ASSERT_TRUE(got) << what << ": " << got.status().to_string();
+      ASSERT_EQ(got->size(), want.size()) << what;
+      const size_t mean = residual ? 2 : 1, rstd = mean + 1;
+      for (int64_t r = 0; r < rows; ++r) {
+        const double m = want[mean][r], s = want[rstd][r];
+        const double mean_tol = 6e-7 * (std::abs(m) + 1 / s + std::abs(ref_in[0][r * cols] - m));
+        EXPECT_NEAR((*got)[mean][r], m, mean_tol) << what << " row " << r << " mean";
+        EXPECT_NEAR((*got)[rstd][r], s, 2e-5 * s) << what << " row " << r << " rstd";
+        if (r % 4 == 2) {
+          EXPECT_EQ((*got)[mean][r], f32(0.1)) << what << " constant row " << r << ": the mean is the value";
+          for (int64_t c = 0; c < cols; ++c)
+            if ((*got)[0][r * cols + c] != b[c]) {
+              ADD_FAILURE() << what << " constant row " << r << " element " << c << ": " << (*got)[0][r * cols + c]
+                            << ", the bias is " << b[c];
+              break;
+            }
+        }
+        int bad = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const double want_y = want[0][r * cols + c], y = (*got)[0][r * cols + c];
+          if (!(std::abs(y - want_y) <= 2e-5 * (1 + std::abs(want_y)) + mean_tol * s * std::abs(w[c])) && bad++ < 3)
+            ADD_FAILURE() << what << " row " << r << " element " << c << ": got " << y << ", expected " << want_y;
+        }
+      }
+    }
+  }
+}
+
 /// Loss sum(g * out) differentiated numerically through each input.
 TEST(NormFiniteDifferences, BackwardMatchesForward) {
   std::mt19937_64 rng(5);
