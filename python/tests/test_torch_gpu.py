@@ -199,7 +199,7 @@ def test_cast(source, target):
     want = x.to(getattr(torch, baracuda._interop._FRAMEWORK_NAME[target]))
     if source == "f64" and target in ("f16", "bf16"):
         # torch converts float64 to half types through float32 (two roundings, which differ from one
-        # about once in 2^14 elements); we round once, as numpy and JAX do.
+        # about once in 2^14 elements for f16, 2^17 for bf16); we round once, as numpy does.
         x = x.clamp_min(2.0**-14)  # normal in both types, so a fixed significand width
         x[0, 0], x[0, 1] = 1 + 2.0**-11 + 2.0**-40, 1 + 2.0**-8 + 2.0**-40  # just past a half / bf16 tie
         got = F.to(x, target)
