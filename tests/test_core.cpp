@@ -54,6 +54,11 @@ TEST(TensorView, ContiguousStridesSpanAndRankLimit) {
   auto overflow = TensorView::contiguous(nullptr, DType::f32, huge);
   ASSERT_FALSE(overflow);
   EXPECT_NE(overflow.status().message().find("2^63"), std::string::npos);
+  // No elements, but the outer stride would be 2^80.
+  int64_t empty_huge[] = {3, int64_t(1) << 40, 0, int64_t(1) << 40};
+  auto stride_overflow = TensorView::contiguous(nullptr, DType::f32, empty_huge);
+  ASSERT_FALSE(stride_overflow);
+  EXPECT_NE(stride_overflow.status().message().find("strides"), std::string::npos) << stride_overflow.status().to_string();
 }
 
 TEST(TensorView, Overlap) {
