@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -150,6 +151,41 @@ TEST(ReduceKnownValues, GradientsAtTiesAndZeros) {
 }
 
 /// Every reduction gradient against central differences of sum(g * forward(x)) on the host.
+/// Integer sums and products wrap around modulo 2^bits, as torch's do
+/// (signed overflow would be undefined behaviour in C++): reductions,
+/// scans and the elementwise add / sub / mul on the host reference.
+TEST(IntegerKnownValues, OverflowWrapsAsTorch) {
+  constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max(), kMin64 = std::numeric_limits<int64_t>::min();
+  constexpr int32_t kMax32 = std::numeric_limits<int32_t>::max(), kMin32 = std::numeric_limits<int32_t>::min();
+  auto run = [](const std::string& op, std::vector<TensorView> in, TensorView out, const Attrs& attrs = {}) {
+    Status s = run_op(Stream::host(), op, in, std::span(&out, 1), attrs);
+    EXPECT_TRUE(s) << op << ": " << s.to_string();
+  };
+  const Shape two{2}, scalar{};
+  std::vector<int64_t> big{kMax64, 1}, pow{int64_t(1) << 62, 4}, r64(2);
+  int64_t one = 0;
+  run("sum", {*TensorView::contiguous(big.data(), DType::i64, two)}, *TensorView::contiguous(&one, DType::i64, scalar));
+  EXPECT_EQ(one, kMin64);
+  run("prod", {*TensorView::contiguous(pow.data(), DType::i64, two)}, *TensorView::contiguous(&one, DType::i64, scalar));
+  EXPECT_EQ(one, 0);
+  run("cumsum", {*TensorView::contiguous(big.data(), DType::i64, two)}, *TensorView::contiguous(r64.data(), DType::i64, two),
+      {{"dim", 0}});
+  EXPECT_EQ(r64, (std::vector<int64_t>{kMax64, kMin64}));
+  run("cumprod", {*TensorView::contiguous(pow.data(), DType::i64, two)}, *TensorView::contiguous(r64.data(), DType::i64, two),
+      {{"dim", 0}});
+  EXPECT_EQ(r64, (std::vector<int64_t>{int64_t(1) << 62, 0}));
+  std::vector<int32_t> a{kMax32, kMin32, 65536}, b{1, 1, 65536}, r32(3);
+  const Shape three{3};
+  auto a_view = *TensorView::contiguous(a.data(), DType::i32, three), b_view = *TensorView::contiguous(b.data(), DType::i32, three);
+  auto r_view = *TensorView::contiguous(r32.data(), DType::i32, three);
+  run("add", {a_view, b_view}, r_view);
+  EXPECT_EQ(r32, (std::vector<int32_t>{kMin32, kMin32 + 1, 131072}));
+  run("sub", {a_view, b_view}, r_view);
+  EXPECT_EQ(r32, (std::vector<int32_t>{kMax32 - 1, kMax32, 0}));
+  run("mul", {a_view, b_view}, r_view);
+  EXPECT_EQ(r32, (std::vector<int32_t>{kMax32, kMin32, 0}));
+}
+
 TEST(ReduceFiniteDifferences, BackwardMatchesForward) {
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<double> u(-2, 2);

@@ -9,6 +9,7 @@
 
 #include "baracuda/registry.hpp"
 #include "core/dtype_traits.hpp"
+#include "core/wrapping.hpp"
 
 namespace baracuda::ew {
 
@@ -354,13 +355,13 @@ BCD_HD M python_remainder(M a, M b) {
 
 // clang-format off
 struct Add { static constexpr Meta meta{"add", Set::float_int, {-2, 2}, {{"alpha", 1}}, 1, false, "input + alpha * other"};
-  template <class M> BCD_HD static M fwd(M a, M b, const Params& p) { return M(a + p.get<M>(0) * b); }
+  template <class M> BCD_HD static M fwd(M a, M b, const Params& p) { return M(wrapping_add(a, wrapping_mul(p.get<M>(0), b))); }
   template <class M> BCD_HD static Grads<M, 2> bwd(M dy, M, M, const Params& p) { return {{dy, p.get<M>(0) * dy}}; } };
 struct Sub { static constexpr Meta meta{"sub", Set::float_int, {-2, 2}, {{"alpha", 1}}, 1, false, "input - alpha * other"};
-  template <class M> BCD_HD static M fwd(M a, M b, const Params& p) { return M(a - p.get<M>(0) * b); }
+  template <class M> BCD_HD static M fwd(M a, M b, const Params& p) { return M(wrapping_sub(a, wrapping_mul(p.get<M>(0), b))); }
   template <class M> BCD_HD static Grads<M, 2> bwd(M dy, M, M, const Params& p) { return {{dy, -p.get<M>(0) * dy}}; } };
 struct Mul { static constexpr Meta meta{"mul", Set::float_int};
-  template <class M> BCD_HD static M fwd(M a, M b, const Params&) { return M(a * b); }
+  template <class M> BCD_HD static M fwd(M a, M b, const Params&) { return M(wrapping_mul(a, b)); }
   template <class M> BCD_HD static Grads<M, 2> bwd(M dy, M a, M b, const Params&) { return {{dy * b, dy * a}}; } };
 struct Div { static constexpr Meta meta{"div", Set::floating, {0.5, 2, true}};
   template <class M> BCD_HD static M fwd(M a, M b, const Params&) { return a / b; }

@@ -10,6 +10,7 @@
 
 #include "baracuda/registry.hpp"
 #include "core/dtype_traits.hpp"
+#include "core/wrapping.hpp"
 
 namespace baracuda::red {
 
@@ -53,8 +54,8 @@ struct Sum {
   static constexpr RMeta meta{"sum", InSet::real, OutRule::widen_ints, true, 1, "sum over dims"};
   template <class T, bool Host> using Acc = wide_t<T, Host>;
   template <class A> static BCD_HD A init(const RParams&) { return A(0); }
-  template <class A, class M> static BCD_HD A step(A a, M x, int64_t, const RParams&) { return a + A(x); }
-  template <class A> static BCD_HD A merge(A a, A b, const RParams&) { return a + b; }
+  template <class A, class M> static BCD_HD A step(A a, M x, int64_t, const RParams&) { return wrapping_add(a, A(x)); }
+  template <class A> static BCD_HD A merge(A a, A b, const RParams&) { return wrapping_add(a, b); }
   template <class A> static BCD_HD A finish(A a, int64_t, const RParams&) { return a; }
 };
 
@@ -68,8 +69,8 @@ struct Prod {
   static constexpr RMeta meta{"prod", InSet::real, OutRule::widen_ints, true, 4, "product over dims"};
   template <class T, bool Host> using Acc = wide_t<T, Host>;
   template <class A> static BCD_HD A init(const RParams&) { return A(1); }
-  template <class A, class M> static BCD_HD A step(A a, M x, int64_t, const RParams&) { return a * A(x); }
-  template <class A> static BCD_HD A merge(A a, A b, const RParams&) { return a * b; }
+  template <class A, class M> static BCD_HD A step(A a, M x, int64_t, const RParams&) { return wrapping_mul(a, A(x)); }
+  template <class A> static BCD_HD A merge(A a, A b, const RParams&) { return wrapping_mul(a, b); }
   template <class A> static BCD_HD A finish(A a, int64_t, const RParams&) { return a; }
 };
 

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "core/dtype_traits.hpp"
+#include "core/wrapping.hpp"
 
 namespace baracuda::scan {
 
@@ -22,7 +23,7 @@ struct CumSum {
   using S = M;
   static BCD_HD S identity() { return S(0); }
   static BCD_HD S lift(M x, int64_t) { return x; }
-  static BCD_HD S combine(S a, S b) { return a + b; }
+  static BCD_HD S combine(S a, S b) { return wrapping_add(a, b); }
 };
 
 template <class M>
@@ -31,7 +32,7 @@ struct CumProd {
   using S = M;
   static BCD_HD S identity() { return S(1); }
   static BCD_HD S lift(M x, int64_t) { return x; }
-  static BCD_HD S combine(S a, S b) { return a * b; }
+  static BCD_HD S combine(S a, S b) { return wrapping_mul(a, b); }
 };
 
 /// Combines of one arithmetic instruction (the single-pass kernel's choice of tile path).

@@ -12,6 +12,7 @@
 #include "core/registry_internal.hpp"
 #include "core/rows.hpp"
 #include "core/tensor_util.hpp"
+#include "core/wrapping.hpp"
 #include "scan/register.hpp"
 
 #ifdef BARACUDA_HAS_CUDA
@@ -75,8 +76,8 @@ void forward_row(Kind kind, const T* x, int64_t sx, Out* y, int64_t sy, int64_t*
   for (int64_t i = 0; i < n; ++i) {
     const M v = convert<M>(x[i * sx]);
     switch (kind) {
-      case Kind::cumsum: acc += v; y[i * sy] = convert<Out>(acc); break;
-      case Kind::cumprod: acc *= v; y[i * sy] = convert<Out>(acc); break;
+      case Kind::cumsum: acc = wrapping_add(acc, v); y[i * sy] = convert<Out>(acc); break;
+      case Kind::cumprod: acc = wrapping_mul(acc, v); y[i * sy] = convert<Out>(acc); break;
       case Kind::logcumsumexp: {
         const double d = double(v);
         if (d != d || lse_max != lse_max) {
