@@ -153,7 +153,8 @@ TEST(ReduceKnownValues, GradientsAtTiesAndZeros) {
 /// Every reduction gradient against central differences of sum(g * forward(x)) on the host.
 /// Integer sums and products wrap around modulo 2^bits, as torch's do
 /// (signed overflow would be undefined behaviour in C++): reductions,
-/// scans and the elementwise add / sub / mul on the host reference.
+/// scans and the elementwise add / sub / mul / neg / abs / square on the
+/// host reference (neg and abs of the minimum give the minimum, as torch).
 TEST(IntegerKnownValues, OverflowWrapsAsTorch) {
   constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max(), kMin64 = std::numeric_limits<int64_t>::min();
   constexpr int32_t kMax32 = std::numeric_limits<int32_t>::max(), kMin32 = std::numeric_limits<int32_t>::min();
@@ -184,6 +185,12 @@ TEST(IntegerKnownValues, OverflowWrapsAsTorch) {
   EXPECT_EQ(r32, (std::vector<int32_t>{kMax32 - 1, kMax32, 0}));
   run("mul", {a_view, b_view}, r_view);
   EXPECT_EQ(r32, (std::vector<int32_t>{kMax32, kMin32, 0}));
+  run("neg", {a_view}, r_view);
+  EXPECT_EQ(r32, (std::vector<int32_t>{kMin32 + 1, kMin32, -65536}));
+  run("abs", {a_view}, r_view);
+  EXPECT_EQ(r32, (std::vector<int32_t>{kMax32, kMin32, 65536}));
+  run("square", {a_view}, r_view);
+  EXPECT_EQ(r32, (std::vector<int32_t>{1, 0, 0}));
 }
 
 TEST(ReduceFiniteDifferences, BackwardMatchesForward) {

@@ -30,6 +30,13 @@ BCD_HD A wrapping_sub(A a, A b) {
   else return a - b;
 }
 
+/// -a (for floats the sign flip itself: -(+0) is -0, which 0 - a is not).
+template <class A>
+BCD_HD A wrapping_neg(A a) {
+  if constexpr (kWraps<A>) return static_cast<A>(wrapping_unsigned_t<A>(0) - wrapping_unsigned_t<A>(a));
+  else return -a;
+}
+
 template <class A>
 BCD_HD A wrapping_mul(A a, A b) {
   if constexpr (kWraps<A>) return static_cast<A>(wrapping_unsigned_t<A>(a) * wrapping_unsigned_t<A>(b));

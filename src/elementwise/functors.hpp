@@ -146,12 +146,12 @@ BCD_HD M trigamma(M x) {
   }
 
 // clang-format off
-struct Neg { static constexpr Meta meta{"neg", Set::float_int}; BCD_FWD(M(-x)) BCD_DERIV(M(-1)) };
+struct Neg { static constexpr Meta meta{"neg", Set::float_int}; BCD_FWD(M(wrapping_neg(x))) BCD_DERIV(M(-1)) };
 struct Abs { static constexpr Meta meta{"abs", Set::float_int};
-  BCD_FWD(x < M(0) ? M(-x) : x) BCD_DERIV(x > M(0) ? M(1) : (x < M(0) ? M(-1) : M(0))) };
+  BCD_FWD(x < M(0) ? M(wrapping_neg(x)) : x) BCD_DERIV(x > M(0) ? M(1) : (x < M(0) ? M(-1) : M(0))) };
 struct Sign { static constexpr Meta meta{"sign", Set::float_int};
   BCD_FWD(m::isnan_(x) ? x : M((x > M(0)) - (x < M(0)))) BCD_DERIV(M(0)) };
-struct Square { static constexpr Meta meta{"square", Set::float_int}; BCD_FWD(M(x * x)) BCD_DERIV(M(2) * x) };
+struct Square { static constexpr Meta meta{"square", Set::float_int}; BCD_FWD(M(wrapping_mul(x, x))) BCD_DERIV(M(2) * x) };
 struct Reciprocal { static constexpr Meta meta{"reciprocal", Set::floating, {0.2, 4, true}};
   BCD_FWD(M(1) / x) BCD_DERIV(M(-1) / (x * x)) };
 struct Cube { static constexpr Meta meta{"cube", Set::floating}; BCD_FWD(x * x * x) BCD_DERIV(M(3) * x * x) };
