@@ -52,13 +52,11 @@ Result<TensorView> TensorView::strided(void* data, DType dtype, std::span<const 
 Result<TensorView> TensorView::contiguous(void* data, DType dtype, std::span<const int64_t> shape) {
   if (shape.size() > static_cast<size_t>(kMaxRank))
     return invalid("tensor view: rank ", shape.size(), " exceeds the maximum rank ", kMaxRank);
-  auto n = checked_numel(shape, "tensor view");  // negative sizes and element counts past 2^63 first
-  if (!n) return n.status();
   std::array<int64_t, kMaxRank> strides{};
   int64_t s = 1;
   for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
     strides[i] = s;
-    // A size-0 dim makes the count 0, but the strides outside it still multiply the other sizes.
+    // Checked even where a size-0 dim makes the count 0 (strided() checks sizes and the count).
     if (i > 0 && __builtin_mul_overflow(s, std::max<int64_t>(shape[i], 1), &s))
       return invalid("tensor view: the row-major strides of shape ", shape_str(shape), " exceed 2^63");
   }
