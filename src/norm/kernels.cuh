@@ -9,12 +9,14 @@
 #pragma once
 
 #include <atomic>
+#include <initializer_list>
 
 #include "core/cuda_async.cuh"
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
 #include "norm/backward_shape.hpp"
 #include "norm/cluster_forward.cuh"
+#include "norm/held_row.cuh"
 #include "norm/ops.hpp"
 #include "reduce/engine.hpp"
 
@@ -126,6 +128,69 @@ __global__ void __launch_bounds__(TPR * RPB)
       if constexpr (S::kBias) y += convert<M>(v[2]);
       return convert<T>(y);
     });
+  }
+}
+
+// Note [Norm rows in registers]
+// Forward rows of up to 16384 elements (half or f32, no residual, in whole
+// aligned vectors) are held in registers: TPR threads a row, each holding up
+// to K = 4 of the row's 16-byte vectors (HeldRow). The row is read once, the
+// two sums of layer_norm run over registers, and the output is written
+// straight from them. The rows kernel above keeps the row in shared memory
+// instead, and its second pass and the output pass go through it: layer_norm
+// bf16 of 32768 x 4096 spent 131 M instructions there (rms_norm, one pass,
+// 81 M), mostly waiting on shared memory, at 2.75 TB/s (2.93 here); rows of
+// 5120 left most of its 512 threads' second vectors idle (1.32 TB/s). TPR is
+// the fewest threads, a power of two from 128 (or one warp, four rows a
+// block), that hold the row; the launch bounds give 40 registers a thread
+// (1536 threads an SM), 64 at 1024 threads.
+template <class S, class T, int TPR, int RPB, int K>
+__global__ void __launch_bounds__(TPR * RPB, 1536 / (TPR * RPB))
+    held_forward_kernel(RowLaunch l, rows::OffsetCalc<S::kOperands, int64_t> outer, NormParams p) {
+  static_assert(RPB == 1 || TPR == 32, "rows of a block must not share a barrier");
+  using M = math_t<T, false>;
+  constexpr int V = rows::kVecOf<T>;
+  __shared__ M scratch[RPB * (TPR / 32)];
+  const rows::RowSlot<TPR, RPB, S::kOperands> slot(l, outer);
+  if (!slot.valid) return;  // a whole warp: a block's last rows (warp rows reduce by shuffles alone)
+  const int64_t cols = l.cols;
+  auto col = [&](int k) { return int64_t(k * TPR + slot.lane) * V; };
+  auto row_sum = [&](int, M v) { return rows::row_all_reduce<TPR, RPB>(v, rows::SumOp{}, scratch); };
+  const T* x = rows::row_operand<const T>(l, S::kInput, slot.off);
+  HeldRow<S, T, K> row;
+  row.load(x, cols, col);
+  M mean, rstd;
+  row.statistics(x, cols, col, row_sum, M(p.eps), mean, rstd);
+  if (slot.lane == 0) {
+    if constexpr (!S::kRms) *rows::row_operand<stat_t<T>>(l, S::kMean, slot.off) = stat_t<T>(mean);
+    *rows::row_operand<stat_t<T>>(l, S::kRstd, slot.off) = stat_t<T>(rstd);
+  }
+  row.store(l, slot.off, cols, col, mean, rstd);
+}
+
+/// Runs rows of up to 16384 elements on held_forward_kernel when they suit
+/// it (rows_fit_held); false when they do not.
+template <class S, class T>
+Result<bool> launch_held_forward(const RowLaunch& l, const rows::OffsetCalc<S::kOperands, int64_t>& outer,
+                                 const NormParams& p, CUstream_st* stream) {
+  if constexpr (!kHoldable<S, T>) {
+    return false;
+  } else {
+    constexpr int K = 4, V = rows::kVecOf<T>;
+    if (l.cols < 1 || l.cols > 16384 || l.rows < 1 || l.rows > INT32_MAX || !rows_fit_held<S, T>(l)) return false;
+    auto launch = [&]<int TPR>() {
+      constexpr int RPB = TPR == 32 ? 4 : 1;
+      held_forward_kernel<S, T, TPR, RPB, K>
+          <<<unsigned((l.rows + RPB - 1) / RPB), TPR * RPB, 0, stream>>>(l, outer, p);
+    };
+    const int64_t vectors = l.cols / V;
+    if (vectors <= 32 * K) launch.template operator()<32>();
+    else if (vectors <= 128 * K) launch.template operator()<128>();
+    else if (vectors <= 256 * K) launch.template operator()<256>();
+    else if (vectors <= 512 * K) launch.template operator()<512>();
+    else if constexpr (V == 4) launch.template operator()<1024>();  // f32 past 8192
+    BARACUDA_CUDA_TRY(cudaGetLastError());
+    return true;
   }
 }
 
@@ -619,9 +684,11 @@ template <class S, class T>
 Status norm_forward_on_cuda(const RowLaunch& l, const NormParams& p, int, CUstream_st* stream) {
   const rows::OffsetCalc<S::kOperands, int64_t> outer(l.outer);
   using C = std::conditional_t<S::kResidual, math_t<T, false>, T>;
-  Result<bool> clustered = launch_cluster_forward<S, T>(l, outer, p, stream);
-  BARACUDA_TRY(clustered.status());
-  if (*clustered) return Status::ok();
+  for (auto held : {launch_cluster_forward<S, T>, launch_held_forward<S, T>}) {  // the row in registers
+    Result<bool> ran = held(l, outer, p, stream);
+    BARACUDA_TRY(ran.status());
+    if (*ran) return Status::ok();
+  }
   return by_row_length(
       l.cols,
       [&]<int TPR, int RPB>() {
