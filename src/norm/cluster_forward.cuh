@@ -33,11 +33,9 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
     pairs.combine(slot, v, unused, [](M& a, M&, M b, M) { a += b; }, rank, ranks);
     return v;
   };
-  const T* x = rows::row_operand<const T>(l, S::kInput, off);
-  HeldRow<S, T, K> row;
-  row.load(x, cols, col);
+  HeldRow<S, T, K> row(l, off, cols, col);
   M mean, rstd;
-  row.statistics(x, cols, col, row_sum, M(p.eps), mean, rstd);
+  row.statistics(cols, col, row_sum, M(p.eps), mean, rstd);
   if (rank == 0 && threadIdx.x == 0) {
     if constexpr (!S::kRms) *rows::row_operand<stat_t<T>>(l, S::kMean, off) = stat_t<T>(mean);
     *rows::row_operand<stat_t<T>>(l, S::kRstd, off) = stat_t<T>(rstd);
@@ -54,7 +52,7 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
 template <class S, class T>
 Result<bool> launch_cluster_forward(const rows::RowLaunch& l, const rows::OffsetCalc<S::kOperands, int64_t>& outer,
                                     const NormParams& p, CUstream_st* stream) {
-  if constexpr (!kHoldable<S, T>) {
+  if constexpr (S::kResidual || !kHoldable<T>) {
     return false;
   } else {
     // Past 32 KiB: the rows kernel ran half rows of 32768 at 2.63-2.72 TB/s.

@@ -132,9 +132,10 @@ __global__ void __launch_bounds__(TPR * RPB)
 }
 
 // Note [Norm rows in registers]
-// Forward rows of up to 16384 elements (half or f32, no residual, in whole
-// aligned vectors) are held in registers: TPR threads a row, each holding up
-// to K = 4 of the row's 16-byte vectors (HeldRow). The row is read once, the
+// Forward rows of up to 16384 elements (half or f32, in whole aligned
+// vectors) are held in registers: TPR threads a row, each holding up to K = 4
+// of the row's 16-byte vectors (HeldRow; the residual form two each of the
+// input and the residual, and f32 rows to 8192). The row is read once, the
 // two sums of layer_norm run over registers, and the output is written
 // straight from them. The rows kernel above keeps the row in shared memory
 // instead, and its second pass and the output pass go through it: layer_norm
@@ -143,9 +144,10 @@ __global__ void __launch_bounds__(TPR * RPB)
 // 5120 left most of its 512 threads' second vectors idle (1.32 TB/s). TPR is
 // the fewest threads, a power of two from 128 (or one warp, four rows a
 // block), that hold the row; the launch bounds give 40 registers a thread
-// (1536 threads an SM), 64 at 1024 threads.
+// (1536 threads an SM), 64 at 1024 threads and in the residual form (40
+// spilled the offsets of its seven operands).
 template <class S, class T, int TPR, int RPB, int K>
-__global__ void __launch_bounds__(TPR * RPB, 1536 / (TPR * RPB))
+__global__ void __launch_bounds__(TPR * RPB, (S::kResidual ? 1024 : 1536) / (TPR * RPB))
     held_forward_kernel(RowLaunch l, rows::OffsetCalc<S::kOperands, int64_t> outer, NormParams p) {
   static_assert(RPB == 1 || TPR == 32, "rows of a block must not share a barrier");
   using M = math_t<T, false>;
@@ -156,11 +158,9 @@ __global__ void __launch_bounds__(TPR * RPB, 1536 / (TPR * RPB))
   const int64_t cols = l.cols;
   auto col = [&](int k) { return int64_t(k * TPR + slot.lane) * V; };
   auto row_sum = [&](int, M v) { return rows::row_all_reduce<TPR, RPB>(v, rows::SumOp{}, scratch); };
-  const T* x = rows::row_operand<const T>(l, S::kInput, slot.off);
-  HeldRow<S, T, K> row;
-  row.load(x, cols, col);
+  HeldRow<S, T, K> row(l, slot.off, cols, col);
   M mean, rstd;
-  row.statistics(x, cols, col, row_sum, M(p.eps), mean, rstd);
+  row.statistics(cols, col, row_sum, M(p.eps), mean, rstd);
   if (slot.lane == 0) {
     if constexpr (!S::kRms) *rows::row_operand<stat_t<T>>(l, S::kMean, slot.off) = stat_t<T>(mean);
     *rows::row_operand<stat_t<T>>(l, S::kRstd, slot.off) = stat_t<T>(rstd);
@@ -173,22 +173,25 @@ __global__ void __launch_bounds__(TPR * RPB, 1536 / (TPR * RPB))
 template <class S, class T>
 Result<bool> launch_held_forward(const RowLaunch& l, const rows::OffsetCalc<S::kOperands, int64_t>& outer,
                                  const NormParams& p, CUstream_st* stream) {
-  if constexpr (!kHoldable<S, T>) {
+  if constexpr (!kHoldable<T>) {
     return false;
   } else {
-    constexpr int K = 4, V = rows::kVecOf<T>;
-    if (l.cols < 1 || l.cols > 16384 || l.rows < 1 || l.rows > INT32_MAX || !rows_fit_held<S, T>(l)) return false;
+    // Vectors a thread: the residual form holds two operands' (the same registers).
+    constexpr int K = S::kResidual ? 2 : 4, V = rows::kVecOf<T>;
+    const int64_t vectors = l.cols / V;
+    if (l.cols < 1 || l.cols > 16384 || vectors > 1024 * K || l.rows < 1 || l.rows > INT32_MAX ||
+        !rows_fit_held<S, T>(l))
+      return false;
     auto launch = [&]<int TPR>() {
       constexpr int RPB = TPR == 32 ? 4 : 1;
       held_forward_kernel<S, T, TPR, RPB, K>
           <<<unsigned((l.rows + RPB - 1) / RPB), TPR * RPB, 0, stream>>>(l, outer, p);
     };
-    const int64_t vectors = l.cols / V;
     if (vectors <= 32 * K) launch.template operator()<32>();
     else if (vectors <= 128 * K) launch.template operator()<128>();
     else if (vectors <= 256 * K) launch.template operator()<256>();
     else if (vectors <= 512 * K) launch.template operator()<512>();
-    else if constexpr (V == 4) launch.template operator()<1024>();  // f32 past 8192
+    else if constexpr (16384 / V > 512 * K) launch.template operator()<1024>();  // (half rows stop at 512)
     BARACUDA_CUDA_TRY(cudaGetLastError());
     return true;
   }
