@@ -50,6 +50,7 @@ for name in $STEPS; do
     bench_attention) PYTHONPATH="$BUILD_DIR/python" step bench_attention python3 bench/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
     bench_decode) PYTHONPATH="$BUILD_DIR/python" step bench_decode python3 bench/bench_decode.py ${BENCH_DECODE_ARGS:-} ;;
     bench_rope) PYTHONPATH="$BUILD_DIR/python" step bench_rope python3 bench/bench_rope.py ${BENCH_ROPE_ARGS:-} ;;
+    bench_norm_widths) PYTHONPATH="$BUILD_DIR/python" step bench_norm_widths python3 bench/bench_norm_widths.py ;;
     bench_overhead) PYTHONPATH="$BUILD_DIR/python" step bench_overhead python3 bench/bench_overhead.py --number 2000 ;;
     script) PYTHONPATH="$BUILD_DIR/python" step script python3 ${SCRIPT:?SCRIPT names the python script} ;;
   esac
@@ -70,3 +71,4 @@ show bench 32
 show bench_rows 40
 show bench_gemm 20
 for b in bench_attention bench_decode bench_rope bench_overhead script; do show $b 24; done
+show bench_norm_widths 40
