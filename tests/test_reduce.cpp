@@ -191,6 +191,30 @@ TEST(IntegerKnownValues, OverflowWrapsAsTorch) {
   EXPECT_EQ(r32, (std::vector<int32_t>{kMax32, kMin32, 65536}));
   run("square", {a_view}, r_view);
   EXPECT_EQ(r32, (std::vector<int32_t>{1, 0, 0}));
+  // min / -1 overflows (x86 traps on it): the quotient wraps to min and the
+  // modulo is 0, as torch's; other divisors by -1 and by 0 around it.
+  std::vector<int32_t> num{kMin32, kMin32, 7, -7, kMin32}, den{-1, 0, -1, -1, 2};
+  const Shape five{5};
+  auto num_view = *TensorView::contiguous(num.data(), DType::i32, five);
+  auto den_view = *TensorView::contiguous(den.data(), DType::i32, five);
+  std::vector<int32_t> q(5);
+  auto q_view = *TensorView::contiguous(q.data(), DType::i32, five);
+  run("floor_divide", {num_view, den_view}, q_view);
+  EXPECT_EQ(q, (std::vector<int32_t>{kMin32, 0, -7, 7, kMin32 / 2}));
+  run("fmod", {num_view, den_view}, q_view);
+  EXPECT_EQ(q, (std::vector<int32_t>{0, 0, 0, 0, 0}));
+  run("remainder", {num_view, den_view}, q_view);
+  EXPECT_EQ(q, (std::vector<int32_t>{0, 0, 0, 0, 0}));
+  std::vector<int64_t> num64{kMin64, -9}, den64{-1, 4}, q64(2);
+  auto num64_view = *TensorView::contiguous(num64.data(), DType::i64, two);
+  auto den64_view = *TensorView::contiguous(den64.data(), DType::i64, two);
+  auto q64_view = *TensorView::contiguous(q64.data(), DType::i64, two);
+  run("floor_divide", {num64_view, den64_view}, q64_view);
+  EXPECT_EQ(q64, (std::vector<int64_t>{kMin64, -3}));
+  run("remainder", {num64_view, den64_view}, q64_view);
+  EXPECT_EQ(q64, (std::vector<int64_t>{0, 3}));
+  run("fmod", {num64_view, den64_view}, q64_view);
+  EXPECT_EQ(q64, (std::vector<int64_t>{0, -1}));
 }
 
 TEST(ReduceFiniteDifferences, BackwardMatchesForward) {

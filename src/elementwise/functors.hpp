@@ -324,6 +324,9 @@ template <class M>
 BCD_HD M floor_divide(M a, M b) {
   if constexpr (std::is_integral_v<M>) {
     if (b == M(0)) return M(0);  // defined as 0 (torch raises on the CPU)
+    // min / -1 overflows (x86 traps): -a wraps to min, as torch's does.
+    if constexpr (std::is_signed_v<M>)
+      if (b == M(-1)) return wrapping_neg(a);
     M q = M(a / b);
     if constexpr (std::is_signed_v<M>)
       if (M(a % b) != M(0) && ((a < M(0)) != (b < M(0)))) q = M(q - 1);
@@ -341,7 +344,8 @@ BCD_HD M floor_divide(M a, M b) {
 
 template <class M>
 BCD_HD M fmod_(M a, M b) {
-  if constexpr (std::is_integral_v<M>) return b == M(0) ? M(0) : M(a % b);
+  // Integer modulo 0 gives 0; modulo -1 is 0, and min % -1 overflows (x86 traps).
+  if constexpr (std::is_integral_v<M>) return b == M(0) || (std::is_signed_v<M> && b == M(-1)) ? M(0) : M(a % b);
   else return fmod(a, b);
 }
 
