@@ -1,7 +1,7 @@
 // A layer_norm / rms_norm forward row held in registers: each thread keeps K
 // 16-byte vectors of its row (and of the residual, in the fused residual
-// form), so the row is read once and written once and
-// no pass goes through shared memory. The one-block rows kernel
+// form), so the row is read once and written once and no pass goes through
+// shared memory. The one-block rows kernel
 // (held_forward_kernel in kernels.cuh, Note [Norm rows in registers]) and
 // the cluster kernel (cluster_forward.cuh) differ only in which columns a
 // thread owns and in how a row's sums combine.

@@ -191,7 +191,7 @@ Result<bool> launch_held_forward(const RowLaunch& l, const rows::OffsetCalc<S::k
     else if (vectors <= 128 * K) launch.template operator()<128>();
     else if (vectors <= 256 * K) launch.template operator()<256>();
     else if (vectors <= 512 * K) launch.template operator()<512>();
-    else if constexpr (16384 / V > 512 * K) launch.template operator()<1024>();  // (half rows stop at 512)
+    else if constexpr (16384 / V > 512 * K) launch.template operator()<1024>();  // (only where 512 hold no row)
     BARACUDA_CUDA_TRY(cudaGetLastError());
     return true;
   }
