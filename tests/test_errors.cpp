@@ -21,6 +21,17 @@ void expect_error(const Status& s, ErrorKind kind, std::initializer_list<const c
   for (const char* f : fragments) EXPECT_NE(s.message().find(f), std::string::npos) << "'" << f << "' not in: " << s.message();
 }
 
+// Context names an op once: an op's own check may already start with its name.
+TEST(Errors, ContextIsAddedOnce) {
+  Status s = Status::error(ErrorKind::invalid_problem, "'target' holds class index 7");
+  s.with_context("nll_loss").with_context("nll_loss");
+  EXPECT_EQ(s.message(), "nll_loss: 'target' holds class index 7");
+  s.with_context("nll").with_context("run");
+  EXPECT_EQ(s.message(), "run: nll: nll_loss: 'target' holds class index 7");  // a prefix of the name is not the name
+  Status ok = Status::ok();
+  EXPECT_TRUE(ok.with_context("add").is_ok());
+}
+
 TEST(Errors, ShapesThatDoNotBroadcast) {
   auto r = infer("add", {{DType::f32, {3, 4}}, {DType::f32, {5}}});
   ASSERT_FALSE(r);

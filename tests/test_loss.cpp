@@ -639,9 +639,11 @@ TEST(LossErrors, BadInputIsNamed) {
   auto has = [](const std::string& m, const std::string& part) { return m.find(part) != std::string::npos; };
   const std::vector<double> z(6, 0.5);
   auto range = host_exec("cross_entropy", {f64(z, {2, 3}), idx({1, 3}, {2}), f64({}, {0})});
-  EXPECT_TRUE(has(message(range), "class index 3")) << message(range);
+  EXPECT_TRUE(has(message(range), "cross_entropy: 'target' holds class index 3")) << message(range);
+  EXPECT_FALSE(has(message(range), "cross_entropy: cross_entropy")) << message(range);  // the op named once
   auto neg = host_exec("nll_loss", {f64(z, {2, 3}), idx({-5, 0}, {2}), f64({}, {0})});
   EXPECT_TRUE(has(message(neg), "outside [0, 3)")) << message(neg);
+  EXPECT_FALSE(has(message(neg), "nll_loss: nll_loss")) << message(neg);
   auto weight = host_exec("cross_entropy", {f64(z, {2, 3}), idx({1, 0}, {2}), f64({1, 1}, {2})});
   EXPECT_TRUE(has(message(weight), "'weight' must be f64[3]")) << message(weight);
   auto tshape = host_exec("cross_entropy", {f64(z, {2, 3}), idx({1, 0, 0}, {3}), f64({}, {0})});

@@ -74,7 +74,7 @@ class [[nodiscard]] Status {
   long code() const { return code_; }
   /// "<kind>: <message>"
   std::string to_string() const;
-  /// Prefixes the message with more context ("add: " + message).
+  /// Prefixes the message with context ("add: " + message) unless it starts so.
   Status& with_context(std::string_view context);
 
  private:

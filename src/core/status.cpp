@@ -45,7 +45,9 @@ std::string Status::to_string() const {
 }
 
 Status& Status::with_context(std::string_view context) {
-  if (!is_ok()) message_ = std::string(context) + ": " + message_;
+  // A message that already names this context (an op's own check) keeps one prefix.
+  const std::string prefix = std::string(context) + ": ";
+  if (!is_ok() && message_.compare(0, prefix.size(), prefix) != 0) message_ = prefix + message_;
   return *this;
 }
 

@@ -50,7 +50,7 @@ Status class_loss_on_host(const ClassLaunch& cl, const ClassParams& p, CUstream_
     if (target[r] == p.ignore_index) {
       d[r] = 0;
     } else if (target[r] < 0 || target[r] >= C) {
-      return invalid(L::name, ": 'target' holds class index ", target[r], " (row ", r, "), outside [0, ", C,
+      return invalid("'target' holds class index ", target[r], " (row ", r, "), outside [0, ", C,
                      ") and not ignore_index ", p.ignore_index);
     } else {
       d[r] = weight(target[r]);
@@ -168,7 +168,7 @@ struct HostRowLoss {
       const int64_t n = kind == TargetKind::index_list ? l.cols : kind == TargetKind::index_per_row ? 1 : 0;
       for (int64_t c = 0; c < n; ++c)
         if (r.index(c) < kTargetMin<L> || r.index(c) >= l.cols)
-          return invalid(L::meta.name, ": 'target' holds class index ", r.index(c), " (row ", row, "), outside [",
+          return invalid("'target' holds class index ", r.index(c), " (row ", row, "), outside [",
                          kTargetMin<L>, ", ", l.cols, ")");
     }
     const int out = p.backward ? 0 : L::meta.inputs;
