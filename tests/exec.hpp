@@ -67,7 +67,8 @@ inline std::pair<std::vector<int64_t>, int64_t> offsets(const Shape& shape, cons
 /// its own and the graph launched that many times instead.
 inline Result<std::vector<std::vector<double>>> exec(Backend backend, const std::string& op, const std::vector<Operand>& inputs,
                                               const Attrs& attrs = {}, const PlanPreference& base = {},
-                                              const std::vector<Shape>& output_strides = {}, int graph_replays = 0) {
+                                              const std::vector<Shape>& output_strides = {},
+                                              [[maybe_unused]] int graph_replays = 0) {  // (host-only builds)
   const bool device = backend != Backend::host_reference;
   std::vector<TensorSpec> specs;
   for (const auto& o : inputs) specs.push_back({o.dtype, o.shape});

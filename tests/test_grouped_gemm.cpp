@@ -359,10 +359,9 @@ TEST(GroupedGemmErrors, BadInputIsNamed) {
   // Offsets are read on the host reference: decreasing or past the split extent are named.
   auto run = [](std::vector<double> offs, bool red) {
     const int64_t g = int64_t(offs.size());
-    std::vector<Operand> in = red ? std::vector<Operand>{{std::vector<double>(4 * 6, 1), {4, 6}},
-                                                         {std::vector<double>(6 * 3, 1), {6, 3}}}
-                                  : std::vector<Operand>{{std::vector<double>(6 * 4, 1), {6, 4}},
-                                                         {std::vector<double>(g * 4 * 3, 1), {g, 4, 3}}};
+    std::vector<Operand> in;
+    if (red) in = {{std::vector<double>(4 * 6, 1), {4, 6}}, {std::vector<double>(6 * 3, 1), {6, 3}}};
+    else in = {{std::vector<double>(6 * 4, 1), {6, 4}}, {std::vector<double>(g * 4 * 3, 1), {g, 4, 3}}};
     in.push_back({offs, {g}, DType::i32});
     auto r = exec(Backend::host_reference, "grouped_mm", in);
     return r ? std::string("(no error)") : r.status().message();

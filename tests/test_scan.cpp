@@ -276,10 +276,12 @@ TEST(CudaScan, MisalignedRowsMatchAlignedBitwise) {
           cudaMemcpy(whole.data(), ys[k], whole.size(), cudaMemcpyDeviceToHost);
           cudaFree(ys[k]);
           const size_t first = o[1] * os, last = first + n * os;  // the output's bytes
-          for (size_t b = 0; b < whole.size(); ++b)
-            if (b < first || b >= last)
+          for (size_t b = 0; b < whole.size(); ++b) {
+            if (b < first || b >= last) {
               ASSERT_EQ(uint8_t(whole[b]), 0xFF) << op << " " << dtype_name(dtype) << " output " << k << " at +" << o[1]
-                                               << ": byte " << b << " outside the output was written";
+                                                 << ": byte " << b << " outside the output was written";
+            }
+          }
           results.back().emplace_back(whole.begin() + first, whole.begin() + last);
         }
         cudaFree(x);

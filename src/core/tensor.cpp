@@ -125,7 +125,10 @@ bool has_internal_overlap(const TensorView& v) {
   int n = 0;
   for (int i = 0; i < v.rank; ++i)
     if (v.shape[i] > 1) dims[n++] = {std::llabs(v.stride[i]), v.shape[i]};
-  std::sort(dims.begin(), dims.begin() + n);
+  // At most kMaxRank entries: an insertion sort (std::sort's inlined
+  // insertion pass drew a GCC 12 -Warray-bounds false positive here).
+  for (int i = 1; i < n; ++i)
+    for (int j = i; j > 0 && dims[j] < dims[j - 1]; --j) std::swap(dims[j], dims[j - 1]);
   int64_t reach = 0;  // largest offset reachable by the inner dims
   for (int i = 0; i < n; ++i) {
     if (dims[i].first <= reach) return true;
