@@ -45,9 +45,11 @@ std::string Status::to_string() const {
 }
 
 Status& Status::with_context(std::string_view context) {
+  if (is_ok()) return *this;  // every successful run passes here: nothing to build
   // A message that already names this context (an op's own check) keeps one prefix.
-  const std::string prefix = std::string(context) + ": ";
-  if (!is_ok() && message_.compare(0, prefix.size(), prefix) != 0) message_ = prefix + message_;
+  const std::string_view message(message_);
+  if (!(message.starts_with(context) && message.substr(context.size()).starts_with(": ")))
+    message_ = std::string(context) + ": " + message_;
   return *this;
 }
 
