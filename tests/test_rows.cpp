@@ -99,9 +99,9 @@ TEST(NormCuda, ClusterForwardAgainstReference) {
 // 5120, 12296), rows not in whole vectors (1030 f32, 1028 half: the rows
 // kernel), 16384 (half held, f32 on the cluster kernel) and just past it,
 // rank-2 outer shapes, with and without the affine parameters, the residual
-// form (two vectors each of two operands; f32 held to 8192: 12296 and 16384
-// take the rows kernel), statistics checked; strided rows keep the rows
-// kernel; in place rows (the output over the input) are held.
+// form (a warp a row, or the fewest whole warps: 64 to 1024 threads of
+// four vectors each of two operands, 160 and 320 among them), statistics checked; strided rows
+// keep the rows kernel; in place rows (the output over the input) are held.
 TEST(NormCuda, HeldForwardAgainstReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const std::vector<Shape> shapes{{5, 64},    {9, 100},   {7, 512},     {3, 1000},  {3, 1028},  {7, 1032},

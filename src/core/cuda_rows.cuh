@@ -76,6 +76,22 @@ __device__ __forceinline__ M row_all_reduce(M v, Op op, M* scratch) {
   }
 }
 
+/// row_all_reduce for one row a block of blockDim.x threads, a whole number
+/// of warps known only at run time (`scratch` holds blockDim.x / 32 values).
+/// The warps combine in order: the same bits for the same block width.
+template <class M, class Op>
+__device__ __forceinline__ M block_all_reduce(M v, Op op, M* scratch) {
+#pragma unroll
+  for (int d = 16; d >= 1; d /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, d));
+  const int warps = int(blockDim.x / 32);
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  M r = scratch[0];
+  for (int w = 1; w < warps; ++w) r = op(r, scratch[w]);
+  return r;
+}
+
 /// Calls f(index, value) for the elements of a row this thread owns: 16-byte
 /// vectors when `vector` (unit stride, aligned, cols % V == 0), else scalars.
 /// With `cache` (16-byte aligned shared memory), also stores the row there,

@@ -133,31 +133,40 @@ __global__ void __launch_bounds__(TPR * RPB)
 
 // Note [Norm rows in registers]
 // Forward rows of up to 16384 elements (half or f32, in whole aligned
-// vectors) are held in registers: TPR threads a row, each holding up to K = 4
-// of the row's 16-byte vectors (HeldRow; the residual form two each of the
-// input and the residual, and f32 rows to 8192). The row is read once, the
-// two sums of layer_norm run over registers, and the output is written
-// straight from them. The rows kernel above keeps the row in shared memory
-// instead, and its second pass and the output pass go through it: layer_norm
-// bf16 of 32768 x 4096 spent 131 M instructions there (rms_norm, one pass,
-// 81 M), mostly waiting on shared memory, at 2.75 TB/s (2.93 here); rows of
-// 5120 left most of its 512 threads' second vectors idle (1.32 TB/s). TPR is
-// the fewest threads, a power of two from 128 (or one warp, four rows a
-// block), that hold the row; the launch bounds give 40 registers a thread
-// (1536 threads an SM), 64 at 1024 threads and in the residual form (40
-// spilled the offsets of its seven operands).
-template <class S, class T, int TPR, int RPB, int K>
-__global__ void __launch_bounds__(TPR * RPB, (S::kResidual ? 1024 : 1536) / (TPR * RPB))
+// vectors) are held in registers: each thread holds up to K = 4 of the row's
+// 16-byte vectors (HeldRow; the residual form four each of the input and the
+// residual). The row is read once, the two sums of layer_norm run over
+// registers, and the output is written straight from them. The rows kernel
+// above keeps the row in shared memory instead, and its second pass and the
+// output pass go through it: layer_norm bf16 of 32768 x 4096 spent 131 M
+// instructions there (rms_norm, one pass, 81 M), mostly waiting on shared
+// memory, at 2.75 TB/s (2.93 here); rows of 5120 left most of its 512
+// threads' second vectors idle (1.32 TB/s). The plain forms take the fewest
+// threads, a power of two from 128 (or one warp, four rows a block), that
+// hold the row, at 40 registers (1536 threads an SM; 64 at 1024 threads).
+// The residual form takes a warp (four rows a block) or else the fewest
+// whole warps that hold the row (TPR = 0, the width at run time) at 64
+// registers: 40 spilled its seven operands' offsets, and power-of-two widths
+// at two vectors a thread left rows of 5120 at 2.38-2.87 TB/s (f32: 1024
+// threads, one row an SM), where whole warps at three or four vectors
+// reached 2.97-3.02 in a standalone harness.
+/// TPR == 0: one row a block of blockDim.x threads (whole warps, at most 1024).
+template <class S, class T, int TPR, int RPB, int K, int kBlock = TPR ? TPR * RPB : 1024>
+__global__ void __launch_bounds__(kBlock, (S::kResidual ? 1024 : 1536) / kBlock)
     held_forward_kernel(RowLaunch l, rows::OffsetCalc<S::kOperands, int64_t> outer, NormParams p) {
   static_assert(RPB == 1 || TPR == 32, "rows of a block must not share a barrier");
   using M = math_t<T, false>;
   constexpr int V = rows::kVecOf<T>;
-  __shared__ M scratch[RPB * (TPR / 32)];
-  const rows::RowSlot<TPR, RPB, S::kOperands> slot(l, outer);
+  __shared__ M scratch[kBlock / 32];
+  const rows::RowSlot<TPR ? TPR : 1024, RPB, S::kOperands> slot(l, outer);  // 1024: lane = threadIdx.x
   if (!slot.valid) return;  // a whole warp: a block's last rows (warp rows reduce by shuffles alone)
   const int64_t cols = l.cols;
-  auto col = [&](int k) { return int64_t(k * TPR + slot.lane) * V; };
-  auto row_sum = [&](int, M v) { return rows::row_all_reduce<TPR, RPB>(v, rows::SumOp{}, scratch); };
+  const int threads = TPR ? TPR : int(blockDim.x);
+  auto col = [&](int k) { return int64_t(k * threads + slot.lane) * V; };
+  auto row_sum = [&](int, M v) {
+    if constexpr (TPR == 0) return rows::block_all_reduce(v, rows::SumOp{}, scratch);
+    else return rows::row_all_reduce<TPR, RPB>(v, rows::SumOp{}, scratch);
+  };
   HeldRow<S, T, K> row(l, slot.off, cols, col);
   M mean, rstd;
   row.statistics(cols, col, row_sum, M(p.eps), mean, rstd);
@@ -176,8 +185,7 @@ Result<bool> launch_held_forward(const RowLaunch& l, const rows::OffsetCalc<S::k
   if constexpr (!kHoldable<T>) {
     return false;
   } else {
-    // Vectors a thread: the residual form holds two operands' (the same registers).
-    constexpr int K = S::kResidual ? 2 : 4, V = rows::kVecOf<T>;
+    constexpr int K = 4, V = rows::kVecOf<T>;
     const int64_t vectors = l.cols / V;
     if (l.cols < 1 || l.cols > 16384 || vectors > 1024 * K || l.rows < 1 || l.rows > INT32_MAX ||
         !rows_fit_held<S, T>(l))
@@ -187,11 +195,18 @@ Result<bool> launch_held_forward(const RowLaunch& l, const rows::OffsetCalc<S::k
       held_forward_kernel<S, T, TPR, RPB, K>
           <<<unsigned((l.rows + RPB - 1) / RPB), TPR * RPB, 0, stream>>>(l, outer, p);
     };
-    if (vectors <= 32 * K) launch.template operator()<32>();
-    else if (vectors <= 128 * K) launch.template operator()<128>();
-    else if (vectors <= 256 * K) launch.template operator()<256>();
-    else if (vectors <= 512 * K) launch.template operator()<512>();
-    else if constexpr (16384 / V > 512 * K) launch.template operator()<1024>();  // (only where 512 hold no row)
+    if (vectors <= 32 * K) {
+      launch.template operator()<32>();  // a warp a row, four rows a block
+    } else if constexpr (S::kResidual) {
+      // The fewest whole warps that hold the row (Note [Norm rows in registers]).
+      const int64_t threads = (vectors + 32 * K - 1) / (32 * K) * 32;
+      held_forward_kernel<S, T, 0, 1, K><<<unsigned(l.rows), unsigned(threads), 0, stream>>>(l, outer, p);
+    } else {
+      if (vectors <= 128 * K) launch.template operator()<128>();
+      else if (vectors <= 256 * K) launch.template operator()<256>();
+      else if (vectors <= 512 * K) launch.template operator()<512>();
+      else if constexpr (16384 / V > 512 * K) launch.template operator()<1024>();  // (f32 past 8192)
+    }
     BARACUDA_CUDA_TRY(cudaGetLastError());
     return true;
   }
