@@ -353,8 +353,13 @@ __global__ void __launch_bounds__(256)
 // g * xhat, grad_bias = sum of g). A column pass would read grad_output and
 // the input a second time. Rows of 1024 to 1024 x V elements (V a 16-byte
 // vector's elements) take one pass instead (fused_backward_shape):
-// - a block of TPR threads works on one row at a time, over a contiguous
-//   split of the rows (one split a block);
+// - a block of TPR threads works on one row at a time: block `split` of
+//   `splits` (as many as the GPU holds at once) takes rows split,
+//   split + splits, ..., so that the blocks move through memory together.
+//   Contiguous chunks of rows a block were 7-10% slower (H100, 32768x4096,
+//   TB/s: bf16 layer_norm 2.44 -> 2.69, rms_norm 2.49 -> 2.65, f32
+//   2.70-2.73 -> 2.83-2.87; four rows a turn, 2.42-2.86), likely as
+//   hundreds of streams each far from the others;
 // - each thread owns the same vector of every row (columns thread * V
 //   onwards), so it keeps their column sums in registers across the split
 //   and writes them once, as the split's partial; merge_params_kernel adds
@@ -368,10 +373,11 @@ __global__ void __launch_bounds__(256)
 //   shared memory already in the math type, the row's sum of wg * xhat is
 //   taken as rstd * sum(wg * (x - mean)), and every warp adds the warps'
 //   sums in one shuffle tree (it was a loop over them in each thread);
-// - 2-byte rows in whole vectors take an instance without the element
-//   loads that loads each row's statistics an iteration early (bf16
-//   layer_norm 32768x4096: 2.43 -> 2.50 TB/s). f32 keeps the plain
-//   instance: at 1024 threads (the 64-register cap) early loads cost 4%.
+// - rows in whole vectors take an instance without the element loads that
+//   loads each row's statistics an iteration early (bf16 layer_norm
+//   32768x4096: 2.43 -> 2.50 TB/s; f32 lost 4% with contiguous chunks, but
+//   with strided rows each row's statistics are a cache miss of their own:
+//   layer_norm f32 2.57 without, 2.85 with).
 //
 // Note [Norm backward over a cluster]
 // Rows of up to kMaxRanks x 1024 vectors (sm_90) take the same pass over a
@@ -436,7 +442,10 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
     rank = int(r), ranks = int(n);
   }
   const int64_t split = blockIdx.x / ranks, splits = gridDim.x / ranks;
-  const int64_t cols = l.cols, first = split * chunk, end = min(l.rows, first + chunk);
+  // A block takes rows split, split + splits, ...; a cluster a contiguous chunk (Note [Fused norm backward]).
+  const int64_t step = kCluster ? 1 : splits;
+  const int64_t cols = l.cols, first = kCluster ? split * chunk : split,
+                end = kCluster ? min(l.rows, first + chunk) : l.rows;
   // This thread's columns: c0(k) .. c0(k) + V for each of its K vectors (vector k of the threads adjacent).
   auto c0 = [&](int k) { return ((int64_t(rank) * K + k) * TPR + threadIdx.x) * V; };
   const auto& st = l.inner.stride;
@@ -547,25 +556,25 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
 
   if constexpr (!kCluster) {
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) load_row(first + s, s);
-    int stage = 0;
+    for (int s = 0; s < kStages - 1; ++s) load_row(first + s * step, s);
+    int stage = 0, parity = 0;  // parity: the row's half of the double-buffered scratch
     // kWhole: a row's statistics are loaded an iteration before its sums need them.
     M mean_next = 0, rstd_next = 0;
     if (kWhole && first < end) mean_next = mean_of(first), rstd_next = rstd_of(first);
-    for (int64_t r = first; r < end; ++r) {
-      load_row(r + kStages - 1, (stage + kStages - 1) % kStages);
+    for (int64_t r = first; r < end; r += step) {
+      load_row(r + (kStages - 1) * step, (stage + kStages - 1) % kStages);
       M mean = mean_next, rstd = rstd_next;
       if constexpr (kWhole) {
-        if (r + 1 < end) mean_next = mean_of(r + 1), rstd_next = rstd_of(r + 1);
+        if (r + step < end) mean_next = mean_of(r + step), rstd_next = rstd_of(r + step);
       } else {
         mean = mean_of(r), rstd = rstd_of(r);
       }
       cp_async_wait<kStages - 1>();  // row r's copies (this thread's) have landed
       M a, b;
       thread_sums(stage, mean, a, b);
-      block_sums(int(r - first) & 1, a, b, true);
+      block_sums(parity, a, b, true);
       finish_row(stage, r, mean, rstd, a, b);
-      stage = (stage + 1) % kStages;
+      stage = (stage + 1) % kStages, parity ^= 1;
     }
   } else {
     // Note [Norm backward over a cluster]: [slot][rank][sum], and a barrier a slot.
@@ -633,26 +642,29 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
     }
 }
 
-/// grad_weight / grad_bias from the splits' partial sums: 32 columns x 8
-/// split lanes a block; lane y adds splits y, y + 8, ..., then the lanes are
-/// added in order (a fixed order: deterministic).
+/// grad_weight / grad_bias from the splits' partial sums: 32 columns x
+/// kMergeLanes split lanes a block; lane y adds splits y, y + kMergeLanes,
+/// ..., then the lanes are added in order (a fixed order: deterministic).
+/// 32 lanes, not 8: 264 partials a column took 2-3% of the bf16 backward.
+inline constexpr int kMergeLanes = 32;
 template <class S, class T>
-__global__ void __launch_bounds__(256) merge_params_kernel(RowLaunch l, int splits) {
+__global__ void __launch_bounds__(32 * kMergeLanes) merge_params_kernel(RowLaunch l, int splits) {
   using M = math_t<T, false>;
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
   const int64_t c = int64_t(blockIdx.x) * 32 + tx, cols = l.cols;
   const M* partial = reinterpret_cast<const M*>(l.workspace);
   M dw = 0, db = 0;
   if (c < cols)
-    for (int s = ty; s < splits; s += 8) {
+#pragma unroll 4
+    for (int s = ty; s < splits; s += kMergeLanes) {
       dw += partial[(int64_t(s) * 2) * cols + c];
       if constexpr (S::kBias) db += partial[(int64_t(s) * 2 + 1) * cols + c];
     }
-  __shared__ M acc[2][8][32];
+  __shared__ M acc[2][kMergeLanes][32];
   acc[0][ty][tx] = dw, acc[1][ty][tx] = db;
   __syncthreads();
   if (ty != 0 || c >= cols) return;
-  for (int y = 1; y < 8; ++y) dw += acc[0][y][tx], db += acc[1][y][tx];
+  for (int y = 1; y < kMergeLanes; ++y) dw += acc[0][y][tx], db += acc[1][y][tx];
   const auto& st = l.inner.stride;
   reinterpret_cast<T*>(l.data[S::kGradWeight])[c * st[S::kGradWeight][0]] = convert<T>(dw);
   if constexpr (S::kBias) reinterpret_cast<T*>(l.data[S::kGradBias])[c * st[S::kGradBias][0]] = convert<T>(db);
@@ -666,8 +678,7 @@ Result<int> launch_fused_backward(const RowLaunch& l, const rows::OffsetCalc<S::
   const bool vec = rows_in_vectors(l, S::kGradOutput, sizeof(T)) && rows_in_vectors(l, S::kSavedInput, sizeof(T)) &&
                    rows_in_vectors(l, S::kGradInput, sizeof(T));
   auto kernel = fused_backward_kernel<S, T, TPR, K, kCluster, false>;
-  if constexpr (kCluster || sizeof(T) == 2)  // f32 unclustered: early statistics cost 4% (Note [Fused norm backward])
-    if (vec) kernel = fused_backward_kernel<S, T, TPR, K, kCluster, true>;
+  if (vec) kernel = fused_backward_kernel<S, T, TPR, K, kCluster, true>;
   // The stages of two operands, and the weight in the math type.
   const int smem = (kFusedStages<kCluster> * 2 * 16 + rows::kVecOf<T> * int(sizeof(math_t<T, false>))) * K * TPR;
   BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, /*max_carveout=*/true));
@@ -725,7 +736,7 @@ Status norm_backward_on_cuda(const RowLaunch& l, const NormParams&, int splits, 
     // The splits' partial parameter gradients (either path) into grad_weight / grad_bias.
     auto merge_partials = [&](int taken) -> Status {
       if (taken > 1) {
-        merge_params_kernel<S, T><<<unsigned((l.cols + 31) / 32), 256, 0, stream>>>(l, taken);
+        merge_params_kernel<S, T><<<unsigned((l.cols + 31) / 32), 32 * kMergeLanes, 0, stream>>>(l, taken);
         BARACUDA_CUDA_TRY(cudaGetLastError());
       }
       return Status::ok();
