@@ -359,7 +359,9 @@ __global__ void __launch_bounds__(256)
 //   Contiguous chunks of rows a block were 7-10% slower (H100, 32768x4096,
 //   TB/s: bf16 layer_norm 2.44 -> 2.69, rms_norm 2.49 -> 2.65, f32
 //   2.70-2.73 -> 2.83-2.87; four rows a turn, 2.42-2.86), likely as
-//   hundreds of streams each far from the others;
+//   hundreds of streams each far from the others. The clusters below take
+//   rows the same way (8192x32768, a standalone harness: bf16 2.60-2.64 ->
+//   2.71-2.72, f32 2.84 -> 2.87);
 // - each thread owns the same vector of every row (columns thread * V
 //   onwards), so it keeps their column sums in registers across the split
 //   and writes them once, as the split's partial; merge_params_kernel adds
@@ -411,8 +413,7 @@ inline constexpr int kFusedStages = kCluster ? 4 : 3;
 /// launcher takes it for 2-byte rows only (Note [Fused norm backward]).
 template <class S, class T, int TPR, int K, bool kCluster, bool kWhole = false>
 __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
-    fused_backward_kernel(RowLaunch l, rows::OffsetCalc<S::kBackwardOperands, int64_t> outer, int64_t chunk,
-                          bool vec_rows) {
+    fused_backward_kernel(RowLaunch l, rows::OffsetCalc<S::kBackwardOperands, int64_t> outer, bool vec_rows) {
   const bool vec = kWhole || vec_rows;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   if constexpr (kCluster) {
@@ -442,10 +443,8 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
     rank = int(r), ranks = int(n);
   }
   const int64_t split = blockIdx.x / ranks, splits = gridDim.x / ranks;
-  // A block takes rows split, split + splits, ...; a cluster a contiguous chunk (Note [Fused norm backward]).
-  const int64_t step = kCluster ? 1 : splits;
-  const int64_t cols = l.cols, first = kCluster ? split * chunk : split,
-                end = kCluster ? min(l.rows, first + chunk) : l.rows;
+  // Block (or cluster) `split` takes rows split, split + splits, ... (Note [Fused norm backward]).
+  const int64_t cols = l.cols, first = split, step = splits, end = l.rows;
   // This thread's columns: c0(k) .. c0(k) + V for each of its K vectors (vector k of the threads adjacent).
   auto c0 = [&](int k) { return ((int64_t(rank) * K + k) * TPR + threadIdx.x) * V; };
   const auto& st = l.inner.stride;
@@ -588,15 +587,16 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #endif
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) load_row(first + s, s);
+    for (int s = 0; s < kStages - 1; ++s) load_row(first + s * step, s);
     // A row's statistics are loaded an iteration before its sums need them, and kept for its grad_input.
     M mean_next = 0, rstd_next = 0, mean_prev = 0, rstd_prev = 0;
     if (first < end) mean_next = mean_of(first), rstd_next = rstd_of(first);
-    for (int64_t i = 0; first + i <= end && first < end; ++i) {
-      const int64_t r = first + i;
+    const int64_t count = first < end ? (end - first + step - 1) / step : 0;  // the split's rows
+    for (int64_t i = 0; i <= count && count > 0; ++i) {
+      const int64_t r = first + i * step;
       const M mean = mean_next, rstd = rstd_next;
-      if (r + 1 < end) mean_next = mean_of(r + 1), rstd_next = rstd_of(r + 1);
-      if (r < end) {
+      if (i + 1 < count) mean_next = mean_of(r + step), rstd_next = rstd_of(r + step);
+      if (i < count) {
         cp_async_wait<kStages - 2>();  // row r's copies (this thread's) have landed
         M a, b;
         thread_sums(int(i % kStages), mean, a, b);
@@ -607,17 +607,17 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
           st_async_pair(cluster_address(shared_address(&exchange[q][rank][0]), int(threadIdx.x)), a, b,
                         cluster_address(shared_address(&arrived[q]), int(threadIdx.x)));
       }
-      if (i > 0) {  // row r - 1, whose sums the peers sent a row ago
+      if (i > 0) {  // the previous row, whose sums the peers sent a row ago
         const int q = int((i - 1) % kExchangeSlots);
         mbar_wait(shared_address(&arrived[q]), uint32_t((i - 1) / kExchangeSlots) & 1u);
         M a = 0, b = 0;
 #pragma unroll
         for (int k = 0; k < kMaxRanks; ++k)
           if (k < ranks) a += exchange[q][k][0], b += exchange[q][k][1];
-        finish_row(int((i - 1) % kStages), r - 1, mean_prev, rstd_prev, a, b);
+        finish_row(int((i - 1) % kStages), r - step, mean_prev, rstd_prev, a, b);
       }
       mean_prev = mean, rstd_prev = rstd;
-      if (r < end) load_row(r + kStages - 1, int((i + kStages - 1) % kStages));
+      if (i < count) load_row(r + (kStages - 1) * step, int((i + kStages - 1) % kStages));
     }
     // No block leaves while a peer may still arrive on its barriers.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -702,10 +702,9 @@ Result<int> launch_fused_backward(const RowLaunch& l, const rows::OffsetCalc<S::
                          " bytes of shared memory fits on this device");
     splits = std::min(splits, resident);
   }
-  const int64_t chunk = (l.rows + splits - 1) / splits;
-  splits = int((l.rows + chunk - 1) / chunk);  // no split without rows
+  splits = int(std::clamp<int64_t>(l.rows, 1, splits));  // no split without rows
   config.gridDim = dim3(unsigned(splits * ranks));
-  BARACUDA_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, l, outer, chunk, vec));
+  BARACUDA_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, l, outer, vec));
   return splits;
 }
 
