@@ -325,6 +325,34 @@ std::optional<Backend> backend_arg(const std::optional<std::string>& name) {
   return b;
 }
 
+#ifdef BARACUDA_HAS_CUDA
+/// The binding's own stream-ordered pool on `device` for the workspace it
+/// allocates (a plan never allocates). It keeps up to kWorkspacePoolKeep
+/// bytes across synchronisations: the default pool gives all its memory
+/// back at each one, so a call after a sync paid for a fresh allocation.
+/// A pool of our own leaves the process's default pool (and its settings)
+/// to others.
+constexpr uint64_t kWorkspacePoolKeep = uint64_t(256) << 20;
+cudaMemPool_t workspace_pool(int device, const char* op) {
+  static std::mutex mutex;
+  static std::unordered_map<int, cudaMemPool_t> pools;
+  std::lock_guard lock(mutex);
+  if (auto it = pools.find(device); it != pools.end()) return it->second;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool = nullptr;
+  cudaError_t e = cudaMemPoolCreate(&pool, &props);
+  uint64_t keep = kWorkspacePoolKeep;
+  if (e == cudaSuccess) e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  if (e != cudaSuccess)
+    throw Error(Status::backend("cudart", e, cat(op, ": a workspace memory pool on device ", device, ": ",
+                                                 cudaGetErrorString(e))));
+  return pools.emplace(device, pool).first->second;
+}
+#endif
+
 // ---------------------------------------------------------------- entry points
 
 /// Runs `plan` (or, when a candidate refuses these strides, the next one
@@ -357,9 +385,11 @@ void execute(const OpInfo& info, const OpDesc& desc, PlanCache::PlanRef plan, co
     // scratch on the device, freed on the same stream after the run.
     if (placement.cuda) {
 #ifdef BARACUDA_HAS_CUDA
-      if (cudaError_t e = cudaMallocAsync(&device_scratch, needed, reinterpret_cast<cudaStream_t>(stream)); e != cudaSuccess)
-        throw Error(Status::backend("cudart", e, cat(desc.op, ": cudaMallocAsync of ", needed, " workspace bytes: ",
-                                                     cudaGetErrorString(e))));
+      cudaMemPool_t pool = workspace_pool(placement.device, desc.op.c_str());
+      if (cudaError_t e = cudaMallocFromPoolAsync(&device_scratch, needed, pool, reinterpret_cast<cudaStream_t>(stream));
+          e != cudaSuccess)
+        throw Error(Status::backend("cudart", e, cat(desc.op, ": cudaMallocFromPoolAsync of ", needed,
+                                                     " workspace bytes: ", cudaGetErrorString(e))));
 #endif
       ws = {device_scratch, needed};
     } else {

@@ -291,3 +291,42 @@ def test_cuda_scalars_are_cached_per_stream():
     torch.cuda.synchronize()
     assert torch.equal(y, torch.full_like(x, -10.5))
     assert torch.equal(F.sub(x, 11.5), torch.full_like(x, -10.5))  # after the capture: a fresh, cached scalar
+
+
+@gpu
+def test_binding_workspace_across_syncs_streams_and_graphs():
+    """The workspace the binding allocates (its own stream-ordered pool, python/src/module.cpp): a plan with
+    workspace (the norm backward's split partials) gives the same bits before and after synchronisations, on a
+    second stream, and replayed from a captured graph; the results match torch's."""
+    import baracuda._baracuda as B
+    x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn_like(x)
+    _, mean, rstd = F.native_layer_norm(x, (2048,), w, b)
+    specs = [("bf16", [4096, 2048]), ("bf16", [4096, 2048]), ("f32", [4096]), ("f32", [4096]), ("bf16", [2048])]
+    assert B.plan_info("layer_norm_backward", specs, {}, None, "cuda")["workspace_size"] > 0
+    first = F.layer_norm_backward(g, x, mean, rstd, w)
+    xr = x.detach().float().requires_grad_()
+    wr, br = w.float().requires_grad_(), b.float().requires_grad_()
+    torch.nn.functional.layer_norm(xr, (2048,), wr, br).backward(g.float())
+    for ours, ref in zip(first, (xr.grad, wr.grad, br.grad)):
+        torch.testing.assert_close(ours.float(), ref, atol=0.05, rtol=0.02)
+    for _ in range(3):
+        torch.cuda.synchronize()  # the pool keeps its memory across these
+        again = F.layer_norm_backward(g, x, mean, rstd, w)
+        assert all(torch.equal(a, c) for a, c in zip(first, again))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side = F.layer_norm_backward(g, x, mean, rstd, w)
+    torch.cuda.current_stream().wait_stream(side)
+    assert all(torch.equal(a, c) for a, c in zip(first, on_side))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = F.layer_norm_backward(g, x, mean, rstd, w)
+    for t in captured:
+        t.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, c) for a, c in zip(first, captured))
