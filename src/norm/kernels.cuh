@@ -403,14 +403,14 @@ __global__ void __launch_bounds__(256)
 // overwritten unread. The rows then stream four stages deep, the extra
 // stage holding row i - 1.
 inline constexpr int kMaxRanks = kMaxClusterRanks, kExchangeSlots = 4;
-/// Rows in flight through shared memory: a fourth stage holds row i - 1 in a cluster.
+/// Rows in flight through shared memory: a fourth stage holds the previous row in a cluster.
 template <bool kCluster>
 inline constexpr int kFusedStages = kCluster ? 4 : 3;
 
 /// kWhole: every row is in whole aligned vectors (the element loads left
 /// out: fewer registers). Its unclustered instance also loads each row's
 /// statistics an iteration early, as the clustered kernel always does; the
-/// launcher takes it for 2-byte rows only (Note [Fused norm backward]).
+/// launcher takes it wherever the rows allow (Note [Fused norm backward]).
 template <class S, class T, int TPR, int K, bool kCluster, bool kWhole = false>
 __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
     fused_backward_kernel(RowLaunch l, rows::OffsetCalc<S::kBackwardOperands, int64_t> outer, bool vec_rows) {
