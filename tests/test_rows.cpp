@@ -498,6 +498,34 @@ TEST(NormKnownValues, ClosedForms) {
   EXPECT_NEAR(d[1][0], 1 / std::sqrt(2.220446049250313e-16), 1);
 }
 
+// An empty batch: grad_input is empty and grad_weight / grad_bias are sums
+// over no rows, zeros as in torch (they were left unwritten), also when laid
+// out with a stride of 2 or -1; on every backend, with short rows and with
+// rows of the fused kernels (2048), f32 and bf16.
+TEST(NormKnownValues, EmptyBatchGivesZeroParameterGradients) {
+  for (Backend backend : host_and_cuda_backends())
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (int64_t cols : {8, 2048})
+        for (bool rms : {false, true}) {
+          const Shape rows{0, cols};
+          const DType stat = DType::f32;  // the statistics of f32 and half rows
+          std::vector<Operand> in{{{}, rows, dtype}, {{}, rows, dtype}};
+          if (!rms) in.push_back({{}, {0}, stat});
+          in.push_back({{}, {0}, stat});
+          in.push_back({std::vector<double>(size_t(cols), 1.0), {cols}, dtype});
+          const std::vector<Shape> strides = rms ? std::vector<Shape>{{}, {-1}} : std::vector<Shape>{{}, {2}, {-1}};
+          const std::string op = rms ? "rms_norm_backward" : "layer_norm_backward";
+          auto out = exec(backend, op, in, {}, {}, strides);
+          ASSERT_TRUE(out) << op << ": " << out.status().to_string();
+          ASSERT_EQ(out->size(), rms ? 2u : 3u);
+          EXPECT_TRUE((*out)[0].empty());
+          for (size_t j = 1; j < out->size(); ++j)
+            EXPECT_EQ((*out)[j], std::vector<double>(size_t(cols), 0.0))
+                << op << " " << dtype_name(dtype) << " cols " << cols << " output " << j << " on "
+                << backend_name(backend);
+        }
+}
+
 // layer_norm's statistics on CUDA (sums of h - h[0], then of (h - mean)^2):
 // rows whose first element is an outlier (1e4 among U(-1, 1)), rows far
 // from zero (1000 + U(-1, 1): a sum of squares about zero would cancel),
