@@ -292,6 +292,33 @@ TEST(CrossEntropyKnownValues, TorchSemantics) {
   EXPECT_TRUE(std::isnan(all_ignored[0][0]));
 }
 
+// A mean over nothing (an empty batch) is 0 / 0: nan, as torch; a sum is 0.
+// Pointwise losses wrote the empty sum (0) and the class losses' host path
+// 0 where the CUDA finalize gave nan.
+TEST(LossKnownValues, MeanOverAnEmptyBatchIsNan) {
+  const Operand rows = f64({}, {0, 5}), targets = idx({}, {0}), no_weight = f64({}, {0});
+  const std::vector<std::pair<std::string, std::vector<Operand>>> cases{
+      {"mse_loss", {rows, rows}},
+      {"l1_loss", {rows, rows}},
+      {"binary_cross_entropy_with_logits", {rows, rows, f64({1.0}, {}), f64({2.0}, {1})}},  // weight, pos_weight
+      {"cross_entropy", {rows, targets, no_weight}},
+      {"cross_entropy", {rows, rows, no_weight}},  // probabilities
+      {"nll_loss", {rows, targets, no_weight}},
+      {"multilabel_soft_margin_loss", {rows, rows, f64({1.0}, {1})}},
+  };
+  for (const auto& [op, in] : cases) {
+    auto mean = host_exec(op, in);
+    ASSERT_TRUE(mean) << op << ": " << mean.status().to_string();
+    EXPECT_TRUE(std::isnan((*mean)[0][0])) << op << " mean: " << (*mean)[0][0];
+    auto sum = host_exec(op, in, {{"reduction", 2}});
+    ASSERT_TRUE(sum) << op << ": " << sum.status().to_string();
+    EXPECT_EQ((*sum)[0][0], 0.0) << op << " sum";
+  }
+  auto batchmean = host_exec("kl_div", {rows, rows}, {{"reduction", 3}});
+  ASSERT_TRUE(batchmean) << batchmean.status().to_string();
+  EXPECT_TRUE(std::isnan((*batchmean)[0][0]));
+}
+
 TEST(CrossEntropyFiniteDifferences, BackwardMatchesForward) {
   std::mt19937_64 rng(9);
   std::uniform_real_distribution<double> u(-2, 2);

@@ -287,6 +287,23 @@ def test_pointwise_losses_match_torch(dtype, reduction, case):
 
 
 @gpu
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_empty_batch_matches_torch(reduction):
+    """A batch of no rows on CUDA: mean is 0 / 0 (nan) and sum 0, as torch; both the pointwise and the class losses."""
+    x = torch.empty(0, 5, device="cuda")
+    t = torch.empty(0, dtype=torch.long, device="cuda")
+    cases = [("mse_loss", (x, x)), ("l1_loss", (x, x)), ("binary_cross_entropy_with_logits", (x, x)),
+             ("cross_entropy", (x, t)), ("nll_loss", (x, t)), ("cross_entropy", (x, x.softmax(-1))),
+             ("multilabel_soft_margin_loss", (x, x))]
+    for name, args in cases:
+        got = getattr(F, name)(*args, reduction=reduction)
+        want = getattr(TF, name)(*args, reduction=reduction)
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), (name, got, want)
+        if not torch.isnan(want):
+            assert got.item() == want.item(), (name, got, want)
+
+
+@gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_margin_and_gaussian_losses_match_torch(dtype):
     dt = getattr(torch, dtype)

@@ -1,8 +1,13 @@
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "core/errors.hpp"
 #include "core/tensor_util.hpp"
+
+#ifdef BARACUDA_HAS_CUDA
+#include "core/cuda_check.hpp"
+#endif
 
 namespace baracuda {
 
@@ -156,6 +161,32 @@ bool same_layout(const TensorView& a, const TensorView& b) {
     if (a.shape[i] > 1 && a.stride[i] != b.stride[i]) return false;
   }
   return true;
+}
+
+Status fill_bytes(const TensorView& v, uint8_t byte, const Stream& stream) {
+  const int64_t n = v.numel();
+  if (n == 0) return Status::ok();
+  const int64_t es = int64_t(dtype_size(v.dtype));
+  const int last = v.rank - 1;
+  const int64_t len = last < 0 ? 1 : v.shape[last], step = last < 0 ? 0 : v.stride[last], lines = n / len;
+  for (int64_t line = 0; line < lines; ++line) {
+    int64_t off = 0;  // element offset of the line's first element
+    for (int64_t d = last - 1, rest = line; d >= 0; --d) off += (rest % v.shape[d]) * v.stride[d], rest /= v.shape[d];
+    char* first = static_cast<char*>(v.data) + off * es;
+    if (stream.is_host()) {
+      for (int64_t i = 0; i < len; ++i) std::memset(first + i * step * es, byte, size_t(es));
+      continue;
+    }
+#ifdef BARACUDA_HAS_CUDA
+    // The line from its lowest address: a negative stride walks down from `first`.
+    char* low = step < 0 ? first + (len - 1) * step * es : first;
+    const size_t pitch = size_t(step == 0 ? es : std::abs(step) * es);
+    BARACUDA_CUDA_TRY(cudaMemset2DAsync(low, pitch, byte, size_t(es), size_t(step == 0 ? 1 : len), stream.cuda_stream()));
+#else
+    return unsupported("fill_bytes: a CUDA stream in a build without CUDA");
+#endif
+  }
+  return Status::ok();
 }
 
 Status check_inputs(std::string_view op, const OpDesc& d, std::span<const std::string> input_names, size_t primary) {

@@ -22,6 +22,12 @@ bool memory_overlaps(const TensorView& a, const TensorView& b);
 /// Same data pointer, dtype, shape and strides.
 bool same_layout(const TensorView& a, const TensorView& b);
 
+/// Sets every byte of each element of `v` to `byte`, ordered on `stream`:
+/// element by element on the host, on CUDA a strided memset of each last-dim
+/// line (capturable). 0x00 writes zeros, 0xFF a NaN in every float dtype.
+/// For results with no input to compute from (sums or means over nothing).
+Status fill_bytes(const TensorView& v, uint8_t byte, const Stream& stream);
+
 /// The checks every family's shape inference starts with: the input count,
 /// then the rank and element count of input `primary`.
 Status check_inputs(std::string_view op, const OpDesc& desc, std::span<const std::string> input_names, size_t primary);

@@ -2,6 +2,7 @@
 // elementwise host launcher, class and row losses row by row in f64.
 // Out-of-range targets are an error here (the CUDA kernels write NaN for
 // their rows).
+#include <cmath>
 #include <vector>
 
 #include "core/errors.hpp"
@@ -123,6 +124,7 @@ Status class_loss_on_host(const ClassLaunch& cl, const ClassParams& p, CUstream_
       grad[c * stride(kGradInput)] = convert<T>(g);
     }
   }
+  if (n == 0 && p.reduction == Reduction::mean) total = M(NAN);  // a mean over no rows: 0 / 0, as torch
   if (p.mode != Mode::backward && p.reduction != Reduction::none) *static_cast<T*>(cl.scalar_out) = convert<T>(total);
   return Status::ok();
 }

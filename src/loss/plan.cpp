@@ -201,7 +201,10 @@ class PointwisePlan final : public FamilyPlan {
       BARACUDA_TRY(scratch_fn_(list.launches[0], params_, s).with_context(def_.name));
     }
     void* sum_workspace = static_cast<char*>(workspace.data) + scratch_bytes_;
-    return red::run_sum_step(sum_, *scratch, args.outputs[0], mask_, sum_workspace, s).with_context(def_.name);
+    BARACUDA_TRY(red::run_sum_step(sum_, *scratch, args.outputs[0], mask_, sum_workspace, s).with_context(def_.name));
+    if (scratch->numel() == 0 && (reduction_ == 1 || reduction_ == kBatchmean))  // a mean of nothing: 0 / 0, as torch
+      BARACUDA_TRY(fill_bytes(args.outputs[0], 0xFF, stream).with_context(def_.name));
+    return Status::ok();
   }
 
  private:

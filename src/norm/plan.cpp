@@ -1,8 +1,6 @@
 // Normalization family: layer_norm and rms_norm (with and without affine
 // parameters), the fused residual-add forms, and their backward plans.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/errors.hpp"
 #include "core/family.hpp"
@@ -167,36 +165,6 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   return d;
 }
 
-/// Zeros over `v`, a parameter gradient of an empty batch (a sum over no
-/// rows): element by element on the host, on CUDA a strided memset of each
-/// last-dim line (stream-ordered and capturable).
-Status zero_fill(const TensorView& v, const Stream& stream) {
-  const int64_t n = v.numel();
-  if (n == 0) return Status::ok();
-  const int64_t es = int64_t(dtype_size(v.dtype));
-  const int last = v.rank - 1;
-  const int64_t lines = last < 0 ? 1 : n / v.shape[last], len = last < 0 ? 1 : v.shape[last];
-  const int64_t step = last < 0 ? 0 : v.stride[last];
-  for (int64_t line = 0; line < lines; ++line) {
-    int64_t off = 0;  // element offset of the line's first element
-    for (int64_t d = last - 1, rest = line; d >= 0; --d) off += (rest % v.shape[d]) * v.stride[d], rest /= v.shape[d];
-    char* first = static_cast<char*>(v.data) + off * es;
-    if (stream.is_host()) {
-      for (int64_t i = 0; i < len; ++i) std::memset(first + i * step * es, 0, size_t(es));
-      continue;
-    }
-#ifdef BARACUDA_HAS_CUDA
-    // The line from its lowest address: a negative stride walks down from `first`.
-    char* low = step < 0 ? first + (len - 1) * step * es : first;
-    const size_t pitch = size_t(step == 0 ? es : std::abs(step) * es);
-    BARACUDA_CUDA_TRY(cudaMemset2DAsync(low, pitch, 0, size_t(es), size_t(step == 0 ? 1 : len), stream.cuda_stream()));
-#else
-    return unsupported("zero_fill: a CUDA stream in a build without CUDA");
-#endif
-  }
-  return Status::ok();
-}
-
 class NormPlan final : public FamilyPlan {
  public:
   NormPlan(const Def& def, const OpInfo& info, OpDesc desc, Backend backend, NormFn fn)
@@ -227,7 +195,8 @@ class NormPlan final : public FamilyPlan {
     if (rows_ == 0 || cols_ == 0) {
       // No rows: grad_weight / grad_bias (outputs 1 and 2) are sums over none, zeros as in torch.
       if (def_.backward && rows_ == 0)
-        for (size_t j = 1; j < args.outputs.size(); ++j) BARACUDA_TRY(zero_fill(args.outputs[j], stream).with_context(def_.name));
+        for (size_t j = 1; j < args.outputs.size(); ++j)
+          BARACUDA_TRY(fill_bytes(args.outputs[j], 0, stream).with_context(def_.name));
       return Status::ok();
     }
     std::array<TensorView, rows::kMaxOperands> views;
