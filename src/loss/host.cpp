@@ -64,7 +64,7 @@ Status class_loss_on_host(const ClassLaunch& cl, const ClassParams& p, CUstream_
   const RowScale<M> per_row = row_scale<M>(ep, C, n, M(1));
   const M e = kProbs ? p.smoothing : 0;
   std::vector<M> z(C), pt(kProbs ? C : 0);
-  M total = 0;
+  M nll_sum = 0, smooth_sum = 0;  // reduced: scaled once at the end, as the CUDA finalize does
   for (int64_t r = 0; r < n; ++r) {
     int64_t off[kSlots];
     outer.get(r, off);
@@ -103,7 +103,7 @@ Status class_loss_on_host(const ClassLaunch& cl, const ClassParams& p, CUstream_
       if (p.reduction == Reduction::none)
         reinterpret_cast<T*>(l.data[kOut])[off[kOut]] = convert<T>(per_row.nll * nll + per_row.smooth * smooth);
       else
-        total += reduced.nll * nll + reduced.smooth * smooth;
+        nll_sum += nll, smooth_sum += smooth;
     }
     if (p.mode == Mode::forward) continue;
     RowScale<M> sc = p.reduction == Reduction::mean ? reduced : per_row;
@@ -124,8 +124,9 @@ Status class_loss_on_host(const ClassLaunch& cl, const ClassParams& p, CUstream_
       grad[c * stride(kGradInput)] = convert<T>(g);
     }
   }
-  if (n == 0 && p.reduction == Reduction::mean) total = M(NAN);  // a mean over no rows: 0 / 0, as torch
-  if (p.mode != Mode::backward && p.reduction != Reduction::none) *static_cast<T*>(cl.scalar_out) = convert<T>(total);
+  // A mean over no rows (or none kept) is inf * 0: nan, as torch's 0 / 0.
+  if (p.mode != Mode::backward && p.reduction != Reduction::none)
+    *static_cast<T*>(cl.scalar_out) = convert<T>(reduced.nll * nll_sum + reduced.smooth * smooth_sum);
   return Status::ok();
 }
 
