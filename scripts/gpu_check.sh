@@ -6,6 +6,10 @@
 # build only), SKIP_BUILD=1 (a second call on a machine that kept the build),
 # GTEST_FILTER, MEMCHECK_FILTER, PYTEST_ARGS, BENCH_*_ARGS, SCRIPT (a Python
 # script for the `script` step), STEP_TIMEOUT (seconds a step).
+# A build carried from another machine (BUILD_DIR=build SKIP_BUILD=1): the
+# library is found through LD_LIBRARY_PATH, and where its Python module does
+# not load here (another Python version) only the module is built, against
+# the carried library, into $BUILD_DIR-py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -20,6 +24,14 @@ if [ -z "${SKIP_BUILD:-}" ]; then  # SKIP_BUILD=1: a second call on a machine th
     grep -E "error|FAILED" "$OUT/build.log" | head -40
     exit 1
   fi
+fi
+export LD_LIBRARY_PATH="$PWD/$BUILD_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+PY_DIR="$BUILD_DIR/python"
+if [ -n "${SKIP_BUILD:-}" ] && ! PYTHONPATH="$PY_DIR" python3 -c "import baracuda" > /dev/null 2>&1; then
+  PY_DIR="$BUILD_DIR-py/python"
+  { cmake -S . -B "$BUILD_DIR-py" -G Ninja -DBARACUDA_PREBUILT_LIBRARY="$PWD/$BUILD_DIR/libbaracuda.so" &&
+    cmake --build "$BUILD_DIR-py" --target _baracuda -j "$(nproc)"; } > "$OUT/build-py.log" 2>&1 ||
+    { echo "python module build failed"; tail -20 "$OUT/build-py.log"; }
 fi
 build_s=$(( $(date +%s) - t0 ))
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
@@ -42,17 +54,19 @@ for name in $STEPS; do
       filter="Ops/*.CudaMatchesReference/*:Ops/Gemm.BespokeCuda*:Ops/Gemm.CublasLt*:GemmExact.*:GemmLayouts.*:CudaElementwise.Graph*:CudaElementwise.Misaligned*:CudaReduce.*:Ops/Attention.BespokeCuda*:Ops/Attention.Cudnn*:Attention*.*:*Rope*:*KvAppend*:*Decode*:GroupedGemm*:ScaledMm*:GemmBiasGrad.*:Ops/Scan.CudaMatchesReference/*:Ops/Loss.CudaMatchesReference/linear_cross_entropy*"
       BARACUDA_TEST_QUICK=1 step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 \
         "$BUILD_DIR/tests/baracuda_tests" --gtest_filter="${MEMCHECK_FILTER:-$filter}" ;;
-    pytest) PYTHONPATH="$BUILD_DIR/python" step pytest python3 -m pytest -q ${PYTEST_ARGS:-python/tests} ;;
+    pytest) PYTHONPATH="$PY_DIR" step pytest python3 -m pytest -q ${PYTEST_ARGS:-python/tests} ;;
     suite) step suite "$BUILD_DIR/baracuda" suite ;;
-    bench) PYTHONPATH="$BUILD_DIR/python" step bench python3 bench/bench_elementwise.py ${BENCH_ARGS:-} ;;
-    bench_rows) PYTHONPATH="$BUILD_DIR/python" step bench_rows python3 bench/bench_rows.py ${BENCH_ROWS_ARGS:-} ;;
-    bench_gemm) PYTHONPATH="$BUILD_DIR/python" step bench_gemm python3 bench/bench_gemm.py ${BENCH_GEMM_ARGS:-} ;;
-    bench_attention) PYTHONPATH="$BUILD_DIR/python" step bench_attention python3 bench/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
-    bench_decode) PYTHONPATH="$BUILD_DIR/python" step bench_decode python3 bench/bench_decode.py ${BENCH_DECODE_ARGS:-} ;;
-    bench_rope) PYTHONPATH="$BUILD_DIR/python" step bench_rope python3 bench/bench_rope.py ${BENCH_ROPE_ARGS:-} ;;
-    bench_norm_widths) PYTHONPATH="$BUILD_DIR/python" step bench_norm_widths python3 bench/bench_norm_widths.py ;;
-    bench_overhead) PYTHONPATH="$BUILD_DIR/python" step bench_overhead python3 bench/bench_overhead.py --number 2000 ;;
-    script) PYTHONPATH="$BUILD_DIR/python" step script python3 ${SCRIPT:?SCRIPT names the python script} ;;
+    bench) PYTHONPATH="$PY_DIR" step bench python3 bench/bench_elementwise.py ${BENCH_ARGS:-} ;;
+    bench_rows) PYTHONPATH="$PY_DIR" step bench_rows python3 bench/bench_rows.py ${BENCH_ROWS_ARGS:-} ;;
+    bench_gemm) PYTHONPATH="$PY_DIR" step bench_gemm python3 bench/bench_gemm.py ${BENCH_GEMM_ARGS:-} ;;
+    bench_attention) PYTHONPATH="$PY_DIR" step bench_attention python3 bench/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
+    bench_decode) PYTHONPATH="$PY_DIR" step bench_decode python3 bench/bench_decode.py ${BENCH_DECODE_ARGS:-} ;;
+    bench_rope) PYTHONPATH="$PY_DIR" step bench_rope python3 bench/bench_rope.py ${BENCH_ROPE_ARGS:-} ;;
+    bench_norm_widths) PYTHONPATH="$PY_DIR" step bench_norm_widths python3 bench/bench_norm_widths.py ;;
+    bench_ce) PYTHONPATH="$PY_DIR" step bench_ce python3 bench/bench_cross_entropy.py ${BENCH_CE_ARGS:-} ;;
+    bench_linear_ce) PYTHONPATH="$PY_DIR" step bench_linear_ce python3 bench/bench_linear_ce.py ${BENCH_LINEAR_CE_ARGS:-} ;;
+    bench_overhead) PYTHONPATH="$PY_DIR" step bench_overhead python3 bench/bench_overhead.py --number 2000 ;;
+    script) PYTHONPATH="$PY_DIR" step script python3 ${SCRIPT:?SCRIPT names the python script} ;;
   esac
 done
 
@@ -70,5 +84,6 @@ show pytest 3
 show bench 32
 show bench_rows 40
 show bench_gemm 20
-for b in bench_attention bench_decode bench_rope bench_overhead script; do show $b 24; done
+for b in bench_attention bench_decode bench_rope bench_overhead bench_linear_ce script; do show $b 24; done
+show bench_ce 12
 show bench_norm_widths 40

@@ -4,13 +4,19 @@
 // differences of the forward on the host; bad input.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <random>
 
 #include "baracuda/registry.hpp"
+#include "core/errors.hpp"
 #include "harness.hpp"
 #include "sweep.hpp"
+
+#ifdef BARACUDA_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 using namespace baracuda;
 using namespace baracuda::harness;
@@ -27,23 +33,83 @@ TEST_P(Loss, CudaMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Ops, Loss, testing::ValuesIn(ops_of(OpCategory::loss)), param_name);
 
 /// The fused cross_entropy of long rows on CUDA: rows cut over clusters of 1
-/// to 8 blocks (Note [Cross entropy over a cluster]: bf16 rows of 10000,
-/// 40000, 128256 and 250000 classes take 1, 2, 4 and 8 slices, f32 ones 1,
-/// 4, 8 and 8), rows past 8 slices (the one-block kernel), odd class counts
-/// and strided rows (slices read element by element), against the reference.
+/// to 16 blocks (Note [Cross entropy over a cluster]; slices of at most
+/// 80 KiB, the first 64 KiB of each cached). bf16 rows of 10000, 40000,
+/// 50001, 128256, 151936, 250000 and 600000 classes take 1, 1, 2, 4, 4, 8 and
+/// 16 slices; f32 ones 1, 2, 4, 8, 8, 16 and none (the one-block kernel).
+/// Odd class counts start rows off the 16-byte grid (logits and gradient at
+/// the same offset: whole vectors from the first boundary); `shifted` views
+/// put logits and gradient at different offsets, `strided` ones read
+/// classes with a stride (both element by element), against the reference.
 TEST(CrossEntropyCuda, LongRowsOverClusters) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (DType dtype : {DType::bf16, DType::f16, DType::f32})
-    for (const Shape& shape : {Shape{6, 10000}, Shape{5, 40000}, Shape{3, 128256}, Shape{2, 250000}, Shape{2, 600000}, Shape{3, 50001}})
+    for (const Shape& shape : {Shape{6, 10000}, Shape{5, 40000}, Shape{3, 50001}, Shape{3, 128256}, Shape{2, 151936},
+                               Shape{2, 250000}, Shape{2, 600000}})
       for (const Attrs& attrs : {Attrs{{"reduction", 0}, {"ignore_index", -1}}, Attrs{{"reduction", 1}, {"ignore_index", -1}},
                                  Attrs{{"reduction", 2}, {"ignore_index", -1}}})  // the driver's targets hold -1s
-        for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::strided}) {
+        for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::shifted, LayoutKind::strided}) {
           CaseSpec spec{find_op("cross_entropy_fused"), dtype, shape, attrs, layout};
           RunOptions opt;
           opt.backend = Backend::bespoke_cuda;
           CaseOutcome r = run_case(spec, opt);
           EXPECT_TRUE(r.passed && !r.skipped) << spec.to_string() << ": " << r.message;
         }
+}
+
+/// The fused cross_entropy may write its gradient over its logits
+/// (linear_cross_entropy runs it so, chunk by chunk): the loss must come from
+/// the logits, never from a gradient already written over them. Targets
+/// across the whole row (every rank of a cluster); rows held over a cluster
+/// (128256), sliced over one (50257: rows off the 16-byte grid) and one
+/// block a row (4000); in place against out of place, bitwise.
+TEST(CrossEntropyCuda, InPlaceGradientKeepsTheLoss) {
+#ifdef BARACUDA_HAS_CUDA
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const int64_t N = 96;
+  for (DType dtype : {DType::bf16, DType::f32})
+    for (int64_t C : {int64_t(4000), int64_t(50257), int64_t(128256)}) {
+      SCOPED_TRACE(cat(dtype_name(dtype), " C=", C));
+      auto desc = infer("cross_entropy_fused", {{dtype, {N, C}}, {DType::i64, {N}}, {dtype, {0}}}, Attrs{{"reduction", 0}});
+      ASSERT_TRUE(desc) << desc.status().to_string();
+      auto plan = select(Stream::cuda(), *desc);
+      ASSERT_TRUE(plan) << plan.status().to_string();
+      const size_t es = dtype_size(dtype), bytes = size_t(N * C) * es, loss_bytes = size_t(N) * es;
+      std::vector<char> logits(bytes);
+      std::mt19937 rng(11);
+      std::normal_distribution<double> normal(0, 2);
+      for (int64_t i = 0; i < N * C; ++i) store_double(logits.data(), dtype, i, normal(rng));
+      std::vector<int64_t> target(N);
+      for (int64_t r = 0; r < N; ++r) target[r] = (C - 1) * r / (N - 1);
+      char *x = nullptr, *x_in_place = nullptr, *grad = nullptr, *loss = nullptr, *loss_in_place = nullptr, *t = nullptr,
+           *ws = nullptr;
+      for (auto [ptr, size] : {std::pair{&x, bytes}, {&x_in_place, bytes}, {&grad, bytes}, {&loss, loss_bytes},
+                               {&loss_in_place, loss_bytes}, {&t, size_t(N) * 8}, {&ws, (*plan)->workspace_size() + 16}})
+        ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(ptr), size), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(x, logits.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(x_in_place, logits.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(t, target.data(), size_t(N) * 8, cudaMemcpyHostToDevice), cudaSuccess);
+      auto view = [&](char* p, DType d, Shape s) { return *TensorView::contiguous(p, d, s); };
+      const Workspace w{ws, (*plan)->workspace_size()};
+      for (bool in_place : {false, true}) {
+        char* src = in_place ? x_in_place : x;
+        std::array<TensorView, 3> in{view(src, dtype, {N, C}), view(t, DType::i64, {N}), view(t, dtype, {0})};
+        std::array<TensorView, 2> out{view(in_place ? loss_in_place : loss, dtype, {N}), view(in_place ? src : grad, dtype, {N, C})};
+        ASSERT_TRUE((*plan)->run(Stream::cuda(), w, OpArgs{in, out}));
+      }
+      std::vector<char> a(bytes), b(bytes);
+      ASSERT_EQ(cudaMemcpy(a.data(), grad, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(b.data(), x_in_place, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), bytes), 0) << "the gradient in place differs";
+      ASSERT_EQ(cudaMemcpy(a.data(), loss, loss_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(b.data(), loss_in_place, loss_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (int64_t r = 0; r < N; ++r)
+        EXPECT_EQ(load_double(a.data(), dtype, r), load_double(b.data(), dtype, r)) << "row " << r << ", target " << target[r];
+      for (char* p : {x, x_in_place, grad, loss, loss_in_place, t, ws}) cudaFree(p);
+    }
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
 }
 
 /// A host operand: f64 values (or i64 when `dtype` is i64) of a shape.

@@ -23,7 +23,7 @@ void usage() {
       "               [--backend cuda|host] [--json]  verify against the host reference and time\n"
       "  baracuda suite [--backend cuda|host] [--elements N] [--filter TEXT] [--json]\n"
       "                                              the standard suite (the main job)\n"
-      "layouts: contiguous strided broadcast inplace");
+      "layouts: contiguous strided transposed broadcast inplace shifted");
 }
 
 std::string json_escape(const std::string& s) {
@@ -170,9 +170,15 @@ int cmd_run(int argc, char** argv) {
       if (auto d = dtype_from_name(value)) spec.attrs.set(key, double(int(*d)));
       else spec.attrs.set(key, std::atof(value.c_str()));
     } else if (a == "--layout") {
-      std::string l = next();
+      const std::string l = next();
+      bool known = false;
       for (LayoutKind k : kAllLayouts)
-        if (l == layout_name(k)) spec.layout = k;
+        if (l == layout_name(k)) spec.layout = k, known = true;
+      if (l == layout_name(LayoutKind::shifted)) spec.layout = LayoutKind::shifted, known = true;
+      if (!known) {
+        std::fprintf(stderr, "--layout: unknown layout '%s' (contiguous, strided, transposed, broadcast, inplace, shifted)\n", l.c_str());
+        return 2;
+      }
     } else if (a == "--backend") {
       auto b = backend_from_name(next());
       if (b) opt.backend = *b;

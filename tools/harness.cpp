@@ -24,6 +24,7 @@ const char* layout_name(LayoutKind layout) {
     case LayoutKind::transposed: return "transposed";
     case LayoutKind::broadcast: return "broadcast";
     case LayoutKind::inplace: return "inplace";
+    case LayoutKind::shifted: return "shifted";
   }
   return "?";
 }
@@ -207,6 +208,10 @@ Placement place(const Shape& shape, LayoutKind layout, bool is_input, bool expan
   if (expand_dim0 && rank > 0 && shape[0] > 1) {  // a stride-0 (expanded) view
     p.strides[0] = 0;
     p.span = std::max<int64_t>(s / shape[0], 1);
+  }
+  if (layout == LayoutKind::shifted) {
+    p.offset = is_input ? 1 : 3;
+    p.span += p.offset;
   }
   return p;
 }

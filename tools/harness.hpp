@@ -15,7 +15,10 @@ namespace baracuda::harness {
 /// contiguous: row-major everywhere. strided: column-major with gaps, inputs
 /// walking dim 0 backwards. transposed: inputs column-major, outputs row-major.
 /// broadcast: size-1 or stride-0 inputs. inplace: output 0 aliases an input.
-enum class LayoutKind { contiguous, strided, transposed, broadcast, inplace };
+/// How a case lays its operands out. `shifted` (row-major, inputs one element
+/// and outputs three into their buffers: data pointers off the 16-byte grid,
+/// at offsets that differ) is not in kAllLayouts: tests of vector paths ask for it.
+enum class LayoutKind { contiguous, strided, transposed, broadcast, inplace, shifted };
 const char* layout_name(LayoutKind layout);
 inline constexpr LayoutKind kAllLayouts[] = {LayoutKind::contiguous, LayoutKind::strided, LayoutKind::transposed,
                                              LayoutKind::broadcast, LayoutKind::inplace};

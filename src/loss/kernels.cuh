@@ -12,6 +12,9 @@
 
 #include <cooperative_groups.h>
 
+#include <cstdlib>
+
+#include "core/cluster_rows.cuh"
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
 #include "loss/class_losses.hpp"
@@ -103,16 +106,21 @@ __device__ __forceinline__ void absorb(const M (&z)[N], M& m, M& s) {
 
 /// Running max and sum of exponentials over this thread's elements of a row
 /// (the ownership of rows::for_row), kInFlight vectors a thread in flight.
-/// With `cache`, also keeps the first `cache_packs` vectors of the row in shared memory.
+/// With `cache`, also keeps the first `cache_packs` vectors of the row in
+/// shared memory (`vector` rows only). A unit-stride row that is not in
+/// whole aligned vectors is read element by element up to its first 16-byte
+/// boundary, then in vectors, then its tail.
 template <int TPR, int kInFlight, class T, class M>
 __device__ __forceinline__ void online_logsumexp(const T* row, int64_t stride, int64_t cols, bool vector, int lane,
                                                  M& m, M& s, T* cache = nullptr, int64_t cache_packs = 0) {
   constexpr int V = rows::kVecOf<T>;
   using P = rows::Vec<T, V>;
-  if (vector) {
-    const auto* packs = reinterpret_cast<const P*>(row);
-    auto* cached = reinterpret_cast<P*>(cache);
-    const int64_t n = cols / V;
+  auto absorb_one = [&](T x) {
+    const M z[1] = {convert<M>(x)};
+    absorb(z, m, s);
+  };
+  // Whole vectors packs[lane], packs[lane + TPR], ..., the first cache_packs of them kept in `cached`.
+  auto absorb_vectors = [&](const P* packs, int64_t n, P* cached, int64_t cache_packs) {
     int64_t i = lane;
     for (; i + (kInFlight - 1) * TPR < n; i += kInFlight * TPR) {
       P a[kInFlight];
@@ -135,11 +143,17 @@ __device__ __forceinline__ void online_logsumexp(const T* row, int64_t stride, i
       for (int e = 0; e < V; ++e) z[e] = convert<M>(a.v[e]);
       absorb(z, m, s);
     }
+  };
+  const auto address = reinterpret_cast<uintptr_t>(row);
+  if (vector) {
+    absorb_vectors(reinterpret_cast<const P*>(row), cols / V, reinterpret_cast<P*>(cache), cache_packs);
+  } else if (stride == 1 && address % sizeof(T) == 0) {  // the head, whole vectors, the tail
+    const int64_t head = min(cols, int64_t((16 - address % 16) % 16 / sizeof(T))), n = (cols - head) / V;
+    if (lane < head) absorb_one(row[lane]);
+    absorb_vectors(reinterpret_cast<const P*>(row + head), n, nullptr, 0);
+    for (int64_t c = head + n * V + lane; c < cols; c += TPR) absorb_one(row[c]);
   } else {
-    for (int64_t c = lane; c < cols; c += TPR) {
-      const M z[1] = {convert<M>(row[c * stride])};
-      absorb(z, m, s);
-    }
+    for (int64_t c = lane; c < cols; c += TPR) absorb_one(row[c * stride]);
   }
 }
 
@@ -223,6 +237,14 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
   const M e = kProbs ? M(p.smoothing) : M(0), uniform = e / M(C);
   auto smoothed = [&](M target) { return (M(1) - e) * target + uniform; };
 
+  // The target's logit (lane 0), read before the barriers that come before
+  // any gradient write: the gradient may overwrite the logits (in place, as
+  // linear_cross_entropy runs).
+  M z_t = 0;
+  auto read_target_logit = [&] {
+    if (!kProbs && valid && lane == 0 && !t.ignored && !t.bad) z_t = convert<M>(in[t.index * s_in]);
+  };
+
   // Pass 1: logsumexp (forward, fused) and the weighted sums of the row.
   M lse = 0, wz = 0, a = 0;  // indices: wz = sum w_c z_c; probs: a = sum w_c p'_c, wz = sum w_c p'_c z_c
   const bool smoothing_sums = kProbs || p.smoothing != 0;
@@ -254,6 +276,7 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
           }
         }
       }
+      read_target_logit();
       const M gm = rows::row_all_reduce<TPR, RPB>(m, rows::MaxOp{}, scratch);
       s = m == -INFINITY ? M(0) : s * exp2_((m - gm) * kLog2e<M>);
       s = rows::row_all_reduce<TPR, RPB>(s, rows::SumOp{}, scratch);
@@ -266,7 +289,7 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
   }
   const W* ws = static_cast<const W*>(cl.scratch);
   const M w_t = kProbs || t.ignored || t.bad ? M(0) : weight_at<T, M>(l, p, t.index);
-  const M z_t = kProbs || t.ignored || t.bad || !valid ? M(0) : convert<M>(in[t.index * s_in]);
+  if constexpr (!L::kLogits) read_target_logit();
 
   if (p.mode != Mode::backward && valid && lane == 0) {
     M nll, smooth = 0, d;
@@ -336,11 +359,21 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
 // barrier every block merges the ranks' pairs in rank order through
 // distributed shared memory: the same bits in every block, run to run. A
 // second barrier keeps each pair alive until every block has read it.
-inline constexpr int kSliceBytes = 64 * 1024, kSliceThreads = 256, kMaxSliceRanks = 8;
+// A row takes the fewest of 1, 2, 4, 8 or 16 slices of at most
+// kMaxSliceBytes; a block keeps the first kSliceBytes of its slice and
+// re-reads the rest (from L2, a few microseconds later). Measured (H100,
+// fused, 4096 rows): clusters of other sizes pack the SMs worse (f32 151936
+// classes: 10 slices 2.12 TB/s, 8 slices of 76 KiB 2.48), and slices under
+// 48 KiB lose more than a re-read tail (bf16 128256: 4 slices 2.45, 8 slices
+// 1.79). Past the portable 8 only where the device holds such a cluster
+// (rows::cluster_fits); longer rows, or no cluster: the one-block kernel.
+inline constexpr int kSliceBytes = 64 * 1024, kMaxSliceBytes = 80 * 1024, kSliceThreads = 256,
+                     kMaxSliceRanks = rows::kMaxClusterRanks;
 
 template <class T, class Index>
 __global__ void __launch_bounds__(kSliceThreads, 3)
-    cluster_rows_kernel(ClassLaunch cl, ClassParams p, OffsetCalc<kSlots, int64_t> outer, int64_t slice_packs) {
+    cluster_rows_kernel(ClassLaunch cl, ClassParams p, OffsetCalc<kSlots, int64_t> outer, int64_t slice_packs,
+                        int64_t cache_packs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // launched on sm_90 and later only (class_loss_on_cuda)
 #else
@@ -362,12 +395,29 @@ __global__ void __launch_bounds__(kSliceThreads, 3)
   const T* in = reinterpret_cast<const T*>(l.data[kInput]) + off[kInput];
   T* grad = reinterpret_cast<T*>(l.data[kGradInput]) + off[kGradInput];
   const int64_t s_in = l.inner.stride[kInput][0], s_grad = l.inner.stride[kGradInput][0];
-  const bool vec = rows::vector_ok<T>(in, s_in, C) && rows::vector_ok<T>(grad, s_grad, C);
-  const int64_t c0 = min(C, rank * slice_packs * V), cols = min(C - c0, slice_packs * V);  // whole vectors but the last slice's
+  // Whole vectors from the first 16-byte boundary (rows of any length and
+  // offset, as long as the logits and the gradient share it); rank 0 takes
+  // the head before it and the tail after the last whole vector, an element
+  // a thread. Else (strided, or offsets that differ) elements throughout.
+  const int64_t head = min(C, rows::shared_vector_head<T>(in, s_in, grad, s_grad));
+  const bool vec = head >= 0;
+  const int64_t body = vec ? (C - head) / V * V : C;  // the elements the slices cut
+  const int64_t c0 = (vec ? head : 0) + min(body, rank * slice_packs * V), cols = min(body + (vec ? head : 0) - c0, slice_packs * V);
   const T* slice = in + c0 * s_in;
+  // This thread's head or tail element (rank 0, vector rows), or -1.
+  const int64_t tail = vec ? C - head - body : 0;
+  const int64_t edge = !vec || rank != 0 ? -1 : lane < head ? lane : lane >= 32 && lane - 32 < tail ? head + body + lane - 32 : -1;
 
+  const RowTarget<T, Index> t = row_target<T, Index>(l, off, p);
   M m = -INFINITY, s = 0;
-  online_logsumexp<kSliceThreads, 4>(slice, s_in, cols, vec, lane, m, s, cache, vec ? slice_packs : 0);
+  online_logsumexp<kSliceThreads, 4>(slice, s_in, cols, vec, lane, m, s, cache, vec ? cache_packs : 0);
+  if (edge >= 0) {
+    const M z[1] = {convert<M>(in[edge])};
+    absorb(z, m, s);
+  }
+  // The target's logit, read before the cluster barriers: after them another
+  // block may already write its gradient over it (in place, as linear_cross_entropy runs).
+  const M z_t = rank == 0 && lane == 0 && !t.ignored && !t.bad ? convert<M>(in[t.index * s_in]) : M(0);
   const M gm = rows::row_all_reduce<kSliceThreads, 1>(m, rows::MaxOp{}, scratch);
   s = m == -INFINITY ? M(0) : s * exp2_((m - gm) * kLog2e<M>);
   s = rows::row_all_reduce<kSliceThreads, 1>(s, rows::SumOp{}, scratch);
@@ -384,10 +434,8 @@ __global__ void __launch_bounds__(kSliceThreads, 3)
   cluster.sync();
   const M lse = rm + log(rs);
 
-  const RowTarget<T, Index> t = row_target<T, Index>(l, off, p);
   const M w_t = t.ignored || t.bad ? M(0) : weight_at<T, M>(l, p, t.index);
   if (rank == 0 && lane == 0) {
-    const M z_t = t.ignored || t.bad ? M(0) : convert<M>(in[t.index * s_in]);
     const M nll = t.bad ? M(NAN) : t.ignored ? M(0) : w_t * (lse - z_t);
     store_row_terms<T, false>(cl, p, off, row, nll, M(0), t.ignored ? M(0) : w_t);
   }
@@ -399,7 +447,8 @@ __global__ void __launch_bounds__(kSliceThreads, 3)
       l, p, t.ignored ? M(0) : sc.nll * go * w_t, M(0), M(0), lse * kLog2e<M>, t.bad ? M(NAN) : M(0), t.index};
   auto grad_at = [&](int64_t c, T x) { return grad_of(c0 + c, x); };  // c within the slice
   if (vec) {
-    map_cached_row<kSliceThreads>(slice, cache, slice_packs, grad + c0, cols, lane, grad_at);
+    map_cached_row<kSliceThreads>(slice, cache, cache_packs, grad + c0, cols, lane, grad_at);
+    if (edge >= 0) grad[edge] = grad_of(edge, in[edge]);
   } else {
     const T* src[1] = {slice};
     const int64_t ss[1] = {s_in};
@@ -416,18 +465,151 @@ int64_t cluster_slice_packs(int64_t cols, int ranks) {
   return (packs + ranks - 1) / ranks;
 }
 
-/// Launches cluster_rows_kernel: `ranks` blocks a row, one cluster each.
+/// Launches cluster_rows_kernel: `ranks` blocks a row, one cluster each;
+/// false, launching nothing, where the device cannot hold such a cluster.
 template <class T, class Index>
-Status launch_cluster_rows(const ClassLaunch& cl, const ClassParams& p, const OffsetCalc<kSlots, int64_t>& outer, int ranks,
-                           CUstream_st* stream) {
-  const int64_t slice_packs = cluster_slice_packs<T>(cl.rows.cols, ranks);
+Result<bool> launch_cluster_rows(const ClassLaunch& cl, const ClassParams& p, const OffsetCalc<kSlots, int64_t>& outer,
+                                 int ranks, CUstream_st* stream) {
+  const int64_t slice_packs = cluster_slice_packs<T>(cl.rows.cols, ranks), cache_packs = std::min<int64_t>(slice_packs, kSliceBytes / 16);
   auto kernel = cluster_rows_kernel<T, Index>;
   BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSliceBytes, true));
   cudaLaunchAttribute cluster;
-  cudaLaunchConfig_t config = rows::cluster_launch_config(kSliceThreads, size_t(slice_packs) * 16, stream, ranks, cluster);
+  cudaLaunchConfig_t config = rows::cluster_launch_config(kSliceThreads, size_t(cache_packs) * 16, stream, ranks, cluster);
+  if (!rows::cluster_fits(reinterpret_cast<const void*>(kernel), ranks, config)) return false;
   config.gridDim = dim3(unsigned(cl.rows.rows * ranks));
-  BARACUDA_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, cl, p, outer, slice_packs));
-  return Status::ok();
+  BARACUDA_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, cl, p, outer, slice_packs, cache_packs));
+  return true;
+}
+
+// Note [Cross entropy rows held over a cluster]
+// The fused cross_entropy (class indices, logits, no smoothing; f32/f16/bf16)
+// of rows past 64 KiB in whole aligned vectors, on sm_90: the softmax
+// cluster's layout (Note [Softmax over a cluster]): a row over `ranks`
+// blocks of 512 threads, each thread holding K 16-byte vectors of logits in
+// registers, two blocks an SM (one at K = 16), so the row is read once and
+// its gradient written once with every load of a thread in flight at once
+// (the slice kernel streams four vectors a thread into shared memory). The
+// pairs (max, sum of 2^((z - max) log2 e)) combine through
+// rows::ClusterPairs (a warp's shuffle tree, the warps in order, the ranks
+// in order: the same bits in every block, run to run; one st.async
+// exchange, no cluster-wide barrier after it). f32 keeps its exponentials
+// for the gradient; half types recompute them (bound by registers, not
+// arithmetic). The thread that holds the target's logit writes the row's
+// loss terms (rank 0's thread 0 where the target is ignored or out of
+// range): no logit is read twice, and the gradient may overwrite the logits
+// (linear_cross_entropy's chunks run in place).
+template <class T, class Index, int K>
+__global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
+    held_cluster_kernel(ClassLaunch cl, ClassParams p, OffsetCalc<kSlots, int64_t> outer) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using M = math_t<T, false>;
+  using W = scratch_of<T>;
+  constexpr int V = rows::kVecOf<T>, kThreads = rows::kClusterThreads;
+  constexpr bool kKeepExp = std::is_same_v<T, M>;
+  using P = rows::Vec<T, V>;
+  __shared__ rows::ClusterPairs<M, 1> pairs;
+  uint32_t rank, ranks;
+  rows::cluster_rank(rank, ranks);
+  pairs.start(ranks);
+
+  const RowLaunch& l = cl.rows;
+  const int64_t row = blockIdx.x / ranks, C = l.cols;
+  int64_t off[kSlots];
+  outer.get(row, off);
+  const T* in = reinterpret_cast<const T*>(l.data[kInput]) + off[kInput];
+  T* grad = reinterpret_cast<T*>(l.data[kGradInput]) + off[kGradInput];
+  auto col = [&](int k) { return ((int64_t(rank) * K + k) * kThreads + threadIdx.x) * V; };
+  P x[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (col(k) < C) x[k] = *reinterpret_cast<const P*>(in + col(k));
+  const RowTarget<T, Index> t = row_target<T, Index>(l, off, p);
+  const bool counted = !t.ignored && !t.bad;
+  const M w_t = counted ? weight_at<T, M>(l, p, t.index) : M(0);
+  // The thread holding the target's logit (none for an ignored or bad target): x[kt].v[et].
+  const int64_t target_vector = t.index / V;
+  const bool owner = counted && target_vector % kThreads == threadIdx.x && target_vector / kThreads / K == rank;
+  const int kt = int(target_vector / kThreads % K), et = int(t.index % V);
+  M z_t = 0;
+  if (owner)
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        if (k == kt && e == et) z_t = convert<M>(x[k].v[e]);
+
+  // This thread's (max, sum of exponentials), f32 keeping the exponentials in x.
+  M m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (col(k) < C)
+#pragma unroll
+      for (int e = 0; e < V; ++e) m = rows::MaxOp{}(m, convert<M>(x[k].v[e]));
+  const M shift = (m == M(-INFINITY) ? M(0) : m) * kLog2e<M>;  // -inf - -inf would be NaN
+  if constexpr (!kKeepExp)
+#pragma unroll
+    for (int k = 0; k < K; ++k) rows::opaque(x[k]);
+  M s = 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (col(k) < C)
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const M q = exp2_(convert<M>(x[k].v[e]) * kLog2e<M> - shift);
+        s += q;
+        if constexpr (kKeepExp) x[k].v[e] = q;
+      }
+  auto part = [](M part_max, M max) { return part_max == M(-INFINITY) ? M(0) : exp2_((part_max - max) * kLog2e<M>); };
+  M max = m, sum = s;
+  pairs.combine(
+      0, max, sum,
+      [&](M& ma, M& sa, M mb, M sb) {
+        const M mx = rows::MaxOp{}(ma, mb);
+        sa = sa * part(ma, mx) + sb * part(mb, mx);
+        ma = mx;
+      },
+      rank, ranks);
+  if constexpr (!kKeepExp)
+#pragma unroll
+    for (int k = 0; k < K; ++k) rows::opaque(x[k]);
+  const M lse = max + log(sum);
+  if (owner || (!counted && rank == 0 && threadIdx.x == 0))  // the row's loss terms, once
+    store_row_terms<T, false>(cl, p, off, row, t.bad ? M(NAN) : w_t * (lse - z_t), M(0), w_t);
+
+  // The gradient a_t (p_c - [c == target]) + bad, p_c = 2^((z_c - max) log2 e) / sum.
+  const W* ws = static_cast<const W*>(cl.scratch);
+  const RowScale<M> sc = row_scale<M>(effective<false>(p), C, l.rows, p.reduction == Reduction::mean ? M(ws[0]) : M(1));
+  const M go = cl.grad_scale ? M(*static_cast<const W*>(cl.grad_scale)) : M(1);
+  const M a_t = t.ignored ? M(0) : sc.nll * go * w_t, bad = t.bad ? M(NAN) : M(0);
+  const M scale = kKeepExp ? a_t * part(m, max) / sum : a_t / sum, max_log2 = max * kLog2e<M>;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (col(k) >= C) continue;
+    P o;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const M q = kKeepExp ? convert<M>(x[k].v[e]) : exp2_(convert<M>(x[k].v[e]) * kLog2e<M> - max_log2);
+      o.v[e] = convert<T>(q * scale - (owner && k == kt && e == et ? a_t : M(0)) + bad);
+    }
+    rows::store_16(grad + col(k), o);
+  }
+#else
+  __trap();  // launched on sm_90 and later only (launch_held_cluster)
+#endif
+}
+
+/// Runs the fused rows on held_cluster_kernel when they suit it (rows past
+/// 64 KiB in whole aligned vectors of logits and gradient, at most 16
+/// ranks); false, launching nothing, when they do not or the device cannot
+/// hold the cluster.
+template <class T, class Index>
+Result<bool> launch_held_cluster(const ClassLaunch& cl, const ClassParams& p, const OffsetCalc<kSlots, int64_t>& outer,
+                                 CUstream_st* stream) {
+  const rows::ClusterRowShape shape = rows::cluster_row_shape(cl.rows.cols, int(sizeof(T)), 1);
+  if (!shape || !rows::rows_in_vectors(cl.rows, kInput, sizeof(T)) || !rows::rows_in_vectors(cl.rows, kGradInput, sizeof(T)))
+    return false;
+  auto kernel = shape.vectors == 8 ? held_cluster_kernel<T, Index, 8> : held_cluster_kernel<T, Index, 16>;
+  return rows::launch_cluster_rows(kernel, shape.ranks, cl.rows.rows, stream, cl, p, outer);
 }
 
 /// The mean or sum of the per-row terms (scratch) into `scalar_out`.
@@ -461,16 +643,26 @@ Status class_loss_on_cuda(const ClassLaunch& cl, const ClassParams& p, CUstream_
     prep_kernel<T, Index><<<1, 1024, 0, stream>>>(cl, p, outer);
   const int64_t C = cl.rows.cols;
   const bool cached_grad = p.mode == Mode::fused && !is_float_v<Index> && L::kLogits && C > 8192;
-  int ranks = 0;  // the cluster kernel's slices a row (Note [Cross entropy over a cluster])
-  constexpr bool kSliced = L::kLogits && !is_float_v<Index> && !std::is_same_v<T, double>;
-  if constexpr (kSliced) {
-    if (cached_grad && p.smoothing == 0 && cl.rows.rows * kMaxSliceRanks <= int64_t(0x7fffffff) && current_sm_version() >= 90)
+  bool launched = cl.rows.rows == 0;
+  // Long fused rows without smoothing on sm_90: held over a cluster
+  // (Note [Cross entropy rows held over a cluster]), else sliced over one
+  // (Note [Cross entropy over a cluster]), else the one-block kernel below.
+  if constexpr (L::kLogits && !is_float_v<Index> && !std::is_same_v<T, double>) {
+    auto take = [&](const Result<bool>& r) {
+      if (r) launched = r.value();
+      return r.status();
+    };
+    static const bool held_off = std::getenv("BCD_CE_HELD_OFF") != nullptr;  // EXPERIMENT: A/B, removed before landing
+    if (!launched && cached_grad && p.smoothing == 0 && current_sm_version() >= 90) {
+      if (!held_off) BARACUDA_TRY(take(launch_held_cluster<T, Index>(cl, p, outer, stream)));
+      int ranks = 0;  // the fewest slices of at most kMaxSliceBytes
       for (int r = 1; r <= kMaxSliceRanks && !ranks; r *= 2)
-        if (cluster_slice_packs<T>(C, r) * 16 <= kSliceBytes) ranks = r;
+        if (cluster_slice_packs<T>(C, r) * 16 <= kMaxSliceBytes) ranks = r;
+      if (!launched && ranks && cl.rows.rows * ranks <= int64_t(INT32_MAX))
+        BARACUDA_TRY(take(launch_cluster_rows<T, Index>(cl, p, outer, ranks, stream)));
+    }
   }
-  if (cl.rows.rows == 0) {
-  } else if (ranks) {
-    if constexpr (kSliced) BARACUDA_TRY((launch_cluster_rows<T, Index>(cl, p, outer, ranks, stream)));
+  if (launched) {
   } else if (cached_grad) {  // one long row per block, kept in shared memory for the gradient pass
     auto kernel = rows_kernel<L, T, Index, 1024, 1, true>;
     BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kCacheBytes));
