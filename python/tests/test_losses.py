@@ -323,7 +323,7 @@ def test_margin_and_gaussian_losses_match_torch(dtype):
 
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(64, 10), (33, 1000), (8, 50257), (4, 5, 3, 7)])
+@pytest.mark.parametrize("shape", [(64, 10), (33, 1000), (8, 50257), (5, 128256), (4, 5, 3, 7)])
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 @pytest.mark.parametrize("weighted,smoothing", [(False, 0.0), (True, 0.0), (False, 0.1), (True, 0.2)])
 def test_cross_entropy_matches_torch(dtype, shape, reduction, weighted, smoothing):
@@ -367,7 +367,7 @@ def test_cross_entropy_probabilities_match_torch(dtype):
 
 
 @gpu
-@pytest.mark.parametrize("classes", [5000, 50257])
+@pytest.mark.parametrize("classes", [5000, 50257, 128256])
 def test_cross_entropy_masked_logits_match_torch(classes):
     # -inf logits (masked classes) where a thread's first elements are all masked.
     z = torch.randn(16, classes, device="cuda")

@@ -76,11 +76,17 @@ __global__ void __launch_bounds__(1024) prep_kernel(ClassLaunch cl, ClassParams 
   }
 }
 
-/// 2^x: one MUFU.EX2 for f32.
+/// 2^x: one MUFU.EX2 for f32 (flushing results under 2^-126 to 0: exp2f's
+/// fix-up for subnormals cost three more instructions an exponential).
 template <class M>
 __device__ __forceinline__ M exp2_(M x) {
-  if constexpr (std::is_same_v<M, float>) return exp2f(x);
-  else return exp2(x);
+  if constexpr (std::is_same_v<M, float>) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+  } else {
+    return exp2(x);
+  }
 }
 
 template <class M>
@@ -498,6 +504,36 @@ Result<bool> launch_cluster_rows(const ClassLaunch& cl, const ClassParams& p, co
 // loss terms (rank 0's thread 0 where the target is ignored or out of
 // range): no logit is read twice, and the gradient may overwrite the logits
 // (linear_cross_entropy's chunks run in place).
+/// The largest of a thread's held elements (vectors k with valid(k); NaN if
+/// one is NaN): half types compare pairs, one instruction for two elements.
+template <class M, class T, int V, int K, class Valid>
+__device__ __forceinline__ M held_max(const rows::Vec<T, V> (&x)[K], Valid valid) {
+  if constexpr (sizeof(T) == 2) {
+    using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+    T2 most;
+    const T lowest = convert<T>(-INFINITY);
+    most.x = lowest, most.y = lowest;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (valid(k))
+#pragma unroll
+        for (int j = 0; j < V / 2; ++j) {
+          T2 pair;
+          memcpy(&pair, &x[k].v[2 * j], sizeof(T2));
+          most = __hmax2_nan(most, pair);
+        }
+    return rows::MaxOp{}(convert<M>(most.x), convert<M>(most.y));
+  } else {
+    M most = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (valid(k))
+#pragma unroll
+        for (int e = 0; e < V; ++e) most = rows::MaxOp{}(most, convert<M>(x[k].v[e]));
+    return most;
+  }
+}
+
 template <class T, class Index, int K>
 __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
     held_cluster_kernel(ClassLaunch cl, ClassParams p, OffsetCalc<kSlots, int64_t> outer) {
@@ -539,12 +575,7 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
         if (k == kt && e == et) z_t = convert<M>(x[k].v[e]);
 
   // This thread's (max, sum of exponentials), f32 keeping the exponentials in x.
-  M m = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < K; ++k)
-    if (col(k) < C)
-#pragma unroll
-      for (int e = 0; e < V; ++e) m = rows::MaxOp{}(m, convert<M>(x[k].v[e]));
+  const M m = held_max<M>(x, [&](int k) { return col(k) < C; });
   const M shift = (m == M(-INFINITY) ? M(0) : m) * kLog2e<M>;  // -inf - -inf would be NaN
   if constexpr (!kKeepExp)
 #pragma unroll
@@ -580,16 +611,18 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
   const W* ws = static_cast<const W*>(cl.scratch);
   const RowScale<M> sc = row_scale<M>(effective<false>(p), C, l.rows, p.reduction == Reduction::mean ? M(ws[0]) : M(1));
   const M go = cl.grad_scale ? M(*static_cast<const W*>(cl.grad_scale)) : M(1);
-  const M a_t = t.ignored ? M(0) : sc.nll * go * w_t, bad = t.bad ? M(NAN) : M(0);
-  const M scale = kKeepExp ? a_t * part(m, max) / sum : a_t / sum, max_log2 = max * kLog2e<M>;
+  const M a_t = t.ignored ? M(0) : sc.nll * go * w_t;
+  // NaN for a target out of range: every gradient of its row.
+  const M scale = t.bad ? M(NAN) : kKeepExp ? a_t * part(m, max) / sum : a_t / sum, max_log2 = max * kLog2e<M>;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     if (col(k) >= C) continue;
+    const M at_target = owner && k == kt ? a_t : M(0);
     P o;
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const M q = kKeepExp ? convert<M>(x[k].v[e]) : exp2_(convert<M>(x[k].v[e]) * kLog2e<M> - max_log2);
-      o.v[e] = convert<T>(q * scale - (owner && k == kt && e == et ? a_t : M(0)) + bad);
+      o.v[e] = convert<T>(q * scale - (e == et ? at_target : M(0)));
     }
     rows::store_16(grad + col(k), o);
   }
