@@ -38,9 +38,14 @@ def main():
                 return torch.autograd.grad(torch.nn.functional.cross_entropy(xr, t), xr)[0]
 
             loss, grad = F.cross_entropy_fused(x, t)
-            want, tol = torch_fwd_bwd().float(), 1e-5 if es == 4 else 1e-2  # relative to the largest |gradient|
-            ok = (grad.float() - want).abs().max().item() <= tol * want.abs().max().item() and \
-                torch.allclose(loss.float(), torch.nn.functional.cross_entropy(x.float(), t), rtol=1e-3, atol=1e-4)
+            # The first rows' gradient against float64 (torch's own bf16 gradient rounds its log-softmax
+            # first), within the dtype's rounding of the largest |gradient|; the loss (rounded to the dtype)
+            # against torch in f32.
+            xs, ts, kept = x[:64].double(), t[:64], (t != -100).sum().double()
+            want = (torch.softmax(xs, 1) - torch.nn.functional.one_hot(ts.clamp(min=0), cols)) * (ts != -100)[:, None] / kept
+            tol = 1e-5 if es == 4 else 8e-3
+            ok = (grad[:64].double() - want).abs().max().item() <= tol * want.abs().max().item() and \
+                torch.allclose(loss.float(), torch.nn.functional.cross_entropy(x.float(), t), rtol=tol, atol=1e-4)
             t_ours, t_torch = median_ms(lambda: F.cross_entropy_fused(x, t)), median_ms(torch_fwd_bwd)
             nbytes = 2 * rows * cols * es + rows * 8
             print(f"{f'{rows}x{cols}':<30} {name:<6} {nbytes / t_ours / 1e9:9.3f} {nbytes / t_torch / 1e9:10.3f}"

@@ -12,8 +12,6 @@
 
 #include <cooperative_groups.h>
 
-#include <cstdlib>
-
 #include "core/cluster_rows.cuh"
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
@@ -631,17 +629,22 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
 #endif
 }
 
-/// Runs the fused rows on held_cluster_kernel when they suit it (rows past
-/// 64 KiB in whole aligned vectors of logits and gradient, at most 16
-/// ranks); false, launching nothing, when they do not or the device cannot
-/// hold the cluster.
+/// Runs the fused rows on held_cluster_kernel when they suit it (rows in
+/// whole aligned vectors of logits and gradient, at most 16 ranks); false,
+/// launching nothing, when they do not or the device cannot hold the cluster.
 template <class T, class Index>
 Result<bool> launch_held_cluster(const ClassLaunch& cl, const ClassParams& p, const OffsetCalc<kSlots, int64_t>& outer,
                                  CUstream_st* stream) {
-  const rows::ClusterRowShape shape = rows::cluster_row_shape(cl.rows.cols, int(sizeof(T)), 1);
-  if (!shape || !rows::rows_in_vectors(cl.rows, kInput, sizeof(T)) || !rows::rows_in_vectors(cl.rows, kGradInput, sizeof(T)))
+  if (!rows::rows_in_vectors(cl.rows, kInput, sizeof(T)) || !rows::rows_in_vectors(cl.rows, kGradInput, sizeof(T)))
     return false;
-  auto kernel = shape.vectors == 8 ? held_cluster_kernel<T, Index, 8> : held_cluster_kernel<T, Index, 16>;
+  rows::ClusterRowShape shape = rows::cluster_row_shape(cl.rows.cols, int(sizeof(T)), 1);
+  if (!shape) {  // a row of up to 64 KiB: one block, four or eight vectors a thread
+    const int64_t vectors = cl.rows.cols / rows::kVecOf<T>;
+    shape = {vectors <= 4 * rows::kClusterThreads ? 4 : 8, 1};
+  }
+  auto kernel = shape.vectors == 4   ? held_cluster_kernel<T, Index, 4>
+                : shape.vectors == 8 ? held_cluster_kernel<T, Index, 8>
+                                     : held_cluster_kernel<T, Index, 16>;
   return rows::launch_cluster_rows(kernel, shape.ranks, cl.rows.rows, stream, cl, p, outer);
 }
 
@@ -685,9 +688,8 @@ Status class_loss_on_cuda(const ClassLaunch& cl, const ClassParams& p, CUstream_
       if (r) launched = r.value();
       return r.status();
     };
-    static const bool held_off = std::getenv("BCD_CE_HELD_OFF") != nullptr;  // EXPERIMENT: A/B, removed before landing
     if (!launched && cached_grad && p.smoothing == 0 && current_sm_version() >= 90) {
-      if (!held_off) BARACUDA_TRY(take(launch_held_cluster<T, Index>(cl, p, outer, stream)));
+      BARACUDA_TRY(take(launch_held_cluster<T, Index>(cl, p, outer, stream)));
       int ranks = 0;  // the fewest slices of at most kMaxSliceBytes
       for (int r = 1; r <= kMaxSliceRanks && !ranks; r *= 2)
         if (cluster_slice_packs<T>(C, r) * 16 <= kMaxSliceBytes) ranks = r;
