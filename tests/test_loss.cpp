@@ -33,16 +33,17 @@ TEST_P(Loss, CudaMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Ops, Loss, testing::ValuesIn(ops_of(OpCategory::loss)), param_name);
 
 /// The fused cross_entropy of long rows on CUDA, against the reference.
-/// Rows in whole aligned vectors are held in registers (Note [Cross entropy
-/// rows held over a cluster]): bf16 10000 / 40000 / 128256 / 151936 /
-/// 250000 / 600000 classes over 1 (four vectors a thread) / 2 / 4 / 5 / 8 /
-/// 10 (sixteen vectors) blocks, f32 10000 ... 250000 over 1 / 3 / 8 / 10 /
-/// 16. The others are sliced (Note [Cross entropy over a cluster]): odd
-/// class counts start rows off the 16-byte grid, logits and gradient at the
-/// same offset (whole vectors from the first boundary; 40001: slices past
-/// 64 KiB re-read their tail), `shifted` views put them at different
-/// offsets and `strided` ones read classes with a stride (element by
-/// element; up to 16 slices); f32 rows of 600000 take the one-block kernel.
+/// Rows of 32 KiB on in whole aligned vectors are held in registers (Note
+/// [Cross entropy rows held over a cluster]): bf16 40000 / 128256 / 151936
+/// / 250000 / 600000 classes over 2 / 4 / 5 / 8 / 10 (sixteen vectors a
+/// thread) blocks, f32 10000 / 40000 / 128256 / 151936 / 250000 over 1 / 3
+/// / 8 / 10 / 16. The others are sliced (Note [Cross entropy over a
+/// cluster]): bf16 rows of 10000 (one block); odd class counts start rows
+/// off the 16-byte grid, logits and gradient at the same offset (whole
+/// vectors from the first boundary; 40001: slices past 64 KiB re-read their
+/// tail); `shifted` views put them at different offsets and `strided` ones
+/// read classes with a stride (element by element; up to 16 slices); f32
+/// rows of 600000 take the one-block kernel.
 TEST(CrossEntropyCuda, LongRowsOverClusters) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (DType dtype : {DType::bf16, DType::f16, DType::f32})

@@ -5,8 +5,10 @@
 //  - rows: TPR threads per row; one pass keeps a running max and sum of
 //    exponentials per thread (one exp per element), then the gradient pass
 //    (fused / backward) re-reads the row, which L2 usually still holds;
-//    the fused cross_entropy of long rows on sm_90 cuts a row over a
-//    cluster of blocks instead (Note [Cross entropy over a cluster]);
+//    the fused cross_entropy of long rows on sm_90 holds a row in the
+//    registers of a cluster of blocks instead (Note [Cross entropy rows held
+//    over a cluster]), or cuts it into slices kept in their shared memory
+//    (Note [Cross entropy over a cluster]);
 //  - finalize (one block): the mean or sum of the per-row terms.
 #pragma once
 
@@ -352,7 +354,9 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
 
 // Note [Cross entropy over a cluster]
 // The fused cross_entropy of long rows (class indices, logits, no
-// smoothing, f32/f16/bf16) on sm_90: a row is cut into `ranks` slices of at
+// smoothing, f32/f16/bf16) on sm_90 that the held kernel below does not
+// take (rows of up to 32 KiB; rows off the 16-byte grid, as odd class
+// counts give, or strided): a row is cut into `ranks` slices of at
 // most kSliceBytes, one block each, the blocks of a row one thread-block
 // cluster. A block keeps its slice in shared memory, so the row is read
 // once and its gradient written once (the one-block kernel caches 200 KiB
@@ -485,23 +489,6 @@ Result<bool> launch_cluster_rows(const ClassLaunch& cl, const ClassParams& p, co
   return true;
 }
 
-// Note [Cross entropy rows held over a cluster]
-// The fused cross_entropy (class indices, logits, no smoothing; f32/f16/bf16)
-// of rows past 64 KiB in whole aligned vectors, on sm_90: the softmax
-// cluster's layout (Note [Softmax over a cluster]): a row over `ranks`
-// blocks of 512 threads, each thread holding K 16-byte vectors of logits in
-// registers, two blocks an SM (one at K = 16), so the row is read once and
-// its gradient written once with every load of a thread in flight at once
-// (the slice kernel streams four vectors a thread into shared memory). The
-// pairs (max, sum of 2^((z - max) log2 e)) combine through
-// rows::ClusterPairs (a warp's shuffle tree, the warps in order, the ranks
-// in order: the same bits in every block, run to run; one st.async
-// exchange, no cluster-wide barrier after it). f32 keeps its exponentials
-// for the gradient; half types recompute them (bound by registers, not
-// arithmetic). The thread that holds the target's logit writes the row's
-// loss terms (rank 0's thread 0 where the target is ignored or out of
-// range): no logit is read twice, and the gradient may overwrite the logits
-// (linear_cross_entropy's chunks run in place).
 /// The largest of a thread's held elements (vectors k with valid(k); NaN if
 /// one is NaN): half types compare pairs, one instruction for two elements.
 template <class M, class T, int V, int K, class Valid>
@@ -532,6 +519,24 @@ __device__ __forceinline__ M held_max(const rows::Vec<T, V> (&x)[K], Valid valid
   }
 }
 
+// Note [Cross entropy rows held over a cluster]
+// The fused cross_entropy (class indices, logits, no smoothing; f32/f16/bf16)
+// of rows past 32 KiB in whole aligned vectors, on sm_90: the softmax
+// cluster's layout (Note [Softmax over a cluster]): a row over `ranks`
+// blocks of 512 threads (one block up to 64 KiB), each thread holding K
+// 16-byte vectors of logits in registers, two blocks an SM (one at K = 16;
+// rows past 16 blocks of eight vectors), so the row is read once and
+// its gradient written once with every load of a thread in flight at once
+// (the slice kernel streams four vectors a thread into shared memory). The
+// pairs (max, sum of 2^((z - max) log2 e)) combine through
+// rows::ClusterPairs (a warp's shuffle tree, the warps in order, the ranks
+// in order: the same bits in every block, run to run; one st.async
+// exchange, no cluster-wide barrier after it). f32 keeps its exponentials
+// for the gradient; half types recompute them (bound by registers, not
+// arithmetic). The thread that holds the target's logit writes the row's
+// loss terms (rank 0's thread 0 where the target is ignored or out of
+// range): no logit is read twice, and the gradient may overwrite the logits
+// (linear_cross_entropy's chunks run in place).
 template <class T, class Index, int K>
 __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
     held_cluster_kernel(ClassLaunch cl, ClassParams p, OffsetCalc<kSlots, int64_t> outer) {
@@ -637,14 +642,14 @@ Result<bool> launch_held_cluster(const ClassLaunch& cl, const ClassParams& p, co
                                  CUstream_st* stream) {
   if (!rows::rows_in_vectors(cl.rows, kInput, sizeof(T)) || !rows::rows_in_vectors(cl.rows, kGradInput, sizeof(T)))
     return false;
+  const int64_t vectors = cl.rows.cols / rows::kVecOf<T>;
   rows::ClusterRowShape shape = rows::cluster_row_shape(cl.rows.cols, int(sizeof(T)), 1);
-  if (!shape) {  // a row of up to 64 KiB: one block, four or eight vectors a thread
-    const int64_t vectors = cl.rows.cols / rows::kVecOf<T>;
-    shape = {vectors <= 4 * rows::kClusterThreads ? 4 : 8, 1};
-  }
-  auto kernel = shape.vectors == 4   ? held_cluster_kernel<T, Index, 4>
-                : shape.vectors == 8 ? held_cluster_kernel<T, Index, 8>
-                                     : held_cluster_kernel<T, Index, 16>;
+  // Rows of 32 to 64 KiB: one block of eight vectors a thread. Shorter ones
+  // stay sliced (one block, 256 threads): half a block's registers would
+  // sit idle, and a block's fixed cost wants 64 KiB (Note [Softmax over a cluster]).
+  if (vectors > 4 * rows::kClusterThreads && vectors <= 8 * rows::kClusterThreads) shape = {8, 1};
+  if (!shape) return false;  // up to 32 KiB, or past 16 ranks
+  auto kernel = shape.vectors == 8 ? held_cluster_kernel<T, Index, 8> : held_cluster_kernel<T, Index, 16>;
   return rows::launch_cluster_rows(kernel, shape.ranks, cl.rows.rows, stream, cl, p, outer);
 }
 
