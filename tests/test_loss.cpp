@@ -33,22 +33,23 @@ TEST_P(Loss, CudaMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Ops, Loss, testing::ValuesIn(ops_of(OpCategory::loss)), param_name);
 
 /// The fused cross_entropy of long rows on CUDA, against the reference.
-/// Rows of 32 KiB on in whole aligned vectors are held in registers (Note
-/// [Cross entropy rows held over a cluster]): bf16 40000 / 128256 / 151936
-/// / 250000 / 600000 classes over 2 / 4 / 5 / 8 / 10 (sixteen vectors a
-/// thread) blocks, f32 10000 / 40000 / 128256 / 151936 / 250000 over 1 / 3
-/// / 8 / 10 / 16. The others are sliced (Note [Cross entropy over a
-/// cluster]): bf16 rows of 10000 (one block); odd class counts start rows
-/// off the 16-byte grid, logits and gradient at the same offset (whole
-/// vectors from the first boundary; 40001: slices past 64 KiB re-read their
-/// tail); `shifted` views put them at different offsets and `strided` ones
-/// read classes with a stride (element by element; up to 16 slices); f32
-/// rows of 600000 take the one-block kernel.
+/// Unit-stride rows of 32 KiB on, logits and gradient at the same offsets,
+/// are held in registers (Note [Cross entropy rows held over a cluster]):
+/// bf16 40000 / 128256 / 151936 / 250000 / 600000 classes over 2 / 4 / 5 /
+/// 8 / 10 (sixteen vectors a thread) blocks, f32 10000 / 40000 / 128256 /
+/// 151936 / 250000 over 1 / 3 / 8 / 10 / 16; odd class counts start rows
+/// off the 16-byte grid (9999 f32, 40001, 50001: rank 0 holds the elements
+/// before and after the whole vectors). The others are sliced (Note [Cross
+/// entropy over a cluster]): bf16 rows of 9999 and 10000 (one block, whole
+/// vectors from the first boundary); `shifted` views put logits and
+/// gradient at different offsets and `strided` ones read classes with a
+/// stride (element by element; up to 16 slices); f32 rows of 600000 take
+/// the one-block kernel.
 TEST(CrossEntropyCuda, LongRowsOverClusters) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (DType dtype : {DType::bf16, DType::f16, DType::f32})
-    for (const Shape& shape : {Shape{6, 10000}, Shape{5, 40000}, Shape{2, 40001}, Shape{3, 50001}, Shape{3, 128256},
-                               Shape{2, 151936}, Shape{2, 250000}, Shape{2, 600000}})
+    for (const Shape& shape : {Shape{6, 10000}, Shape{4, 9999}, Shape{5, 40000}, Shape{2, 40001}, Shape{3, 50001},
+                               Shape{3, 128256}, Shape{2, 151936}, Shape{2, 250000}, Shape{2, 600000}})
       for (const Attrs& attrs : {Attrs{{"reduction", 0}, {"ignore_index", -1}}, Attrs{{"reduction", 1}, {"ignore_index", -1}},
                                  Attrs{{"reduction", 2}, {"ignore_index", -1}}})  // the driver's targets hold -1s
         for (LayoutKind layout : {LayoutKind::contiguous, LayoutKind::shifted, LayoutKind::strided}) {
@@ -64,14 +65,15 @@ TEST(CrossEntropyCuda, LongRowsOverClusters) {
 /// (linear_cross_entropy runs it so, chunk by chunk): the loss must come from
 /// the logits, never from a gradient already written over them. Targets
 /// across the whole row (every rank of a cluster); rows held over a cluster
-/// (128256), sliced over one (50257: rows off the 16-byte grid) and one
-/// block a row (4000); in place against out of place, bitwise.
+/// (128256; 50257 off the 16-byte grid), 12001 classes (bf16 sliced, f32
+/// held by one block) and one block a row (4000); in place against out of
+/// place, bitwise.
 TEST(CrossEntropyCuda, InPlaceGradientKeepsTheLoss) {
 #ifdef BARACUDA_HAS_CUDA
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const int64_t N = 96;
   for (DType dtype : {DType::bf16, DType::f32})
-    for (int64_t C : {int64_t(4000), int64_t(50257), int64_t(128256)}) {
+    for (int64_t C : {int64_t(4000), int64_t(12001), int64_t(50257), int64_t(128256)}) {
       SCOPED_TRACE(cat(dtype_name(dtype), " C=", C));
       auto desc = infer("cross_entropy_fused", {{dtype, {N, C}}, {DType::i64, {N}}, {dtype, {0}}}, Attrs{{"reduction", 0}});
       ASSERT_TRUE(desc) << desc.status().to_string();

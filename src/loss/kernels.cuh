@@ -355,8 +355,8 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
 // Note [Cross entropy over a cluster]
 // The fused cross_entropy of long rows (class indices, logits, no
 // smoothing, f32/f16/bf16) on sm_90 that the held kernel below does not
-// take (rows of up to 32 KiB; rows off the 16-byte grid, as odd class
-// counts give, or strided): a row is cut into `ranks` slices of at
+// take (rows of up to 32 KiB; strided rows, or logits and gradient at
+// different offsets from the 16-byte grid): a row is cut into `ranks` slices of at
 // most kSliceBytes, one block each, the blocks of a row one thread-block
 // cluster. A block keeps its slice in shared memory, so the row is read
 // once and its gradient written once (the one-block kernel caches 200 KiB
@@ -521,7 +521,10 @@ __device__ __forceinline__ M held_max(const rows::Vec<T, V> (&x)[K], Valid valid
 
 // Note [Cross entropy rows held over a cluster]
 // The fused cross_entropy (class indices, logits, no smoothing; f32/f16/bf16)
-// of rows past 32 KiB in whole aligned vectors, on sm_90: the softmax
+// of unit-stride rows past 32 KiB, on sm_90, where the logits and the
+// gradient lie equally far from the 16-byte grid (whole vectors from the
+// first boundary; off the grid, as odd class counts put rows, rank 0's
+// threads hold the few elements before and after them: kEdges): the softmax
 // cluster's layout (Note [Softmax over a cluster]): a row over `ranks`
 // blocks of 512 threads (one block up to 64 KiB), each thread holding K
 // 16-byte vectors of logits in registers, two blocks an SM (one at K = 16;
@@ -537,7 +540,7 @@ __device__ __forceinline__ M held_max(const rows::Vec<T, V> (&x)[K], Valid valid
 // loss terms (rank 0's thread 0 where the target is ignored or out of
 // range): no logit is read twice, and the gradient may overwrite the logits
 // (linear_cross_entropy's chunks run in place).
-template <class T, class Index, int K>
+template <class T, class Index, int K, bool kEdges>
 __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
     held_cluster_kernel(ClassLaunch cl, ClassParams p, OffsetCalc<kSlots, int64_t> outer) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -557,19 +560,37 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
   outer.get(row, off);
   const T* in = reinterpret_cast<const T*>(l.data[kInput]) + off[kInput];
   T* grad = reinterpret_cast<T*>(l.data[kGradInput]) + off[kGradInput];
-  auto col = [&](int k) { return ((int64_t(rank) * K + k) * kThreads + threadIdx.x) * V; };
+  // Whole vectors cover classes [head, body_end); with kEdges (a row off the
+  // 16-byte grid, its gradient at the same offset) rank 0's threads 0 ..
+  // head - 1 and 32 .. 32 + C - body_end - 1 hold one element each before
+  // and after them (`edge`, else -1).
+  int head = 0, edge = -1;  // rows of at most 16 x 16 x 512 vectors: int classes
+  int64_t body_end = C;
+  if constexpr (kEdges) {
+    head = int(min(C, int64_t((16 - reinterpret_cast<uintptr_t>(in) % 16) % 16 / sizeof(T))));
+    body_end = head + (C - head) / V * V;
+    const int tid = int(threadIdx.x);
+    if (rank == 0) edge = tid < head ? tid : tid >= 32 && tid - 32 < C - body_end ? int(body_end) + tid - 32 : -1;
+  }
+  const int64_t body = body_end - head;
+  auto col = [&](int k) { return ((int64_t(rank) * K + k) * kThreads + threadIdx.x) * V; };  // from `head`
   P x[K];
 #pragma unroll
   for (int k = 0; k < K; ++k)
-    if (col(k) < C) x[k] = *reinterpret_cast<const P*>(in + col(k));
+    if (col(k) < body) x[k] = *reinterpret_cast<const P*>(in + head + col(k));
+  T x_edge = convert<T>(M(0));
+  if (kEdges && edge >= 0) x_edge = in[edge];
   const RowTarget<T, Index> t = row_target<T, Index>(l, off, p);
   const bool counted = !t.ignored && !t.bad;
   const M w_t = counted ? weight_at<T, M>(l, p, t.index) : M(0);
-  // The thread holding the target's logit (none for an ignored or bad target): x[kt].v[et].
-  const int64_t target_vector = t.index / V;
-  const bool owner = counted && target_vector % kThreads == threadIdx.x && target_vector / kThreads / K == rank;
-  const int kt = int(target_vector / kThreads % K), et = int(t.index % V);
-  M z_t = 0;
+  // The thread holding the target's logit (none for an ignored or bad
+  // target): x[kt].v[et], or its edge element.
+  const int64_t target_vector = (t.index - head) / V;
+  const bool owner = counted && t.index >= head && t.index < body_end && target_vector % kThreads == threadIdx.x &&
+                     target_vector / kThreads / K == rank;
+  const bool edge_owner = kEdges && counted && edge >= 0 && edge == t.index;
+  const int kt = int(target_vector / kThreads % K), et = int((t.index - head) % V);
+  M z_t = edge_owner ? convert<M>(x_edge) : M(0);
   if (owner)
 #pragma unroll
     for (int k = 0; k < K; ++k)
@@ -578,15 +599,16 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
         if (k == kt && e == et) z_t = convert<M>(x[k].v[e]);
 
   // This thread's (max, sum of exponentials), f32 keeping the exponentials in x.
-  const M m = held_max<M>(x, [&](int k) { return col(k) < C; });
+  M m = held_max<M>(x, [&](int k) { return col(k) < body; });
+  if (kEdges && edge >= 0) m = rows::MaxOp{}(m, convert<M>(x_edge));
   const M shift = (m == M(-INFINITY) ? M(0) : m) * kLog2e<M>;  // -inf - -inf would be NaN
   if constexpr (!kKeepExp)
 #pragma unroll
     for (int k = 0; k < K; ++k) rows::opaque(x[k]);
-  M s = 0;
+  M s = kEdges && edge >= 0 ? exp2_(convert<M>(x_edge) * kLog2e<M> - shift) : M(0);
 #pragma unroll
   for (int k = 0; k < K; ++k)
-    if (col(k) < C)
+    if (col(k) < body)
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const M q = exp2_(convert<M>(x[k].v[e]) * kLog2e<M> - shift);
@@ -607,7 +629,7 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
 #pragma unroll
     for (int k = 0; k < K; ++k) rows::opaque(x[k]);
   const M lse = max + log(sum);
-  if (owner || (!counted && rank == 0 && threadIdx.x == 0))  // the row's loss terms, once
+  if (owner || edge_owner || (!counted && rank == 0 && threadIdx.x == 0))  // the row's loss terms, once
     store_row_terms<T, false>(cl, p, off, row, t.bad ? M(NAN) : w_t * (lse - z_t), M(0), w_t);
 
   // The gradient a_t (p_c - [c == target]) + bad, p_c = 2^((z_c - max) log2 e) / sum.
@@ -619,7 +641,7 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
   const M scale = t.bad ? M(NAN) : kKeepExp ? a_t * part(m, max) / sum : a_t / sum, max_log2 = max * kLog2e<M>;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    if (col(k) >= C) continue;
+    if (col(k) >= body) continue;
     const M at_target = owner && k == kt ? a_t : M(0);
     P o;
 #pragma unroll
@@ -627,29 +649,35 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
       const M q = kKeepExp ? convert<M>(x[k].v[e]) : exp2_(convert<M>(x[k].v[e]) * kLog2e<M> - max_log2);
       o.v[e] = convert<T>(q * scale - (e == et ? at_target : M(0)));
     }
-    rows::store_16(grad + col(k), o);
+    rows::store_16(grad + head + col(k), o);
+  }
+  if (kEdges && edge >= 0) {
+    const M q = exp2_(convert<M>(x_edge) * kLog2e<M> - max_log2);
+    grad[edge] = convert<T>(q * (t.bad ? M(NAN) : a_t / sum) - (edge_owner ? a_t : M(0)));
   }
 #else
   __trap();  // launched on sm_90 and later only (launch_held_cluster)
 #endif
 }
 
-/// Runs the fused rows on held_cluster_kernel when they suit it (rows in
-/// whole aligned vectors of logits and gradient, at most 16 ranks); false,
-/// launching nothing, when they do not or the device cannot hold the cluster.
+/// Runs the fused rows on held_cluster_kernel when they suit it (unit-stride
+/// rows of logits and gradient at the same offsets from the 16-byte grid,
+/// 32 KiB to 16 ranks); false, launching nothing, when they do not or the
+/// device cannot hold the cluster.
 template <class T, class Index>
 Result<bool> launch_held_cluster(const ClassLaunch& cl, const ClassParams& p, const OffsetCalc<kSlots, int64_t>& outer,
                                  CUstream_st* stream) {
-  if (!rows::rows_in_vectors(cl.rows, kInput, sizeof(T)) || !rows::rows_in_vectors(cl.rows, kGradInput, sizeof(T)))
-    return false;
-  const int64_t vectors = cl.rows.cols / rows::kVecOf<T>;
+  const bool whole = rows::rows_in_vectors(cl.rows, kInput, sizeof(T)) && rows::rows_in_vectors(cl.rows, kGradInput, sizeof(T));
+  if (!whole && !rows::rows_share_vector_offsets(cl.rows, kInput, kGradInput, sizeof(T))) return false;
+  const int64_t vectors = (cl.rows.cols + rows::kVecOf<T> - 1) / rows::kVecOf<T>;
   rows::ClusterRowShape shape = rows::cluster_row_shape(cl.rows.cols, int(sizeof(T)), 1);
   // Rows of 32 to 64 KiB: one block of eight vectors a thread. Shorter ones
   // stay sliced (one block, 256 threads): half a block's registers would
   // sit idle, and a block's fixed cost wants 64 KiB (Note [Softmax over a cluster]).
   if (vectors > 4 * rows::kClusterThreads && vectors <= 8 * rows::kClusterThreads) shape = {8, 1};
   if (!shape) return false;  // up to 32 KiB, or past 16 ranks
-  auto kernel = shape.vectors == 8 ? held_cluster_kernel<T, Index, 8> : held_cluster_kernel<T, Index, 16>;
+  auto kernel = whole ? (shape.vectors == 8 ? held_cluster_kernel<T, Index, 8, false> : held_cluster_kernel<T, Index, 16, false>)
+                     : (shape.vectors == 8 ? held_cluster_kernel<T, Index, 8, true> : held_cluster_kernel<T, Index, 16, true>);
   return rows::launch_cluster_rows(kernel, shape.ranks, cl.rows.rows, stream, cl, p, outer);
 }
 
