@@ -526,7 +526,7 @@ __device__ __forceinline__ M held_max(const rows::Vec<T, V> (&x)[K], Valid valid
 // first boundary; off the grid, as odd class counts put rows, rank 0's
 // threads hold the few elements before and after them: kEdges): the softmax
 // cluster's layout (Note [Softmax over a cluster]): a row over `ranks`
-// blocks of 512 threads (one block up to 64 KiB), each thread holding K
+// blocks of 512 threads (one block up to 64 KiB), each thread holding up to K
 // 16-byte vectors of logits in registers, two blocks an SM (one at K = 16;
 // rows past 16 blocks of eight vectors), so the row is read once and
 // its gradient written once with every load of a thread in flight at once
@@ -572,12 +572,17 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
     const int tid = int(threadIdx.x);
     if (rank == 0) edge = tid < head ? tid : tid >= 32 && tid - 32 < C - body_end ? int(body_end) + tid - 32 : -1;
   }
-  const int64_t body = body_end - head;
-  auto col = [&](int k) { return ((int64_t(rank) * K + k) * kThreads + threadIdx.x) * V; };  // from `head`
+  // The row's whole vectors, split evenly over the ranks (a last rank of a
+  // few vectors left most SMs of its cluster idle: f32 50257 classes ran at
+  // 2.45 TB/s): rank r holds vectors r * per_rank + k * 512 + thread.
+  const int64_t vectors = (body_end - head) / V, per_rank = (vectors + ranks - 1) / ranks;
+  const int64_t first = int64_t(rank) * per_rank, mine = min(per_rank, vectors - first);
+  auto held = [&](int k) { return int64_t(k) * kThreads + threadIdx.x < mine; };
+  auto col = [&](int k) { return (first + int64_t(k) * kThreads + threadIdx.x) * V; };  // from `head`
   P x[K];
 #pragma unroll
   for (int k = 0; k < K; ++k)
-    if (col(k) < body) x[k] = *reinterpret_cast<const P*>(in + head + col(k));
+    if (held(k)) x[k] = *reinterpret_cast<const P*>(in + head + col(k));
   T x_edge = convert<T>(M(0));
   if (kEdges && edge >= 0) x_edge = in[edge];
   const RowTarget<T, Index> t = row_target<T, Index>(l, off, p);
@@ -585,11 +590,11 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
   const M w_t = counted ? weight_at<T, M>(l, p, t.index) : M(0);
   // The thread holding the target's logit (none for an ignored or bad
   // target): x[kt].v[et], or its edge element.
-  const int64_t target_vector = (t.index - head) / V;
-  const bool owner = counted && t.index >= head && t.index < body_end && target_vector % kThreads == threadIdx.x &&
-                     target_vector / kThreads / K == rank;
+  const int64_t target_slot = (t.index - head) / V - first;  // k * 512 + thread in this rank
+  const bool owner = counted && t.index >= head && t.index < body_end && target_slot >= 0 && target_slot < mine &&
+                     target_slot % kThreads == threadIdx.x;
   const bool edge_owner = kEdges && counted && edge >= 0 && edge == t.index;
-  const int kt = int(target_vector / kThreads % K), et = int((t.index - head) % V);
+  const int kt = int(target_slot / kThreads), et = int((t.index - head) % V);
   M z_t = edge_owner ? convert<M>(x_edge) : M(0);
   if (owner)
 #pragma unroll
@@ -599,7 +604,7 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
         if (k == kt && e == et) z_t = convert<M>(x[k].v[e]);
 
   // This thread's (max, sum of exponentials), f32 keeping the exponentials in x.
-  M m = held_max<M>(x, [&](int k) { return col(k) < body; });
+  M m = held_max<M>(x, held);
   if (kEdges && edge >= 0) m = rows::MaxOp{}(m, convert<M>(x_edge));
   const M shift = (m == M(-INFINITY) ? M(0) : m) * kLog2e<M>;  // -inf - -inf would be NaN
   if constexpr (!kKeepExp)
@@ -608,7 +613,7 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
   M s = kEdges && edge >= 0 ? exp2_(convert<M>(x_edge) * kLog2e<M> - shift) : M(0);
 #pragma unroll
   for (int k = 0; k < K; ++k)
-    if (col(k) < body)
+    if (held(k))
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const M q = exp2_(convert<M>(x[k].v[e]) * kLog2e<M> - shift);
@@ -641,7 +646,7 @@ __global__ void __launch_bounds__(rows::kClusterThreads, K <= 8 ? 2 : 1)
   const M scale = t.bad ? M(NAN) : kKeepExp ? a_t * part(m, max) / sum : a_t / sum, max_log2 = max * kLog2e<M>;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    if (col(k) >= body) continue;
+    if (!held(k)) continue;
     const M at_target = owner && k == kt ? a_t : M(0);
     P o;
 #pragma unroll
