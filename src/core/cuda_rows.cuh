@@ -269,27 +269,6 @@ inline bool rows_in_vectors(const RowLaunch& l, int k, size_t elem_bytes) {
   return true;
 }
 
-/// Whether operands a and b walk every row with unit stride from addresses
-/// aligned to their elements and equally far from a 16-byte boundary (whole
-/// vectors of both from the first boundary on; rows of any length).
-inline bool rows_share_vector_offsets(const RowLaunch& l, int a, int b, size_t elem_bytes) {
-  const auto pa = reinterpret_cast<uintptr_t>(l.data[a]), pb = reinterpret_cast<uintptr_t>(l.data[b]);
-  if (l.inner.stride[a][0] != 1 || l.inner.stride[b][0] != 1 || pa % elem_bytes != 0 || pa % 16 != pb % 16) return false;
-  for (int d = 0; d < l.outer.rank; ++d)
-    if (l.outer.shape[d] > 1 && (l.outer.stride[a][d] - l.outer.stride[b][d]) * int64_t(elem_bytes) % 16 != 0) return false;
-  return true;
-}
-
-/// Elements of T before the first 16-byte boundary of unit-stride rows at
-/// `p` and `q` when both are that far from one (read in vectors from there
-/// on, the head and the tail element by element), else -1.
-template <class T>
-__device__ __forceinline__ int64_t shared_vector_head(const void* p, int64_t stride_p, const void* q, int64_t stride_q) {
-  const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(q);
-  if (stride_p != 1 || stride_q != 1 || a % sizeof(T) != 0 || a % 16 != b % 16) return -1;
-  return int64_t((16 - a % 16) % 16 / sizeof(T));
-}
-
 /// True when `p` can be read in 16-byte vectors of T over `cols` elements.
 template <class T>
 __device__ __forceinline__ bool vector_ok(const void* p, int64_t stride, int64_t cols) {

@@ -49,6 +49,27 @@ __device__ __forceinline__ M weight_at(const RowLaunch& l, const ClassParams& p,
   return p.weighted ? convert<M>(reinterpret_cast<const T*>(l.data[kWeight])[c * l.inner.stride[kWeight][0]]) : M(1);
 }
 
+/// Whether operands a and b walk every row with unit stride from addresses
+/// aligned to their elements and equally far from a 16-byte boundary (whole
+/// vectors of both from the first boundary on; rows of any length).
+inline bool rows_share_vector_offsets(const RowLaunch& l, int a, int b, size_t elem_bytes) {
+  const auto pa = reinterpret_cast<uintptr_t>(l.data[a]), pb = reinterpret_cast<uintptr_t>(l.data[b]);
+  if (l.inner.stride[a][0] != 1 || l.inner.stride[b][0] != 1 || pa % elem_bytes != 0 || pa % 16 != pb % 16) return false;
+  for (int d = 0; d < l.outer.rank; ++d)
+    if (l.outer.shape[d] > 1 && (l.outer.stride[a][d] - l.outer.stride[b][d]) * int64_t(elem_bytes) % 16 != 0) return false;
+  return true;
+}
+
+/// Elements of T before the first 16-byte boundary of unit-stride rows at
+/// `p` and `q` when both are that far from one (read in vectors from there
+/// on, the head and the tail element by element), else -1.
+template <class T>
+__device__ __forceinline__ int64_t shared_vector_head(const void* p, int64_t stride_p, const void* q, int64_t stride_q) {
+  const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(q);
+  if (stride_p != 1 || stride_q != 1 || a % sizeof(T) != 0 || a % 16 != b % 16) return -1;
+  return int64_t((16 - a % 16) % 16 / sizeof(T));
+}
+
 /// scratch[0] = sum of d_r over rows, scratch[1] = sum of the class weights.
 template <class T, class Index>
 __global__ void __launch_bounds__(1024) prep_kernel(ClassLaunch cl, ClassParams p, OffsetCalc<kSlots, int64_t> outer) {
@@ -407,7 +428,7 @@ __global__ void __launch_bounds__(kSliceThreads, 3)
   // offset, as long as the logits and the gradient share it); rank 0 takes
   // the head before it and the tail after the last whole vector, an element
   // a thread. Else (strided, or offsets that differ) elements throughout.
-  const int64_t head = min(C, rows::shared_vector_head<T>(in, s_in, grad, s_grad));
+  const int64_t head = min(C, shared_vector_head<T>(in, s_in, grad, s_grad));
   const bool vec = head >= 0;
   const int64_t body = vec ? (C - head) / V * V : C;  // the elements the slices cut
   const int64_t c0 = (vec ? head : 0) + min(body, rank * slice_packs * V), cols = min(body + (vec ? head : 0) - c0, slice_packs * V);
@@ -673,7 +694,7 @@ template <class T, class Index>
 Result<bool> launch_held_cluster(const ClassLaunch& cl, const ClassParams& p, const OffsetCalc<kSlots, int64_t>& outer,
                                  CUstream_st* stream) {
   const bool whole = rows::rows_in_vectors(cl.rows, kInput, sizeof(T)) && rows::rows_in_vectors(cl.rows, kGradInput, sizeof(T));
-  if (!whole && !rows::rows_share_vector_offsets(cl.rows, kInput, kGradInput, sizeof(T))) return false;
+  if (!whole && !rows_share_vector_offsets(cl.rows, kInput, kGradInput, sizeof(T))) return false;
   const int64_t vectors = (cl.rows.cols + rows::kVecOf<T> - 1) / rows::kVecOf<T>;
   rows::ClusterRowShape shape = rows::cluster_row_shape(cl.rows.cols, int(sizeof(T)), 1);
   // Rows of 32 to 64 KiB: one block of eight vectors a thread. Shorter ones
