@@ -390,12 +390,9 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(ClassLaunch cl, ClassPa
 // second barrier keeps each pair alive until every block has read it.
 // A row takes the fewest of 1, 2, 4, 8 or 16 slices of at most
 // kMaxSliceBytes; a block keeps the first kSliceBytes of its slice and
-// re-reads the rest (from L2, a few microseconds later). Measured (H100,
-// fused, 4096 rows): clusters of other sizes pack the SMs worse (f32 151936
-// classes: 10 slices 2.12 TB/s, 8 slices of 76 KiB 2.48), and slices under
-// 48 KiB lose more than a re-read tail (bf16 128256: 4 slices 2.45, 8 slices
-// 1.79). Past the portable 8 only where the device holds such a cluster
-// (rows::cluster_fits); longer rows, or no cluster: the one-block kernel.
+// re-reads the rest (from L2, a few microseconds later). Past the portable
+// 8 only where the device holds such a cluster (rows::cluster_fits);
+// longer rows, or no cluster: the one-block kernel.
 inline constexpr int kSliceBytes = 64 * 1024, kMaxSliceBytes = 80 * 1024, kSliceThreads = 256,
                      kMaxSliceRanks = rows::kMaxClusterRanks;
 
