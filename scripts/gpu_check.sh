@@ -6,10 +6,11 @@
 # build only), SKIP_BUILD=1 (a second call on a machine that kept the build),
 # GTEST_FILTER, MEMCHECK_FILTER, PYTEST_ARGS, BENCH_*_ARGS, SCRIPT (a Python
 # script for the `script` step), STEP_TIMEOUT (seconds a step).
-# A build carried from another machine (BUILD_DIR=build SKIP_BUILD=1): the
-# library is found through LD_LIBRARY_PATH, and where its Python module does
-# not load here (another Python version) only the module is built, against
-# the carried library, into $BUILD_DIR-py.
+# A build carried from another machine (scripts/carry_build.sh; then
+# BUILD_DIR=build-dev SKIP_BUILD=1): its pack is unpacked, the library is
+# found through LD_LIBRARY_PATH, and where its Python module does not load
+# here (another Python version) only the module is built, against the
+# carried library, into $BUILD_DIR-py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -24,6 +25,10 @@ if [ -z "${SKIP_BUILD:-}" ]; then  # SKIP_BUILD=1: a second call on a machine th
     grep -E "error|FAILED" "$OUT/build.log" | head -40
     exit 1
   fi
+fi
+# A carried pack (scripts/carry_build.sh) is unpacked first.
+if [ -n "${SKIP_BUILD:-}" ] && [ -f "$BUILD_DIR/carry.tar.xz" ] && [ ! -f "$BUILD_DIR/libbaracuda.so" ]; then
+  tar -xJf "$BUILD_DIR/carry.tar.xz" -C "$BUILD_DIR"
 fi
 export LD_LIBRARY_PATH="$PWD/$BUILD_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 PY_DIR="$BUILD_DIR/python"
