@@ -38,6 +38,7 @@ if [ -n "${SKIP_BUILD:-}" ] && ! PYTHONPATH="$PY_DIR" python3 -c "import baracud
     cmake --build "$BUILD_DIR-py" --target _baracuda -j "$(nproc)"; } > "$OUT/build-py.log" 2>&1 ||
     { echo "python module build failed"; tail -20 "$OUT/build-py.log"; }
 fi
+export PYTHONPATH="$PY_DIR${PYTHONPATH:+:$PYTHONPATH}"  # the Python steps' module
 build_s=$(( $(date +%s) - t0 ))
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 
@@ -59,19 +60,19 @@ for name in $STEPS; do
       filter="Ops/*.CudaMatchesReference/*:Ops/Gemm.BespokeCuda*:Ops/Gemm.CublasLt*:GemmExact.*:GemmLayouts.*:CudaElementwise.Graph*:CudaElementwise.Misaligned*:CudaReduce.*:Ops/Attention.BespokeCuda*:Ops/Attention.Cudnn*:Attention*.*:*Rope*:*KvAppend*:*Decode*:GroupedGemm*:ScaledMm*:GemmBiasGrad.*:Ops/Scan.CudaMatchesReference/*:Ops/Loss.CudaMatchesReference/linear_cross_entropy*"
       BARACUDA_TEST_QUICK=1 step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 \
         "$BUILD_DIR/tests/baracuda_tests" --gtest_filter="${MEMCHECK_FILTER:-$filter}" ;;
-    pytest) PYTHONPATH="$PY_DIR" step pytest python3 -m pytest -q ${PYTEST_ARGS:-python/tests} ;;
+    pytest) step pytest python3 -m pytest -q ${PYTEST_ARGS:-python/tests} ;;
     suite) step suite "$BUILD_DIR/baracuda" suite ;;
-    bench) PYTHONPATH="$PY_DIR" step bench python3 bench/bench_elementwise.py ${BENCH_ARGS:-} ;;
-    bench_rows) PYTHONPATH="$PY_DIR" step bench_rows python3 bench/bench_rows.py ${BENCH_ROWS_ARGS:-} ;;
-    bench_gemm) PYTHONPATH="$PY_DIR" step bench_gemm python3 bench/bench_gemm.py ${BENCH_GEMM_ARGS:-} ;;
-    bench_attention) PYTHONPATH="$PY_DIR" step bench_attention python3 bench/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
-    bench_decode) PYTHONPATH="$PY_DIR" step bench_decode python3 bench/bench_decode.py ${BENCH_DECODE_ARGS:-} ;;
-    bench_rope) PYTHONPATH="$PY_DIR" step bench_rope python3 bench/bench_rope.py ${BENCH_ROPE_ARGS:-} ;;
-    bench_norm_widths) PYTHONPATH="$PY_DIR" step bench_norm_widths python3 bench/bench_norm_widths.py ;;
-    bench_ce) PYTHONPATH="$PY_DIR" step bench_ce python3 bench/bench_cross_entropy.py ${BENCH_CE_ARGS:-} ;;
-    bench_linear_ce) PYTHONPATH="$PY_DIR" step bench_linear_ce python3 bench/bench_linear_ce.py ${BENCH_LINEAR_CE_ARGS:-} ;;
-    bench_overhead) PYTHONPATH="$PY_DIR" step bench_overhead python3 bench/bench_overhead.py --number 2000 ;;
-    script) PYTHONPATH="$PY_DIR" step script python3 ${SCRIPT:?SCRIPT names the python script} ;;
+    bench) step bench python3 bench/bench_elementwise.py ${BENCH_ARGS:-} ;;
+    bench_rows) step bench_rows python3 bench/bench_rows.py ${BENCH_ROWS_ARGS:-} ;;
+    bench_gemm) step bench_gemm python3 bench/bench_gemm.py ${BENCH_GEMM_ARGS:-} ;;
+    bench_attention) step bench_attention python3 bench/bench_attention.py ${BENCH_ATTENTION_ARGS:-} ;;
+    bench_decode) step bench_decode python3 bench/bench_decode.py ${BENCH_DECODE_ARGS:-} ;;
+    bench_rope) step bench_rope python3 bench/bench_rope.py ${BENCH_ROPE_ARGS:-} ;;
+    bench_norm_widths) step bench_norm_widths python3 bench/bench_norm_widths.py ;;
+    bench_ce) step bench_ce python3 bench/bench_cross_entropy.py ${BENCH_CE_ARGS:-} ;;
+    bench_linear_ce) step bench_linear_ce python3 bench/bench_linear_ce.py ${BENCH_LINEAR_CE_ARGS:-} ;;
+    bench_overhead) step bench_overhead python3 bench/bench_overhead.py --number 2000 ;;
+    script) step script python3 ${SCRIPT:?SCRIPT names the python script} ;;
   esac
 done
 

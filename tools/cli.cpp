@@ -171,14 +171,13 @@ int cmd_run(int argc, char** argv) {
       else spec.attrs.set(key, std::atof(value.c_str()));
     } else if (a == "--layout") {
       const std::string l = next();
-      bool known = false;
-      for (LayoutKind k : kAllLayouts)
-        if (l == layout_name(k)) spec.layout = k, known = true;
-      if (l == layout_name(LayoutKind::shifted)) spec.layout = LayoutKind::shifted, known = true;
-      if (!known) {
-        std::fprintf(stderr, "--layout: unknown layout '%s' (contiguous, strided, transposed, broadcast, inplace, shifted)\n", l.c_str());
+      const auto layout = layout_from_name(l);
+      if (!layout) {
+        std::fprintf(stderr, "--layout: unknown layout '%s'\n", l.c_str());
+        usage();
         return 2;
       }
+      spec.layout = *layout;
     } else if (a == "--backend") {
       auto b = backend_from_name(next());
       if (b) opt.backend = *b;

@@ -29,6 +29,13 @@ const char* layout_name(LayoutKind layout) {
   return "?";
 }
 
+std::optional<LayoutKind> layout_from_name(std::string_view name) {
+  for (LayoutKind k : kAllLayouts)
+    if (name == layout_name(k)) return k;
+  if (name == layout_name(LayoutKind::shifted)) return LayoutKind::shifted;
+  return std::nullopt;
+}
+
 // ---------------------------------------------------------------- memory
 
 Memory Memory::host(size_t bytes) {

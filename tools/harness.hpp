@@ -4,8 +4,10 @@
 // chosen backend and checks it against the host reference computed in f64.
 #pragma once
 
+#include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "baracuda/registry.hpp"
@@ -15,13 +17,15 @@ namespace baracuda::harness {
 /// contiguous: row-major everywhere. strided: column-major with gaps, inputs
 /// walking dim 0 backwards. transposed: inputs column-major, outputs row-major.
 /// broadcast: size-1 or stride-0 inputs. inplace: output 0 aliases an input.
-/// How a case lays its operands out. `shifted` (row-major, inputs one element
-/// and outputs three into their buffers: data pointers off the 16-byte grid,
-/// at offsets that differ) is not in kAllLayouts: tests of vector paths ask for it.
+/// shifted: row-major, inputs one element and outputs three into their
+/// buffers (data pointers off the 16-byte grid, at offsets that differ); not
+/// in kAllLayouts, the sweeps' set: tests of vector paths ask for it.
 enum class LayoutKind { contiguous, strided, transposed, broadcast, inplace, shifted };
 const char* layout_name(LayoutKind layout);
 inline constexpr LayoutKind kAllLayouts[] = {LayoutKind::contiguous, LayoutKind::strided, LayoutKind::transposed,
                                              LayoutKind::broadcast, LayoutKind::inplace};
+/// The layout of that name (every kind, shifted too), or none.
+std::optional<LayoutKind> layout_from_name(std::string_view name);
 
 /// Owns host or device bytes.
 class Memory {
