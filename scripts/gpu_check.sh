@@ -26,9 +26,11 @@ if [ -z "${SKIP_BUILD:-}" ]; then  # SKIP_BUILD=1: a second call on a machine th
     exit 1
   fi
 fi
-# A carried pack (scripts/carry_build.sh) is unpacked first.
-if [ -n "${SKIP_BUILD:-}" ] && [ -f "$BUILD_DIR/carry.tar.xz" ] && [ ! -f "$BUILD_DIR/libbaracuda.so" ]; then
-  tar -xJf "$BUILD_DIR/carry.tar.xz" -C "$BUILD_DIR"
+# A carried pack (scripts/carry_build.sh) is unpacked first, and again when
+# it is newer than what a warm machine kept from an earlier call.
+if [ -n "${SKIP_BUILD:-}" ] && [ -f "$BUILD_DIR/carry.tar.xz" ] &&
+  { [ ! -f "$BUILD_DIR/libbaracuda.so" ] || [ "$BUILD_DIR/carry.tar.xz" -nt "$BUILD_DIR/libbaracuda.so" ]; }; then
+  tar -xmJf "$BUILD_DIR/carry.tar.xz" -C "$BUILD_DIR"
 fi
 export LD_LIBRARY_PATH="$PWD/$BUILD_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 PY_DIR="$BUILD_DIR/python"
@@ -69,6 +71,7 @@ for name in $STEPS; do
     bench_decode) step bench_decode python3 bench/bench_decode.py ${BENCH_DECODE_ARGS:-} ;;
     bench_rope) step bench_rope python3 bench/bench_rope.py ${BENCH_ROPE_ARGS:-} ;;
     bench_norm_widths) step bench_norm_widths python3 bench/bench_norm_widths.py ;;
+    bench_softmax_widths) step bench_softmax_widths python3 bench/bench_softmax_widths.py ;;
     bench_ce) step bench_ce python3 bench/bench_cross_entropy.py ${BENCH_CE_ARGS:-} ;;
     bench_linear_ce) step bench_linear_ce python3 bench/bench_linear_ce.py ${BENCH_LINEAR_CE_ARGS:-} ;;
     bench_overhead) step bench_overhead python3 bench/bench_overhead.py --number 2000 ;;
@@ -93,3 +96,4 @@ show bench_gemm 20
 for b in bench_attention bench_decode bench_rope bench_overhead bench_linear_ce script; do show $b 24; done
 show bench_ce 12
 show bench_norm_widths 40
+show bench_softmax_widths 60
