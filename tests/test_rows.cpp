@@ -128,35 +128,84 @@ TEST(SoftmaxCuda, ClusterRowsAgainstReference) {
   EXPECT_GT(ran, 200);
 }
 
+// Forward rows of up to 512 x 4 vectors in whole vectors are held in
+// registers (Note [Softmax rows in registers]): every row width (1 to 32
+// lanes of a warp, with 4 to 128 rows a block and a last block part empty:
+// 130 rows of one vector, 129 of two lanes; then 128 to 512 threads), rows
+// a thread's last vectors miss (24, 40, 100, 136, 200, 1000, 1032, 3000,
+// 5120, 12296), rows not in whole vectors (1030 f32, 4, 100 and 1028 half:
+// the rows kernel), 8192 and 16384 (f32: the rows kernel) and just past it,
+// rank-2 outer shapes; strided rows keep the rows kernel; in place rows are
+// held.
+TEST(SoftmaxCuda, HeldRowsAgainstReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<Shape> shapes{{130, 4},  {130, 8},   {129, 16},  {37, 24},   {33, 40},     {70, 64},
+                                  {9, 100},  {17, 136},  {11, 200},  {7, 512},   {3, 1000},    {3, 1028},
+                                  {7, 1032}, {5, 2048},  {4, 2052},  {33, 3000}, {2, 3, 4096}, {2, 1030},
+                                  {5, 5120}, {3, 8192},  {2, 12296}, {2, 16384}, {3, 16392}};
+  const int ran = cuda_cases({"softmax", "log_softmax", "softmin"}, {DType::f32, DType::bf16, DType::f16}, shapes,
+                             LayoutKind::inplace);
+  EXPECT_GT(ran, quick() ? 250 : 400);
+}
+
+/// Rows of normal(0, 3) values for the special-value tests below.
+std::vector<double> normal_rows(int64_t rows, int64_t cols, unsigned seed) {
+  std::vector<double> x(size_t(rows * cols));
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> n(0, 3);
+  for (auto& v : x) v = n(rng);
+  return x;
+}
+
+/// Runs softmax-family `op` over x on CUDA and on the host and expects no
+/// element to differ by more than tol (relative past 1); NaN matches NaN.
+void expect_cuda_matches_host(const char* op, const std::vector<double>& x, const Shape& shape, DType dtype,
+                              double tol) {
+  auto gpu = exec(Backend::bespoke_cuda, op, {{x, shape, dtype}});
+  auto host = exec(Backend::host_reference, op, {{x, shape, dtype}});
+  ASSERT_TRUE(gpu) << gpu.status().to_string();
+  ASSERT_TRUE(host) << host.status().to_string();
+  int64_t bad = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double a = (*gpu)[0][i], b = (*host)[0][i];
+    const bool close = a == b || std::abs(a - b) <= tol * std::max(1.0, std::abs(b));
+    bad += !((std::isnan(a) && std::isnan(b)) || close);
+  }
+  EXPECT_EQ(bad, 0) << op << " " << dtype_name(dtype) << ", rows of " << shape.back();
+}
+
+// Special values on held rows (4096 and 104 elements, f32 and bf16) against
+// the host: -inf entries, a row of -inf (NaN, as torch), a NaN, a +inf (NaN
+// row), and a huge spread.
+TEST(SoftmaxCuda, HeldRowsSpecialValues) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (const int64_t cols : {int64_t(4096), int64_t(104)}) {
+    std::vector<double> x = normal_rows(5, cols, 7);
+    for (int64_t c = 0; c < cols; c += 3) x[c] = -INFINITY;      // row 0: every third -inf
+    for (int64_t c = 0; c < cols; ++c) x[cols + c] = -INFINITY;  // row 1: all -inf
+    x[2 * cols + cols / 2] = NAN;                                 // row 2: a NaN
+    x[3 * cols + 7] = INFINITY;                                   // row 3: +inf
+    x[4 * cols + 1] = 80, x[4 * cols + 2] = -80;                  // row 4: a huge spread
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (const char* op : {"softmax", "log_softmax", "softmin"})
+        expect_cuda_matches_host(op, x, {5, cols}, dtype, dtype == DType::f32 ? 1e-5 : 1e-2);
+  }
+}
+
 // The cluster kernel's special rows against the host: -inf entries (a
 // thread's whole share -inf: its part weighs 0), a row of -inf (NaN, as
 // torch), a NaN, a +inf (NaN row), and huge spreads.
 TEST(SoftmaxCuda, ClusterRowsSpecialValues) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const int64_t cols = 32768;
-  const Shape shape{5, cols};
-  std::vector<double> x(5 * cols);
-  std::mt19937 rng(5);
-  std::normal_distribution<double> n(0, 3);
-  for (auto& v : x) v = n(rng);
+  std::vector<double> x = normal_rows(5, cols, 5);
   for (int64_t c = 0; c < cols; c += 3) x[c] = -INFINITY;              // row 0: every third -inf
   for (int64_t c = 0; c < 8192 + 100; ++c) x[cols + c] = -INFINITY;     // row 1: the first rank's share and more
   for (int64_t c = 0; c < cols; ++c) x[2 * cols + c] = -INFINITY;       // row 2: all -inf
   x[3 * cols + 20000] = NAN;                                            // row 3: a NaN
   x[4 * cols + 7] = INFINITY;                                           // row 4: +inf
-  for (const char* op : {"softmax", "log_softmax", "softmin"}) {
-    auto gpu = exec(Backend::bespoke_cuda, op, {{x, shape, DType::f32}});
-    auto host = exec(Backend::host_reference, op, {{x, shape, DType::f32}});
-    ASSERT_TRUE(gpu) << gpu.status().to_string();
-    ASSERT_TRUE(host) << host.status().to_string();
-    int64_t bad = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      const double a = (*gpu)[0][i], b = (*host)[0][i];
-      const bool same = (std::isnan(a) && std::isnan(b)) || a == b || std::abs(a - b) <= 1e-5 * std::max(1.0, std::abs(b));
-      bad += !same;
-    }
-    EXPECT_EQ(bad, 0) << op;
-  }
+  for (const char* op : {"softmax", "log_softmax", "softmin"})
+    expect_cuda_matches_host(op, x, {5, cols}, DType::f32, 1e-5);
 }
 
 /// Runs `op` on the host over contiguous f64 operands; returns output 0.

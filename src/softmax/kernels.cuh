@@ -1,6 +1,8 @@
 // CUDA softmax family. Rows along `dim`:
 //  - cluster kernel (cluster.cuh): long rows in whole vectors on sm_90,
 //    split over the blocks of a thread-block cluster, held in registers;
+//  - held rows kernel: rows of up to 2048 vectors in whole vectors (forward),
+//    held in registers by 1 to 512 threads (Note [Softmax rows in registers]);
 //  - rows kernel: TPR threads per row; the row is kept in shared memory (in
 //    its storage type) when it fits, so memory is read once and written once;
 //    otherwise each pass re-reads it (L2 usually holds it);
@@ -133,6 +135,136 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
   }
 }
 
+// Note [Softmax rows in registers]
+// Forward rows of up to 512 x 4 16-byte vectors (half rows of 16384
+// elements, f32 rows of 8192; every operand in whole aligned vectors) are
+// held in registers, as the norm forward's are (Note [Norm rows in
+// registers] in src/norm/kernels.cuh): each thread holds up to K = 4 of its
+// row's vectors, the row's maximum and sum run over registers, and the
+// output is written straight from them. The rows kernel above keeps the row
+// in shared memory and reads it back twice (H100, bf16 softmax 32768 x 4096:
+// 2.83 -> 2.96 TB/s). A row takes the fewest threads, a power of two, that
+// hold it: 1 to 32 lanes of a warp (narrow rows: a warp holds 1 to 32 rows,
+// reduced by shuffles within their lanes, 128 threads a block) or 128 to 512
+// threads (one row a block), at 40 registers (1536 threads an SM); but a row
+// of two to four vectors takes two lanes, not one: a lane's 16-byte loads
+// 64 bytes apart ran f32 rows of 16 at 1.77 TB/s, two lanes 3.02 (H100). The
+// rows kernel gave a warp to each narrow row (bf16 rows of 8: 0.06 TB/s).
+// Wider rows keep the rows and cluster kernels: f32 rows of 16384 on 1024
+// threads (one block an SM, idle at every barrier) ran at 2.80 TB/s against
+// the rows kernel's 3.83 (H200), and half rows of 32768 on one cluster block
+// of 512 threads at 2.92 against 3.19. The arithmetic is the rows kernel's:
+// half types take the fast exponential, f32 keeps exp(z - max) and divides.
+template <class Op, class T, int TPR, int K>
+__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, 1536 / (TPR < 128 ? 128 : TPR))
+    held_rows_kernel(RowLaunch l, rows::OffsetCalc<3, int64_t> outer) {
+  using M = math_t<T, false>;
+  constexpr int V = rows::kVecOf<T>, RPB = TPR < 128 ? 128 / TPR : 1;
+  using P = rows::Vec<T, V>;
+  constexpr bool kFastExp = sizeof(T) == 2, kKeepExp = !Op::kLog && std::is_same_v<T, M>;
+  __shared__ M scratch[TPR < 128 ? 1 : TPR / 32];
+  const rows::RowSlot<TPR, RPB, 3> slot(l, outer);
+  // Rows of a warp reduce by shuffles over their own lanes, so a warp's
+  // rows past the end still run alongside (nothing loaded or stored).
+  if (!slot.valid && TPR >= 32) return;
+  const bool live = slot.valid;
+  const int64_t cols = l.cols;
+  auto col = [&](int k) { return int64_t(k * TPR + slot.lane) * V; };
+  auto held = [&](int k) { return live && col(k) < cols; };
+  auto row_reduce = [&](M v, auto op) {
+    if constexpr (TPR <= 32) {
+#pragma unroll
+      for (int d = TPR / 2; d >= 1; d /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, d));
+      return v;
+    } else {
+      return rows::row_all_reduce<TPR, 1>(v, op, scratch);
+    }
+  };
+  auto expo = [](M v) -> M {
+    if constexpr (kFastExp) return __expf(v);
+    else return exp(v);
+  };
+  // Half types redo their conversions after each reduction rather than keep them live across it.
+  auto forget_conversions = [](P(&x)[K]) {
+    if constexpr (!std::is_same_v<T, M>)
+#pragma unroll
+      for (int k = 0; k < K; ++k) rows::opaque(x[k]);
+  };
+  const T* in = rows::row_operand<const T>(l, 1, slot.off);
+  P x[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (held(k)) x[k] = *reinterpret_cast<const P*>(in + col(k));
+  const M sign = Op::template sign<M>();
+  M max = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (held(k))
+#pragma unroll
+      for (int e = 0; e < V; ++e) max = rows::MaxOp{}(sign * convert<M>(x[k].v[e]), max);
+  max = row_reduce(max, rows::MaxOp{});
+  forget_conversions(x);
+  M sum = 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (held(k))
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const M p = expo(sign * convert<M>(x[k].v[e]) - max);
+        sum += p;
+        if constexpr (kKeepExp) x[k].v[e] = p;
+      }
+  sum = row_reduce(sum, rows::SumOp{});
+  forget_conversions(x);
+  const M inverse_sum = M(1) / sum;
+  T* out = rows::row_operand<T>(l, 0, slot.off);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (!held(k)) continue;
+    P o;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      if constexpr (kKeepExp) o.v[e] = convert<T>(x[k].v[e] / sum);
+      else if constexpr (kFastExp && !Op::kLog)
+        o.v[e] = convert<T>(expo(sign * convert<M>(x[k].v[e]) - max) * inverse_sum);
+      else o.v[e] = convert<T>(Op::out(sign * convert<M>(x[k].v[e]), max, sum));
+    }
+    rows::store_16(out + col(k), o);
+  }
+}
+
+/// Runs forward rows of up to 512 x 4 vectors on held_rows_kernel when they
+/// suit it (Note [Softmax rows in registers]); false when they do not.
+template <class Op, class T>
+Result<bool> launch_held_softmax(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer, CUstream_st* stream) {
+  if constexpr (!std::is_same_v<T, float> && sizeof(T) != 2) {
+    return false;
+  } else {
+    constexpr int K = 4, V = rows::kVecOf<T>;
+    const int64_t vectors = l.cols / V;
+    if (l.cols < 1 || vectors > 512 * K || l.rows < 1 || l.rows > INT32_MAX ||
+        !rows::rows_in_vectors(l, 0, sizeof(T)) || !rows::rows_in_vectors(l, 1, sizeof(T)))
+      return false;
+    auto launch = [&]<int TPR>() {
+      constexpr int RPB = TPR < 128 ? 128 / TPR : 1;
+      held_rows_kernel<Op, T, TPR, K><<<unsigned((l.rows + RPB - 1) / RPB), TPR * RPB, 0, stream>>>(l, outer);
+    };
+    // The fewest threads, a power of two, that hold the row (a warp's lanes,
+    // or 128 to 512), but two lanes from two vectors (Note [Softmax rows in registers]).
+    if (vectors == 1) launch.template operator()<1>();
+    else if (vectors <= 2 * K) launch.template operator()<2>();
+    else if (vectors <= 4 * K) launch.template operator()<4>();
+    else if (vectors <= 8 * K) launch.template operator()<8>();
+    else if (vectors <= 16 * K) launch.template operator()<16>();
+    else if (vectors <= 32 * K) launch.template operator()<32>();
+    else if (vectors <= 128 * K) launch.template operator()<128>();
+    else if (vectors <= 256 * K) launch.template operator()<256>();
+    else launch.template operator()<512>();
+    BARACUDA_CUDA_TRY(cudaGetLastError());
+    return true;
+  }
+}
+
 /// One thread per row; rows adjacent in memory, elements of a row strided.
 template <class Op, class T, bool kBackward>
 __global__ void __launch_bounds__(256) columns_kernel(RowLaunch l, rows::OffsetCalc<3, int64_t> outer,
@@ -172,6 +304,11 @@ Status softmax_on_cuda(const RowLaunch& l, const RowParams& p, CUstream_st* stre
     columns_kernel<Op, T, kBackward><<<unsigned((l.rows + 255) / 256), 256, 0, stream>>>(l, outer, scale);
     BARACUDA_CUDA_TRY(cudaGetLastError());
     return Status::ok();
+  }
+  if constexpr (!kBackward) {
+    Result<bool> held = launch_held_softmax<Op, T>(l, outer, stream);
+    BARACUDA_TRY(held.status());
+    if (*held) return Status::ok();
   }
   Result<bool> clustered = launch_clustered_softmax<Op, T, kBackward>(l, outer, scale, stream);
   BARACUDA_TRY(clustered.status());
