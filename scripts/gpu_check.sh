@@ -72,6 +72,7 @@ for name in $STEPS; do
     bench_rope) step bench_rope python3 bench/bench_rope.py ${BENCH_ROPE_ARGS:-} ;;
     bench_norm_widths) step bench_norm_widths python3 bench/bench_norm_widths.py ;;
     bench_softmax_widths) step bench_softmax_widths python3 bench/bench_softmax_widths.py ;;
+    bench_narrow_rows) step bench_narrow_rows python3 bench/bench_narrow_rows.py ;;
     bench_ce) step bench_ce python3 bench/bench_cross_entropy.py ${BENCH_CE_ARGS:-} ;;
     bench_linear_ce) step bench_linear_ce python3 bench/bench_linear_ce.py ${BENCH_LINEAR_CE_ARGS:-} ;;
     bench_overhead) step bench_overhead python3 bench/bench_overhead.py --number 2000 ;;
@@ -97,3 +98,4 @@ for b in bench_attention bench_decode bench_rope bench_overhead bench_linear_ce 
 show bench_ce 12
 show bench_norm_widths 40
 show bench_softmax_widths 60
+show bench_narrow_rows 90

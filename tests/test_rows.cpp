@@ -79,6 +79,24 @@ TEST(NormCuda, OnePassBackwardAgainstReference) {
   EXPECT_GT(ran, 50);
 }
 
+// Narrow rows: the forward held by 1 to 32 lanes of a warp (Note [Norm rows
+// in registers]), the backward with parameters in one pass, 1 to 64 threads
+// a row, several rows a block (Note [Narrow norm backward rows]): every lane
+// count, a block's last groups past the end (130 and 129 rows), a thread's
+// last vector past the row (24, 40, 200), many rows a group (20000 x 8),
+// rows not in whole vectors (100 half, 20: the two-pass backward), a rank-2
+// outer shape, and the sweep's layouts (strided and transposed rows keep the
+// other kernels). f64 keeps the two passes.
+TEST(NormCuda, NarrowRowsAgainstReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<Shape> shapes{{130, 4},  {130, 8},   {129, 16},   {37, 24},  {33, 40},  {70, 64},
+                                  {9, 100},  {17, 128},  {11, 200},   {7, 256},  {5, 512},  {3, 20},
+                                  {20000, 8}, {3, 50, 64}, {2, 1000}};
+  const int ran = cuda_cases({"layer_norm", "rms_norm", "layer_norm_backward", "rms_norm_backward"}, {}, shapes,
+                             LayoutKind::strided);
+  EXPECT_GT(ran, quick() ? 200 : 400);
+}
+
 // Long layer_norm / rms_norm forward rows in whole vectors take the cluster
 // kernel on sm_90 (src/norm/cluster_forward.cuh): 2 to 16 ranks, both
 // vector counts a thread (262144 f32: eight vectors at 16 ranks; none past
@@ -128,9 +146,9 @@ TEST(SoftmaxCuda, ClusterRowsAgainstReference) {
   EXPECT_GT(ran, 200);
 }
 
-// Forward rows of up to 512 x 4 vectors in whole vectors are held in
-// registers (Note [Softmax rows in registers]): every row width (1 to 32
-// lanes of a warp, with 4 to 128 rows a block and a last block part empty:
+// Forward rows of up to 512 x 4 vectors in whole vectors, and backward rows
+// of up to 32 x 2, are held in registers (Note [Softmax rows in registers]):
+// every row width (1 to 32 lanes of a warp, with 4 to 128 rows a block and a last block part empty:
 // 130 rows of one vector, 129 of two lanes; then 128 to 512 threads), rows
 // a thread's last vectors miss (24, 40, 100, 136, 200, 1000, 1032, 3000,
 // 5120, 12296), rows not in whole vectors (1030 f32, 4, 100 and 1028 half:
@@ -143,9 +161,10 @@ TEST(SoftmaxCuda, HeldRowsAgainstReference) {
                                   {9, 100},  {17, 136},  {11, 200},  {7, 512},   {3, 1000},    {3, 1028},
                                   {7, 1032}, {5, 2048},  {4, 2052},  {33, 3000}, {2, 3, 4096}, {2, 1030},
                                   {5, 5120}, {3, 8192},  {2, 12296}, {2, 16384}, {3, 16392}};
-  const int ran = cuda_cases({"softmax", "log_softmax", "softmin"}, {DType::f32, DType::bf16, DType::f16}, shapes,
-                             LayoutKind::inplace);
-  EXPECT_GT(ran, quick() ? 250 : 400);
+  const int ran = cuda_cases({"softmax", "log_softmax", "softmin", "softmax_backward", "log_softmax_backward",
+                              "softmin_backward"},
+                             {DType::f32, DType::bf16, DType::f16}, shapes, LayoutKind::inplace);
+  EXPECT_GT(ran, quick() ? 500 : 800);
 }
 
 /// Rows of normal(0, 3) values for the special-value tests below.

@@ -142,34 +142,48 @@ __global__ void __launch_bounds__(TPR * RPB)
 // instructions there (rms_norm, one pass, 81 M), mostly waiting on shared
 // memory, at 2.75 TB/s (2.93 here); rows of 5120 left most of its 512
 // threads' second vectors idle (1.32 TB/s). The plain forms take the fewest
-// threads, a power of two from 128 (or one warp, four rows a block), that
-// hold the row, at 40 registers (1536 threads an SM; 64 at 1024 threads).
+// threads, a power of two from 128, that hold the row, at 40 registers (1536
+// threads an SM; 64 at 1024 threads); rows a warp holds take the fewest of
+// its lanes (but two from two vectors, as the softmax rows: Note [Softmax
+// rows in registers]), 128 threads a block, where a warp a row left bf16
+// rows of 8 at 0.10 TB/s (H100).
 // The residual form takes a warp (four rows a block) or else the fewest
 // whole warps that hold the row (TPR = 0, the width at run time) at 64
 // registers: 40 spilled its seven operands' offsets, and power-of-two widths
 // at two vectors a thread left rows of 5120 at 2.38-2.87 TB/s (f32: 1024
 // threads, one row an SM), where whole warps at three or four vectors
 // reached 2.97-3.02 in a standalone harness.
-/// TPR == 0: one row a block of blockDim.x threads (whole warps, at most 1024).
+/// TPR == 0: one row a block of blockDim.x threads (whole warps, at most
+/// 1024). TPR < 32: RPB rows a warp, each reduced over its own lanes.
 template <class S, class T, int TPR, int RPB, int K, int kBlock = TPR ? TPR * RPB : 1024>
 __global__ void __launch_bounds__(kBlock, (S::kResidual ? 1024 : 1536) / kBlock)
     held_forward_kernel(RowLaunch l, rows::OffsetCalc<S::kOperands, int64_t> outer, NormParams p) {
-  static_assert(RPB == 1 || TPR == 32, "rows of a block must not share a barrier");
+  static_assert(RPB == 1 || (TPR > 0 && TPR <= 32), "rows of a block must not share a barrier");
   using M = math_t<T, false>;
   constexpr int V = rows::kVecOf<T>;
   __shared__ M scratch[kBlock / 32];
   const rows::RowSlot<TPR ? TPR : 1024, RPB, S::kOperands> slot(l, outer);  // 1024: lane = threadIdx.x
-  if (!slot.valid) return;  // a whole warp: a block's last rows (warp rows reduce by shuffles alone)
+  // A whole warp's rows past the end leave; narrower rows past the end run
+  // alongside their warp's others (reading row 0, storing nothing).
+  if (!slot.valid && (TPR == 0 || TPR >= 32)) return;
   const int64_t cols = l.cols;
   const int threads = TPR ? TPR : int(blockDim.x);
   auto col = [&](int k) { return int64_t(k * threads + slot.lane) * V; };
   auto row_sum = [&](int, M v) {
-    if constexpr (TPR == 0) return rows::block_all_reduce(v, rows::SumOp{}, scratch);
-    else return rows::row_all_reduce<TPR, RPB>(v, rows::SumOp{}, scratch);
+    if constexpr (TPR == 0) {
+      return rows::block_all_reduce(v, rows::SumOp{}, scratch);
+    } else if constexpr (TPR < 32) {
+#pragma unroll
+      for (int d = TPR / 2; d >= 1; d /= 2) v += __shfl_xor_sync(0xffffffffu, v, d);
+      return v;
+    } else {
+      return rows::row_all_reduce<TPR, RPB>(v, rows::SumOp{}, scratch);
+    }
   };
   HeldRow<S, T, K> row(l, slot.off, cols, col);
   M mean, rstd;
   row.statistics(cols, col, row_sum, M(p.eps), mean, rstd);
+  if (!slot.valid) return;
   if (slot.lane == 0) {
     if constexpr (!S::kRms) *rows::row_operand<stat_t<T>>(l, S::kMean, slot.off) = stat_t<T>(mean);
     *rows::row_operand<stat_t<T>>(l, S::kRstd, slot.off) = stat_t<T>(rstd);
@@ -191,12 +205,24 @@ Result<bool> launch_held_forward(const RowLaunch& l, const rows::OffsetCalc<S::k
         !rows_fit_held<S, T>(l))
       return false;
     auto launch = [&]<int TPR>() {
-      constexpr int RPB = TPR == 32 ? 4 : 1;
+      constexpr int RPB = TPR <= 32 ? 128 / TPR : 1;
       held_forward_kernel<S, T, TPR, RPB, K>
           <<<unsigned((l.rows + RPB - 1) / RPB), TPR * RPB, 0, stream>>>(l, outer, p);
     };
-    if (vectors <= 32 * K) {
-      launch.template operator()<32>();  // a warp a row, four rows a block
+    // Rows a warp holds take the fewest of its lanes, but two from two
+    // vectors (as the softmax rows: Note [Softmax rows in registers]), 128 threads a block.
+    if (vectors == 1) {
+      launch.template operator()<1>();
+    } else if (vectors <= 2 * K) {
+      launch.template operator()<2>();
+    } else if (vectors <= 4 * K) {
+      launch.template operator()<4>();
+    } else if (vectors <= 8 * K) {
+      launch.template operator()<8>();
+    } else if (vectors <= 16 * K) {
+      launch.template operator()<16>();
+    } else if (vectors <= 32 * K) {
+      launch.template operator()<32>();
     } else if constexpr (S::kResidual) {
       // The fewest whole warps that hold the row (Note [Norm rows in registers]).
       const int64_t threads = (vectors + 32 * K - 1) / (32 * K) * 32;
@@ -351,8 +377,9 @@ __global__ void __launch_bounds__(256)
 // With a weight, the backward takes two sums along each row (of wg and of
 // wg * xhat, for grad_input) and two down each column (grad_weight = sum of
 // g * xhat, grad_bias = sum of g). A column pass would read grad_output and
-// the input a second time. Rows of 1024 to 1024 x V elements (V a 16-byte
-// vector's elements) take one pass instead (fused_backward_shape):
+// the input a second time. Rows of up to 1024 x V elements (V a 16-byte
+// vector's elements) take one pass instead (fused_backward_shape; narrow
+// rows: Note [Narrow norm backward rows]):
 // - a block of TPR threads works on one row at a time: block `split` of
 //   `splits` (as many as the GPU holds at once) takes rows split,
 //   split + splits, ..., so that the blocks move through memory together.
@@ -381,6 +408,21 @@ __global__ void __launch_bounds__(256)
 //   with strided rows each row's statistics are a cache miss of their own:
 //   layer_norm f32 2.57 without, 2.85 with).
 //
+// Note [Narrow norm backward rows]
+// Rows of up to 64 vectors in whole vectors (half 512, f32 256 elements)
+// take the same kernel with TPR = the fewest threads, a power of two, that
+// hold a row (but two from two vectors), kNarrowBlock / TPR rows at once in
+// a block of kNarrowBlock: row group g of block `split` takes rows
+// split * groups + g, ... . A row's sums run over its own lanes (shuffles;
+// two warps at TPR 64 share the block's barrier), and the groups of a block
+// turn together, a group past the end finishing nothing. Each thread keeps
+// its column sums over its group's rows; the block adds its groups' sums in
+// group order through the stages' memory and writes one partial, which
+// merge_params_kernel adds in block order. Before, such rows took the two
+// passes, a warp a row in the grad_input pass and one vector a lane of 32
+// columns in the column pass (H100, bf16 rms_norm_backward of rows of 128:
+// 0.67 TB/s, 8: 0.05). f64 rows keep the two passes below 1024 elements.
+//
 // Note [Norm backward over a cluster]
 // Rows of up to kMaxRanks x 1024 vectors (sm_90) take the same pass over a
 // thread-block cluster: block `rank` owns columns rank * 1024 * V onwards
@@ -406,13 +448,17 @@ inline constexpr int kMaxRanks = kMaxClusterRanks, kExchangeSlots = 4;
 /// Rows in flight through shared memory: a fourth stage holds the previous row in a cluster.
 template <bool kCluster>
 inline constexpr int kFusedStages = kCluster ? 4 : 3;
+/// The block of TPR threads a row: narrow rows share a block of kNarrowBlock
+/// (Note [Narrow norm backward rows]).
+template <int TPR>
+inline constexpr int kFusedBlock = TPR < kNarrowBlock ? kNarrowBlock : TPR;
 
 /// kWhole: every row is in whole aligned vectors (the element loads left
 /// out: fewer registers). Its unclustered instance also loads each row's
 /// statistics an iteration early, as the clustered kernel always does; the
 /// launcher takes it wherever the rows allow (Note [Fused norm backward]).
 template <class S, class T, int TPR, int K, bool kCluster, bool kWhole = false>
-__global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
+__global__ void __launch_bounds__(kFusedBlock<TPR>, 1024 / (kFusedBlock<TPR> * K))
     fused_backward_kernel(RowLaunch l, rows::OffsetCalc<S::kBackwardOperands, int64_t> outer, bool vec_rows) {
   const bool vec = kWhole || vec_rows;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -427,15 +473,16 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
   extern __shared__ __align__(16) char smem_bytes[];
   // [stage][grad_output, input][vector k][thread], then the weight in the
   // math type, [vector k][16-byte chunk][thread] (no bank conflicts).
-  constexpr int kWarps = TPR / 32, kChunk = 16 / sizeof(M);
+  constexpr int kBlock = kFusedBlock<TPR>, kGroups = kBlock / TPR, kRowWarps = TPR / 32, kChunk = 16 / sizeof(M);
+  static_assert(kGroups == 1 || (!kCluster && kWhole), "narrow rows: whole vectors, no cluster");
   using WeightChunk = rows::Vec<M, kChunk>;
   P* slots = reinterpret_cast<P*>(smem_bytes);
   auto slot = [&](int stage, int operand, int k) -> P& {
-    return slots[((stage * 2 + operand) * K + k) * TPR + threadIdx.x];
+    return slots[((stage * 2 + operand) * K + k) * kBlock + threadIdx.x];
   };
-  WeightChunk* weight = reinterpret_cast<WeightChunk*>(slots + kStages * 2 * K * TPR) + threadIdx.x;
-  auto weight_at = [&](int k, int e) -> M& { return weight[(k * (V / kChunk) + e / kChunk) * TPR].v[e % kChunk]; };
-  __shared__ M scratch[2][2][kWarps];  // [row parity][sum][warp]
+  WeightChunk* weight = reinterpret_cast<WeightChunk*>(slots + kStages * 2 * K * kBlock) + threadIdx.x;
+  auto weight_at = [&](int k, int e) -> M& { return weight[(k * (V / kChunk) + e / kChunk) * kBlock].v[e % kChunk]; };
+  __shared__ M scratch[2][2][kBlock / 32];  // [row parity][sum][warp]
   int rank = 0, ranks = 1;
   if constexpr (kCluster) {
     uint32_t r, n;
@@ -443,10 +490,12 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
     rank = int(r), ranks = int(n);
   }
   const int64_t split = blockIdx.x / ranks, splits = gridDim.x / ranks;
-  // Block (or cluster) `split` takes rows split, split + splits, ... (Note [Fused norm backward]).
-  const int64_t cols = l.cols, first = split, step = splits, end = l.rows;
+  // Block (or cluster) `split` takes rows split, split + splits, ... (Note [Fused norm backward]);
+  // a narrow block's row group g rows split kGroups + g, ... (Note [Narrow norm backward rows]).
+  const int group = int(threadIdx.x) / TPR, row_lane = int(threadIdx.x) % TPR;
+  const int64_t cols = l.cols, first = split * kGroups + group, step = splits * kGroups, end = l.rows;
   // This thread's columns: c0(k) .. c0(k) + V for each of its K vectors (vector k of the threads adjacent).
-  auto c0 = [&](int k) { return ((int64_t(rank) * K + k) * TPR + threadIdx.x) * V; };
+  auto c0 = [&](int k) { return ((int64_t(rank) * K + k) * TPR + row_lane) * V; };
   const auto& st = l.inner.stride;
   const int64_t sg = st[S::kGradOutput][0], sx = st[S::kSavedInput][0], sdx = st[S::kGradInput][0];
   const T zero = convert<T>(M(0));
@@ -517,11 +566,19 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
   // The block's sums through scratch (one barrier), added in one fixed tree by every warp that asks.
   const int lane = threadIdx.x % 32;
   auto block_sums = [&](int parity, M& a, M& b, bool want) {
+    if constexpr (TPR <= 32) {  // a row within a warp: its own lanes
+#pragma unroll
+      for (int d = TPR / 2; d >= 1; d /= 2)
+        a += __shfl_xor_sync(0xffffffffu, a, d), b += __shfl_xor_sync(0xffffffffu, b, d);
+      return;
+    }
     warp_sum(a, b);
     if (lane == 0) scratch[parity][0][threadIdx.x / 32] = a, scratch[parity][1][threadIdx.x / 32] = b;
     __syncthreads();
     if (!want) return;
-    a = lane < kWarps ? scratch[parity][0][lane] : M(0), b = lane < kWarps ? scratch[parity][1][lane] : M(0);
+    const int w0 = group * kRowWarps;  // the row's first warp
+    a = lane < kRowWarps ? scratch[parity][0][w0 + lane] : M(0);
+    b = lane < kRowWarps ? scratch[parity][1][w0 + lane] : M(0);
     warp_sum(a, b);
   };
   const M inv_cols = M(1) / M(cols);
@@ -560,7 +617,10 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
     // kWhole: a row's statistics are loaded an iteration before its sums need them.
     M mean_next = 0, rstd_next = 0;
     if (kWhole && first < end) mean_next = mean_of(first), rstd_next = rstd_of(first);
-    for (int64_t r = first; r < end; r += step) {
+    // The block's row groups turn together (their sums share shuffles or a
+    // barrier): the loop runs while the first group has a row; a later
+    // group past the end sums what its stages hold and finishes nothing.
+    for (int64_t r = first, lead = split * kGroups; lead < end; r += step, lead += step) {
       load_row(r + (kStages - 1) * step, (stage + kStages - 1) % kStages);
       M mean = mean_next, rstd = rstd_next;
       if constexpr (kWhole) {
@@ -572,7 +632,7 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
       M a, b;
       thread_sums(stage, mean, a, b);
       block_sums(parity, a, b, true);
-      finish_row(stage, r, mean, rstd, a, b);
+      if (kGroups == 1 || r < end) finish_row(stage, r, mean, rstd, a, b);
       stage = (stage + 1) % kStages, parity ^= 1;
     }
   } else {
@@ -626,20 +686,46 @@ __global__ void __launch_bounds__(TPR, 1024 / (TPR * K))
   }
   cp_async_wait<0>();
   M* partial = reinterpret_cast<M*>(l.workspace);
-#pragma unroll
-  for (int k = 0; k < K; ++k)
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const int64_t c = c0(k) + e;
-      if (c >= cols) continue;
-      if (splits == 1) {
-        reinterpret_cast<T*>(l.data[S::kGradWeight])[c * st[S::kGradWeight][0]] = convert<T>(dw[k][e]);
-        if constexpr (S::kBias) reinterpret_cast<T*>(l.data[S::kGradBias])[c * st[S::kGradBias][0]] = convert<T>(db[k][e]);
-      } else {
-        partial[(split * 2) * cols + c] = dw[k][e];
-        if constexpr (S::kBias) partial[(split * 2 + 1) * cols + c] = db[k][e];
-      }
+  auto put = [&](int64_t c, M w, M b) {  // the split's column sums of column c
+    if (c >= cols) return;
+    if (splits == 1) {
+      reinterpret_cast<T*>(l.data[S::kGradWeight])[c * st[S::kGradWeight][0]] = convert<T>(w);
+      if constexpr (S::kBias) reinterpret_cast<T*>(l.data[S::kGradBias])[c * st[S::kGradBias][0]] = convert<T>(b);
+    } else {
+      partial[(split * 2) * cols + c] = w;
+      if constexpr (S::kBias) partial[(split * 2 + 1) * cols + c] = b;
     }
+  };
+  if constexpr (kGroups == 1) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+#pragma unroll
+      for (int e = 0; e < V; ++e) put(c0(k) + e, dw[k][e], db[k][e]);
+  } else {
+    // The row groups' sums, added in group order through the stages' memory:
+    // [group][sum][k * V + e][row lane]; thread i adds item i (and i + kBlock, ...).
+    constexpr int kItems = K * V * TPR;
+    M* sums = reinterpret_cast<M*>(smem_bytes);
+    static_assert(size_t(kGroups) * 2 * kItems * sizeof(M) <= size_t(kStages) * 2 * K * kBlock * 16);
+    __syncthreads();  // every group is done with the stages
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        sums[((group * 2) * K * V + k * V + e) * TPR + row_lane] = dw[k][e];
+        sums[((group * 2 + 1) * K * V + k * V + e) * TPR + row_lane] = db[k][e];
+      }
+    __syncthreads();
+    for (int i = int(threadIdx.x); i < kItems; i += kBlock) {
+      const int kv = i / TPR, item_lane = i % TPR;
+      M w = 0, b = 0;
+      for (int g = 0; g < kGroups; ++g) {
+        w += sums[((g * 2) * K * V + kv) * TPR + item_lane];
+        b += sums[((g * 2 + 1) * K * V + kv) * TPR + item_lane];
+      }
+      put((int64_t(kv / V) * TPR + item_lane) * V + kv % V, w, b);
+    }
+  }
 }
 
 /// grad_weight / grad_bias from the splits' partial sums: 32 columns x
@@ -671,19 +757,25 @@ __global__ void __launch_bounds__(32 * kMergeLanes) merge_params_kernel(RowLaunc
 }
 
 /// Launches the fused backward over at most `splits` row splits; returns the
-/// splits it took (the partials merge_params_kernel adds), 0 on an error.
+/// splits it took (the partials merge_params_kernel adds), or 0, launching
+/// nothing, for narrow rows not in whole vectors.
 template <class S, class T, int TPR, int K, bool kCluster>
 Result<int> launch_fused_backward(const RowLaunch& l, const rows::OffsetCalc<S::kBackwardOperands, int64_t>& outer,
                                   int ranks, int splits, CUstream_st* stream) {
   const bool vec = rows_in_vectors(l, S::kGradOutput, sizeof(T)) && rows_in_vectors(l, S::kSavedInput, sizeof(T)) &&
                    rows_in_vectors(l, S::kGradInput, sizeof(T));
-  auto kernel = fused_backward_kernel<S, T, TPR, K, kCluster, false>;
-  if (vec) kernel = fused_backward_kernel<S, T, TPR, K, kCluster, true>;
+  constexpr int kBlock = kFusedBlock<TPR>, kGroups = kBlock / TPR;
+  auto kernel = fused_backward_kernel<S, T, TPR, K, kCluster, true>;
+  if constexpr (kGroups > 1) {
+    if (!vec) return 0;  // narrow rows not in whole vectors: the two-pass path (the caller's)
+  } else if (!vec) {
+    kernel = fused_backward_kernel<S, T, TPR, K, kCluster, false>;
+  }
   // The stages of two operands, and the weight in the math type.
-  const int smem = (kFusedStages<kCluster> * 2 * 16 + rows::kVecOf<T> * int(sizeof(math_t<T, false>))) * K * TPR;
+  const int smem = (kFusedStages<kCluster> * 2 * 16 + rows::kVecOf<T> * int(sizeof(math_t<T, false>))) * K * kBlock;
   BARACUDA_CUDA_TRY(rows::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, /*max_carveout=*/true));
   cudaLaunchAttribute cluster;
-  cudaLaunchConfig_t config = rows::cluster_launch_config(TPR, size_t(smem), stream, ranks, cluster);
+  cudaLaunchConfig_t config = rows::cluster_launch_config(kBlock, size_t(smem), stream, ranks, cluster);
   if constexpr (!kCluster) config.numAttrs = 0;  // a plain launch
   if constexpr (kCluster) {
     // As many clusters as the device holds at once: a second wave would double the time.
@@ -702,7 +794,7 @@ Result<int> launch_fused_backward(const RowLaunch& l, const rows::OffsetCalc<S::
                          " bytes of shared memory fits on this device");
     splits = std::min(splits, resident);
   }
-  splits = int(std::clamp<int64_t>(l.rows, 1, splits));  // no split without rows
+  splits = int(std::clamp<int64_t>((l.rows + kGroups - 1) / kGroups, 1, splits));  // no split without rows
   config.gridDim = dim3(unsigned(splits * ranks));
   BARACUDA_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, l, outer, vec));
   return splits;
@@ -741,14 +833,34 @@ Status norm_backward_on_cuda(const RowLaunch& l, const NormParams&, int splits, 
       return Status::ok();
     };
     if (const FusedBackwardShape fused = fused_backward_shape(l.cols, sizeof(T), current_sm_version() >= 90)) {
-      Result<int> taken =
-          fused.ranks > 1        ? launch_fused_backward<S, T, kClusterThreads, kClusterVectors, true>(l, outer, fused.ranks, splits, stream)
-          : fused.threads == 128 ? launch_fused_backward<S, T, 128, 1, false>(l, outer, 1, splits, stream)
-          : fused.threads == 256 ? launch_fused_backward<S, T, 256, 1, false>(l, outer, 1, splits, stream)
-          : fused.threads == 512 ? launch_fused_backward<S, T, 512, 1, false>(l, outer, 1, splits, stream)
-                                 : launch_fused_backward<S, T, 1024, 1, false>(l, outer, 1, splits, stream);
+      auto launch = [&]<int TPR>() { return launch_fused_backward<S, T, TPR, 1, false>(l, outer, 1, splits, stream); };
+      auto launch_fused = [&]() -> Result<int> {
+        if (fused.ranks > 1)
+          return launch_fused_backward<S, T, kClusterThreads, kClusterVectors, true>(l, outer, fused.ranks, splits,
+                                                                                     stream);
+        if (fused.threads < kNarrowBlock) {
+          if constexpr (sizeof(T) < 8) {  // (no narrow f64 rows: fused_backward_shape)
+            switch (fused.threads) {
+              case 1: return launch.template operator()<1>();
+              case 2: return launch.template operator()<2>();
+              case 4: return launch.template operator()<4>();
+              case 8: return launch.template operator()<8>();
+              case 16: return launch.template operator()<16>();
+              case 32: return launch.template operator()<32>();
+              default: return launch.template operator()<64>();
+            }
+          }
+          return 0;
+        }
+        return fused.threads == 128   ? launch.template operator()<128>()
+               : fused.threads == 256 ? launch.template operator()<256>()
+               : fused.threads == 512 ? launch.template operator()<512>()
+                                      : launch.template operator()<1024>();
+      };
+      Result<int> taken = launch_fused();
       BARACUDA_TRY(taken.status());
-      return merge_partials(*taken);
+      // 0: narrow rows not in whole vectors, for the two-pass path below (the plan's splits).
+      if (*taken > 0) return merge_partials(*taken);
     }
     // Parameter gradients first: grad_input may overwrite grad_output (in place).
     const int64_t chunk = (l.rows + splits - 1) / splits;

@@ -1,8 +1,9 @@
 // CUDA softmax family. Rows along `dim`:
 //  - cluster kernel (cluster.cuh): long rows in whole vectors on sm_90,
 //    split over the blocks of a thread-block cluster, held in registers;
-//  - held rows kernel: rows of up to 2048 vectors in whole vectors (forward),
-//    held in registers by 1 to 512 threads (Note [Softmax rows in registers]);
+//  - held rows kernel: rows in whole vectors of up to 2048 vectors (forward)
+//    or 64 (backward), held in registers by 1 to 512 threads (Note [Softmax
+//    rows in registers]);
 //  - rows kernel: TPR threads per row; the row is kept in shared memory (in
 //    its storage type) when it fits, so memory is read once and written once;
 //    otherwise each pass re-reads it (L2 usually holds it);
@@ -155,9 +156,15 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
 // the rows kernel's 3.83 (H200), and half rows of 32768 on one cluster block
 // of 512 threads at 2.92 against 3.19. The arithmetic is the rows kernel's:
 // half types take the fast exponential, f32 keeps exp(z - max) and divides.
-template <class Op, class T, int TPR, int K>
+// Backward rows of up to 32 x 2 vectors (two of grad_output and two of the
+// output a lane) are held the same way: the rows kernel gave each a warp
+// (H100, bf16 rows of 8: 0.10 TB/s, 0.07x torch); wider backward rows
+// stream through the rows kernel at 3 TB/s.
+/// Forward: operand 0 = out, 1 = input. Backward: 0 = grad_input, 1 =
+/// grad_output, 2 = output, the gradient times `scale`.
+template <class Op, class T, bool kBackward, int TPR, int K>
 __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, 1536 / (TPR < 128 ? 128 : TPR))
-    held_rows_kernel(RowLaunch l, rows::OffsetCalc<3, int64_t> outer) {
+    held_rows_kernel(RowLaunch l, rows::OffsetCalc<3, int64_t> outer, math_t<T, false> scale) {
   using M = math_t<T, false>;
   constexpr int V = rows::kVecOf<T>, RPB = TPR < 128 ? 128 / TPR : 1;
   using P = rows::Vec<T, V>;
@@ -180,74 +187,104 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, 1536 / (TPR < 128 ? 128
       return rows::row_all_reduce<TPR, 1>(v, op, scratch);
     }
   };
-  auto expo = [](M v) -> M {
-    if constexpr (kFastExp) return __expf(v);
-    else return exp(v);
-  };
   // Half types redo their conversions after each reduction rather than keep them live across it.
   auto forget_conversions = [](P(&x)[K]) {
     if constexpr (!std::is_same_v<T, M>)
 #pragma unroll
       for (int k = 0; k < K; ++k) rows::opaque(x[k]);
   };
-  const T* in = rows::row_operand<const T>(l, 1, slot.off);
-  P x[K];
+  auto load = [&](int operand, P(&x)[K]) {
+    const T* src = rows::row_operand<const T>(l, operand, slot.off);
 #pragma unroll
-  for (int k = 0; k < K; ++k)
-    if (held(k)) x[k] = *reinterpret_cast<const P*>(in + col(k));
-  const M sign = Op::template sign<M>();
-  M max = -INFINITY;
+    for (int k = 0; k < K; ++k)
+      if (held(k)) x[k] = *reinterpret_cast<const P*>(src + col(k));
+  };
+  T* out = rows::row_operand<T>(l, 0, slot.off);
+  P x[K];  // forward: the input; backward: grad_output
+  load(1, x);
+  if constexpr (kBackward) {
+    P y[K];
+    load(2, y);
+    M t = 0;
 #pragma unroll
-  for (int k = 0; k < K; ++k)
-    if (held(k))
+    for (int k = 0; k < K; ++k)
+      if (held(k))
 #pragma unroll
-      for (int e = 0; e < V; ++e) max = rows::MaxOp{}(sign * convert<M>(x[k].v[e]), max);
-  max = row_reduce(max, rows::MaxOp{});
-  forget_conversions(x);
-  M sum = 0;
+        for (int e = 0; e < V; ++e) t += Op::term(convert<M>(x[k].v[e]), convert<M>(y[k].v[e]));
+    t = row_reduce(t, rows::SumOp{});
+    forget_conversions(x);
+    forget_conversions(y);
 #pragma unroll
-  for (int k = 0; k < K; ++k)
-    if (held(k))
+    for (int k = 0; k < K; ++k) {
+      if (!held(k)) continue;
+      P o;
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        o.v[e] = convert<T>(Op::grad(convert<M>(x[k].v[e]), convert<M>(y[k].v[e]), t) * scale);
+      rows::store_16(out + col(k), o);
+    }
+  } else {
+    auto expo = [](M v) -> M {
+      if constexpr (kFastExp) return __expf(v);
+      else return exp(v);
+    };
+    const M sign = Op::template sign<M>();
+    M max = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (held(k))
+#pragma unroll
+        for (int e = 0; e < V; ++e) max = rows::MaxOp{}(sign * convert<M>(x[k].v[e]), max);
+    max = row_reduce(max, rows::MaxOp{});
+    forget_conversions(x);
+    M sum = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (held(k))
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const M p = expo(sign * convert<M>(x[k].v[e]) - max);
+          sum += p;
+          if constexpr (kKeepExp) x[k].v[e] = p;
+        }
+    sum = row_reduce(sum, rows::SumOp{});
+    forget_conversions(x);
+    const M inverse_sum = M(1) / sum;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (!held(k)) continue;
+      P o;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const M p = expo(sign * convert<M>(x[k].v[e]) - max);
-        sum += p;
-        if constexpr (kKeepExp) x[k].v[e] = p;
+        if constexpr (kKeepExp) o.v[e] = convert<T>(x[k].v[e] / sum);
+        else if constexpr (kFastExp && !Op::kLog)
+          o.v[e] = convert<T>(expo(sign * convert<M>(x[k].v[e]) - max) * inverse_sum);
+        else o.v[e] = convert<T>(Op::out(sign * convert<M>(x[k].v[e]), max, sum));
       }
-  sum = row_reduce(sum, rows::SumOp{});
-  forget_conversions(x);
-  const M inverse_sum = M(1) / sum;
-  T* out = rows::row_operand<T>(l, 0, slot.off);
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    if (!held(k)) continue;
-    P o;
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      if constexpr (kKeepExp) o.v[e] = convert<T>(x[k].v[e] / sum);
-      else if constexpr (kFastExp && !Op::kLog)
-        o.v[e] = convert<T>(expo(sign * convert<M>(x[k].v[e]) - max) * inverse_sum);
-      else o.v[e] = convert<T>(Op::out(sign * convert<M>(x[k].v[e]), max, sum));
+      rows::store_16(out + col(k), o);
     }
-    rows::store_16(out + col(k), o);
   }
 }
 
-/// Runs forward rows of up to 512 x 4 vectors on held_rows_kernel when they
-/// suit it (Note [Softmax rows in registers]); false when they do not.
-template <class Op, class T>
-Result<bool> launch_held_softmax(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer, CUstream_st* stream) {
+/// Runs rows on held_rows_kernel when they suit it (Note [Softmax rows in
+/// registers]): forward rows of up to 512 x 4 vectors, backward rows of up
+/// to 32 x 2 (narrow rows; the rows kernel streams wider ones at 3 TB/s);
+/// false when they do not.
+template <class Op, class T, bool kBackward>
+Result<bool> launch_held_softmax(const RowLaunch& l, const rows::OffsetCalc<3, int64_t>& outer,
+                                 math_t<T, false> scale, CUstream_st* stream) {
   if constexpr (!std::is_same_v<T, float> && sizeof(T) != 2) {
     return false;
   } else {
-    constexpr int K = 4, V = rows::kVecOf<T>;
+    constexpr int K = kBackward ? 2 : 4, V = rows::kVecOf<T>, kMaxThreads = kBackward ? 32 : 512;
     const int64_t vectors = l.cols / V;
-    if (l.cols < 1 || vectors > 512 * K || l.rows < 1 || l.rows > INT32_MAX ||
-        !rows::rows_in_vectors(l, 0, sizeof(T)) || !rows::rows_in_vectors(l, 1, sizeof(T)))
-      return false;
+    if (l.cols < 1 || vectors > kMaxThreads * K || l.rows < 1 || l.rows > INT32_MAX) return false;
+    for (int k = 0; k <= (kBackward ? 2 : 1); ++k)
+      if (!rows::rows_in_vectors(l, k, sizeof(T))) return false;
     auto launch = [&]<int TPR>() {
       constexpr int RPB = TPR < 128 ? 128 / TPR : 1;
-      held_rows_kernel<Op, T, TPR, K><<<unsigned((l.rows + RPB - 1) / RPB), TPR * RPB, 0, stream>>>(l, outer);
+      held_rows_kernel<Op, T, kBackward, TPR, K>
+          <<<unsigned((l.rows + RPB - 1) / RPB), TPR * RPB, 0, stream>>>(l, outer, scale);
     };
     // The fewest threads, a power of two, that hold the row (a warp's lanes,
     // or 128 to 512), but two lanes from two vectors (Note [Softmax rows in registers]).
@@ -257,9 +294,11 @@ Result<bool> launch_held_softmax(const RowLaunch& l, const rows::OffsetCalc<3, i
     else if (vectors <= 8 * K) launch.template operator()<8>();
     else if (vectors <= 16 * K) launch.template operator()<16>();
     else if (vectors <= 32 * K) launch.template operator()<32>();
-    else if (vectors <= 128 * K) launch.template operator()<128>();
-    else if (vectors <= 256 * K) launch.template operator()<256>();
-    else launch.template operator()<512>();
+    else if constexpr (!kBackward) {
+      if (vectors <= 128 * K) launch.template operator()<128>();
+      else if (vectors <= 256 * K) launch.template operator()<256>();
+      else launch.template operator()<512>();
+    }
     BARACUDA_CUDA_TRY(cudaGetLastError());
     return true;
   }
@@ -305,11 +344,9 @@ Status softmax_on_cuda(const RowLaunch& l, const RowParams& p, CUstream_st* stre
     BARACUDA_CUDA_TRY(cudaGetLastError());
     return Status::ok();
   }
-  if constexpr (!kBackward) {
-    Result<bool> held = launch_held_softmax<Op, T>(l, outer, stream);
-    BARACUDA_TRY(held.status());
-    if (*held) return Status::ok();
-  }
+  Result<bool> held = launch_held_softmax<Op, T, kBackward>(l, outer, scale, stream);
+  BARACUDA_TRY(held.status());
+  if (*held) return Status::ok();
   Result<bool> clustered = launch_clustered_softmax<Op, T, kBackward>(l, outer, scale, stream);
   BARACUDA_TRY(clustered.status());
   if (*clustered) return Status::ok();
