@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/row_lanes.hpp"
+
 namespace baracuda::norm {
 
 struct FusedBackwardShape {
@@ -33,11 +35,7 @@ inline constexpr int kNarrowBlock = 128;
 constexpr FusedBackwardShape fused_backward_shape(int64_t cols, int elem_bytes, bool clusters) {
   const int64_t v = 16 / elem_bytes, vectors = (cols + v - 1) / v;
   if (cols < 1 || (elem_bytes == 8 && cols < 1024)) return {};  // f64 keeps the two passes there
-  if (vectors <= 64) {
-    int t = vectors == 1 ? 1 : 2;
-    while (t < vectors) t *= 2;
-    return {t, 1};
-  }
+  if (vectors <= 64) return {rows::narrow_row_lanes(vectors, 1), 1};
   for (int t = 128; t <= 1024; t *= 2)
     if (cols <= v * t) return {t, 1};
   const int64_t per_block = v * kClusterThreads * kClusterVectors;

@@ -14,6 +14,7 @@
 #include "core/cuda_async.cuh"
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
+#include "core/row_lanes.hpp"
 #include "norm/backward_shape.hpp"
 #include "norm/cluster_forward.cuh"
 #include "norm/held_row.cuh"
@@ -209,20 +210,17 @@ Result<bool> launch_held_forward(const RowLaunch& l, const rows::OffsetCalc<S::k
       held_forward_kernel<S, T, TPR, RPB, K>
           <<<unsigned((l.rows + RPB - 1) / RPB), TPR * RPB, 0, stream>>>(l, outer, p);
     };
-    // Rows a warp holds take the fewest of its lanes, but two from two
-    // vectors (as the softmax rows: Note [Softmax rows in registers]), 128 threads a block.
-    if (vectors == 1) {
-      launch.template operator()<1>();
-    } else if (vectors <= 2 * K) {
-      launch.template operator()<2>();
-    } else if (vectors <= 4 * K) {
-      launch.template operator()<4>();
-    } else if (vectors <= 8 * K) {
-      launch.template operator()<8>();
-    } else if (vectors <= 16 * K) {
-      launch.template operator()<16>();
-    } else if (vectors <= 32 * K) {
-      launch.template operator()<32>();
+    // Rows a warp holds take rows::narrow_row_lanes of its lanes, 128 threads a block.
+    switch (vectors <= 32 * K ? rows::narrow_row_lanes(vectors, K) : 0) {
+      case 1: launch.template operator()<1>(); break;
+      case 2: launch.template operator()<2>(); break;
+      case 4: launch.template operator()<4>(); break;
+      case 8: launch.template operator()<8>(); break;
+      case 16: launch.template operator()<16>(); break;
+      case 32: launch.template operator()<32>(); break;
+      default: break;
+    }
+    if (vectors <= 32 * K) {
     } else if constexpr (S::kResidual) {
       // The fewest whole warps that hold the row (Note [Norm rows in registers]).
       const int64_t threads = (vectors + 32 * K - 1) / (32 * K) * 32;

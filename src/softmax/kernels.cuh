@@ -14,6 +14,7 @@
 
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
+#include "core/row_lanes.hpp"
 #include "softmax/cluster.cuh"
 #include "softmax/ops.hpp"
 
@@ -286,15 +287,19 @@ Result<bool> launch_held_softmax(const RowLaunch& l, const rows::OffsetCalc<3, i
       held_rows_kernel<Op, T, kBackward, TPR, K>
           <<<unsigned((l.rows + RPB - 1) / RPB), TPR * RPB, 0, stream>>>(l, outer, scale);
     };
-    // The fewest threads, a power of two, that hold the row (a warp's lanes,
-    // or 128 to 512), but two lanes from two vectors (Note [Softmax rows in registers]).
-    if (vectors == 1) launch.template operator()<1>();
-    else if (vectors <= 2 * K) launch.template operator()<2>();
-    else if (vectors <= 4 * K) launch.template operator()<4>();
-    else if (vectors <= 8 * K) launch.template operator()<8>();
-    else if (vectors <= 16 * K) launch.template operator()<16>();
-    else if (vectors <= 32 * K) launch.template operator()<32>();
-    else if constexpr (!kBackward) {
+    // The fewest threads, a power of two, that hold the row (a warp's lanes:
+    // rows::narrow_row_lanes, or 128 to 512).
+    switch (vectors <= 32 * K ? rows::narrow_row_lanes(vectors, K) : 0) {
+      case 1: launch.template operator()<1>(); break;
+      case 2: launch.template operator()<2>(); break;
+      case 4: launch.template operator()<4>(); break;
+      case 8: launch.template operator()<8>(); break;
+      case 16: launch.template operator()<16>(); break;
+      case 32: launch.template operator()<32>(); break;
+      default: break;
+    }
+    if (vectors <= 32 * K) {
+    } else if constexpr (!kBackward) {
       if (vectors <= 128 * K) launch.template operator()<128>();
       else if (vectors <= 256 * K) launch.template operator()<256>();
       else launch.template operator()<512>();
