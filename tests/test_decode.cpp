@@ -407,6 +407,45 @@ TEST(Decode, DeterministicAndSplit) {
   }
 }
 
+/// NaN in every K and V row no query may see: past each length (the rest of
+/// its last block, the unused blocks, a contiguous cache's tail) and before
+/// a window's first key. Such rows weigh nothing, not even 0 * NaN: the
+/// GPU kernels copy whole steps (TMA) or zero-fill masked rows (cp.async).
+void poison_unseen_rows(Case& c, int64_t window_left) {
+  const int64_t rows = c.block_size ? c.num_blocks * c.block_size : c.batch * c.s_max;
+  std::vector<bool> seen(size_t(rows), false);
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const int64_t len = c.lens[size_t(b)], lo = window_left < 0 ? 0 : std::max<int64_t>(0, len - 1 - window_left);
+    for (int64_t j = lo; j < len; ++j)
+      seen[size_t(c.block_size ? c.table[size_t(b * c.max_blocks + j / c.block_size)] * c.block_size + j % c.block_size
+                               : b * c.s_max + j)] = true;
+  }
+  const int64_t k_row = c.heads_kv * c.dim, v_row = c.heads_kv * c.value_dim;
+  for (int64_t row = 0; row < rows; ++row)
+    if (!seen[size_t(row)]) {
+      std::fill_n(c.k.begin() + row * k_row, k_row, NAN);
+      std::fill_n(c.v.begin() + row * v_row, v_row, NAN);
+    }
+}
+
+TEST(Decode, UnseenCacheRowsCarryNoWeight) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(29);
+  const Config shapes[] = {{32, 8, 128, 128, 16, {300, 47, 129}}, {16, 4, 64, 64, 32, {300, 47, 129}},
+                           {8, 2, 128, 128, 64, {300, 47, 129}},  {8, 2, 64, 64, 0, {300, 47, 129}},
+                           {32, 8, 128, 128, 0, {1000, 1, 77}},   {8, 1, 128, 128, 24, {100, 33}}};
+  const Attrs attr_list[] = {Attrs{}, Attrs{{"num_splits", 3}}, Attrs{{"window_left", 20}, {"num_splits", 2}}};
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (const Config& s : shapes)
+      for (const Attrs& attrs : attr_list) {
+        Case c = make_case(rng, dtype, s.heads_q, s.heads_kv, s.dim, s.value_dim, s.block_size, s.lens, attrs);
+        poison_unseen_rows(c, attrs.has("window_left") ? 20 : -1);
+        auto r = run(Backend::bespoke_cuda, c);
+        ASSERT_TRUE(r) << r.status().to_string();
+        expect_close(r->got, reference(c), dtype, describe(c, Backend::bespoke_cuda) + " NaN in unseen rows");
+      }
+}
+
 /// The workspace is exact: split rows of Dv + 1 f32 values, none for short caches or the host.
 TEST(Decode, WorkspaceIsExact) {
   auto plan_for = [](const Stream& stream, Backend backend, int64_t keys, Attrs attrs) {
