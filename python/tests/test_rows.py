@@ -390,3 +390,44 @@ def test_scan_gradients_match_torch(dtype, shape, dim):
         _close_to_largest(F.cummax_backward(gt, x, idx, dim), F.cummax_backward(g, x, idx, dim), dtype, 1, "strided")
         y = torch.cumprod(xp.double(), dim).to(dtype).t().contiguous().t()
         _close_to_largest(F.cumprod_backward(gt, xp, dim, y), want_p, dtype, scale, "cumprod_backward strided")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("shape", [(33, 4096), (7, 200), (4, 20000), (300, 24)])
+def test_fp8_forwards_match_torch(dtype, shape):
+    """fp8 storage, f32 arithmetic: layer_norm, rms_norm and the scans against
+    torch in f64 on the same fp8 values, rounded to fp8 once. The f32
+    arithmetic may land one fp8 step away (a relative eps), no more."""
+    dtype = getattr(torch, dtype)
+    eps = torch.finfo(dtype).eps
+    n = shape[-1]
+
+    def check(got, want, what, scale=1.0):
+        assert got.dtype == dtype, what
+        want8 = want.to(dtype).double()
+        torch.testing.assert_close(got.double(), want8, rtol=eps * scale, atol=eps * scale * 2 ** -6, msg=what)
+
+    x = torch.randn(shape, device="cuda").to(dtype)
+    w = torch.randn(n, device="cuda").to(dtype)
+    b = torch.randn(n, device="cuda").to(dtype)
+    xd, wd, bd = x.double(), w.double(), b.double()
+    out, mean, rstd = F.native_layer_norm(x, (n,), w, b)
+    assert mean.dtype == torch.float32 and rstd.dtype == torch.float32
+    check(out, torch.nn.functional.layer_norm(xd, (n,), wd, bd), "layer_norm")
+    torch.testing.assert_close(mean.double(), xd.mean(-1), rtol=1e-5, atol=1e-5, msg="layer_norm mean")
+    check(F.rms_norm(x, (n,), w, eps=1e-6), torch.nn.functional.rms_norm(xd, (n,), wd, eps=1e-6), "rms_norm")
+    check(F.layer_norm(x, (n,)), torch.nn.functional.layer_norm(xd, (n,)), "layer_norm without affine")
+    r = torch.randn(shape, device="cuda").to(dtype)
+    out, res = F.add_rms_norm(x, r, w, eps=1e-6)[:2]
+    check(res, xd + r.double(), "add_rms_norm residual_out")
+    check(out, torch.nn.functional.rms_norm(xd + r.double(), (n,), wd, eps=1e-6), "add_rms_norm")  # the f32 sum, unrounded
+    # Scans along the rows: sums of up to 20000 fp8 values stay within e5m2's range (and e4m3's 448 at
+    # 200 values); the longer e4m3 rows take values a tenth as large.
+    xs = (torch.randn(shape, device="cuda") * (0.1 if dtype == torch.float8_e4m3fn and n > 1000 else 1)).to(dtype)
+    check(F.cumsum(xs, -1), torch.cumsum(xs.double(), -1), "cumsum", scale=2)
+    vals, idx = F.cummax(xs, -1)
+    want_v, want_i = torch.cummax(xs.double(), -1)
+    check(vals, want_v, "cummax")
+    assert torch.equal(idx.cpu(), want_i.cpu()) or torch.equal(vals.double(), torch.gather(xs.double(), -1, idx)), "cummax indices"
+    check(F.logcumsumexp(xs, -1), torch.logcumsumexp(xs.double(), -1), "logcumsumexp", scale=2)

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "core/dtype_traits.hpp"
+#include "core/fp8_traits.hpp"
 
 namespace baracuda::norm {
 
@@ -66,8 +67,11 @@ template <class... Ss>
 struct SpecList {};
 using NormSpecs = SpecList<LayerNorm, LayerNormNoAffine, RmsNorm, RmsNormNoAffine, AddLayerNorm, AddRmsNorm>;
 
-/// Storage types of input/output/weight: the four floats.
-using NormTypes = FloatTypes;
+/// Storage types of input/output/weight: the four floats, and fp8 (e4m3,
+/// e5m2) for the forwards, which compute in f32 (fp8 has no gradients, as in
+/// the elementwise and reduction families).
+using NormTypes = Concat<FloatTypes, Fp8Types>::type;
+using NormGradientTypes = FloatTypes;
 
 /// The saved statistics' type (mean, rstd) of storage type T: f64 for f64, else f32.
 template <class T>

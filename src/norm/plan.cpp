@@ -138,8 +138,11 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   BARACUDA_TRY(check_inputs(op, d, def.inputs, x_index));
   const TensorSpec& x = d.inputs[x_index];
   const int rank = static_cast<int>(x.shape.size());
-  if (x.dtype != DType::f32 && x.dtype != DType::f16 && x.dtype != DType::bf16 && x.dtype != DType::f64)
-    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64)");
+  const bool fp8 = x.dtype == DType::fp8_e4m3 || x.dtype == DType::fp8_e5m2;
+  if (x.dtype != DType::f32 && x.dtype != DType::f16 && x.dtype != DType::bf16 && x.dtype != DType::f64 &&
+      (!fp8 || def.backward))
+    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64",
+                       def.backward ? "; fp8 forwards have no gradient)" : " fp8_e4m3 fp8_e5m2)");
   const int k = normalized_dims(def, d);
   if (k < 1 || k > rank)
     return invalid(op, ": normalized shape must cover 1 to ", rank, " trailing dims of '", def.inputs[x_index], "' ",
@@ -174,7 +177,12 @@ class NormPlan final : public FamilyPlan {
     sku_.aux_element = stat_dtype(t);
     params_.eps = desc_.attrs.get("eps", def.rms ? -1 : 1e-5);
     if (params_.eps < 0)  // torch's rms_norm default: the dtype's machine epsilon
-      params_.eps = t == DType::f64 ? 2.220446049250313e-16 : t == DType::f16 ? 9.765625e-4 : t == DType::bf16 ? 7.8125e-3 : 1.1920928955078125e-7;
+      params_.eps = t == DType::f64        ? 2.220446049250313e-16
+                    : t == DType::f16      ? 9.765625e-4
+                    : t == DType::bf16     ? 7.8125e-3
+                    : t == DType::fp8_e4m3 ? 0.125
+                    : t == DType::fp8_e5m2 ? 0.25
+                                           : 1.1920928955078125e-7;
     const Shape& x = desc_.inputs[def.backward ? 1 : 0].shape;
     const int k = normalized_dims(def, desc_);
     for (size_t a = 0; a < x.size(); ++a) (a + k < x.size() ? rows_ : cols_) *= x[a];
@@ -258,7 +266,7 @@ void add_ops(std::vector<OpInfo>& ops) {
     if (S::kHasBackward) info.gradient = backward ? std::string(S::name) : cat(S::name, "_backward");
     info.input_names = stored.inputs;
     info.output_names = stored.outputs;
-    info.dtypes = dtypes_of<NormTypes>();
+    info.dtypes = backward ? dtypes_of<NormGradientTypes>() : dtypes_of<NormTypes>();
     info.attrs = {{"eps", S::kRms ? -1.0 : 1e-5, S::kRms ? "added to the mean square (-1: the dtype's epsilon, as torch)"
                                                         : "added to the variance"}};
     if (!S::kWeight) info.attrs.push_back({"normalized_dims", 1, "how many trailing dims are normalised"});

@@ -23,7 +23,7 @@ NormTable& cuda_norms();
 template <template <class, class, bool> class Launch, class T, class S>
 void register_norm(NormTable& table) {
   table.add(launch_key(S::name, dtype_of<T>), &Launch<S, T, false>::run);
-  if constexpr (S::kHasBackward) table.add(launch_key(std::string(S::name) + "_backward", dtype_of<T>), &Launch<S, T, true>::run);
+  if constexpr (S::kHasBackward && has_gradient_v<T>) table.add(launch_key(std::string(S::name) + "_backward", dtype_of<T>), &Launch<S, T, true>::run);
 }
 
 template <template <class, class, bool> class Launch, class T, class... Ss>

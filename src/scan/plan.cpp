@@ -9,6 +9,7 @@
 #include "core/dtype_traits.hpp"
 #include "core/errors.hpp"
 #include "core/family.hpp"
+#include "core/fp8_traits.hpp"
 #include "core/registry_internal.hpp"
 #include "core/rows.hpp"
 #include "core/tensor_util.hpp"
@@ -52,9 +53,13 @@ DType value_dtype(Kind kind, DType in) {
   return in;
 }
 
+/// fp8 (e4m3, e5m2) for the forwards, which compute in f32; no fp8 gradients.
+using ScanFloatTypes = Concat<FloatTypes, Fp8Types>::type;
+
 std::vector<DType> dtypes_for(Kind kind, bool backward) {
-  if (backward || kind == Kind::logcumsumexp) return dtypes_of<FloatTypes>();
-  return dtypes_of<Concat<FloatTypes, IntBoolTypes>::type>();
+  if (backward) return dtypes_of<FloatTypes>();
+  if (kind == Kind::logcumsumexp) return dtypes_of<ScanFloatTypes>();
+  return dtypes_of<Concat<ScanFloatTypes, IntBoolTypes>::type>();
 }
 
 int normalize_dim(double dim, int rank) {
@@ -160,7 +165,7 @@ Status backward_row(Kind kind, const T* g, int64_t sg, const T* x, int64_t sx, c
 Status run_on_host(const Def& def, const RowLaunch& l, DType t) {
   const rows::OffsetCalc<4, int64_t> outer(l.outer);
   const auto& st = l.inner.stride;
-  return visit_dtype<Concat<FloatTypes, IntBoolTypes>::type>(t, def.name, [&]<class T>(TypeTag<T>) -> Status {
+  return visit_dtype<Concat<ScanFloatTypes, IntBoolTypes>::type>(t, def.name, [&]<class T>(TypeTag<T>) -> Status {
     for (int64_t r = 0; r < l.rows; ++r) {
       int64_t off[4];
       outer.get(r, off);
@@ -178,7 +183,7 @@ Status run_on_host(const Def& def, const RowLaunch& l, DType t) {
                       two ? st[1][0] : 0, l.cols);
         }
       } else {
-        if constexpr (is_float_v<T>) {
+        if constexpr (has_gradient_v<T>) {
           // Operands: grad_input, grad_output, input, [saved].
           const bool saved = def.inputs.size() == 3;
           const size_t es = def.kind == Kind::cummax || def.kind == Kind::cummin ? sizeof(int64_t) : sizeof(T);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/launch_table.hpp"
+#include "core/fp8_traits.hpp"
 #include "core/rows.hpp"
 #include "scan/ops.hpp"
 
@@ -65,8 +66,8 @@ bool register_scans(ScanTable& table) {
     table.add(launch_key("cumprod", d), &Launch<ScanIo<CumProd<M>, T, scan_out_t<T, true>>>::run);
     table.add(launch_key("cummax", d), &Launch<ScanIo<CumExtreme<M, true>, T, T>>::run);
     table.add(launch_key("cummin", d), &Launch<ScanIo<CumExtreme<M, false>, T, T>>::run);
-    if constexpr (is_float_v<T>) {
-      table.add(launch_key("logcumsumexp", d), &Launch<ScanIo<LogCumSumExp<M>, T, T>>::run);
+    if constexpr (is_float_v<T>) table.add(launch_key("logcumsumexp", d), &Launch<ScanIo<LogCumSumExp<M>, T, T>>::run);
+    if constexpr (has_gradient_v<T>) {
       table.add(launch_key("cumsum_backward", d), &Launch<ScanIo<CumSum<M>, T, T>>::run);
       table.add(launch_key("cumprod_backward", d), &Launch<CumProdGradIo<T>>::run);
       table.add(launch_key("logcumsumexp_backward", d), &Launch<LogCumSumExpGradIo<T>>::run);
