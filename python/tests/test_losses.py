@@ -547,3 +547,40 @@ def test_linear_cross_entropy_long_rows_strided_int32():
     g = torch.autograd.grad(want, (xd, wd))
     _close(gi, g[0].to(dt), dt, 32, "grad_input")
     _close(gw, g[1].to(dt), dt, 32, "grad_weight")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_fp8_losses_match_torch(dtype):
+    """fp8 storage, f32 arithmetic: the losses against torch in f64 on the same
+    fp8 values, rounded to fp8 once; the f32 arithmetic may land one fp8 step
+    away (a relative eps). fp8 losses have no gradient ops."""
+    dtype = getattr(torch, dtype)
+    eps = torch.finfo(dtype).eps
+
+    def check(got, want, what):
+        assert got.dtype == dtype, what
+        torch.testing.assert_close(got.double(), want.to(dtype).double(), rtol=eps, atol=eps * 2 ** -6, msg=what)
+
+    # Sums within e4m3's range (448; past it the fp8 result is NaN, as torch's cast gives).
+    x, y = ((torch.randn(16, 40, device="cuda") * 0.25).to(dtype) for _ in range(2))
+    xd, yd = x.double(), y.double()
+    for red in ("none", "mean", "sum"):
+        check(F.mse_loss(x, y, reduction=red), TF.mse_loss(xd, yd, reduction=red), "mse_loss " + red)
+        check(F.l1_loss(x, y, reduction=red), TF.l1_loss(xd, yd, reduction=red), "l1_loss " + red)
+        check(F.smooth_l1_loss(x, y, reduction=red, beta=0.5), TF.smooth_l1_loss(xd, yd, reduction=red, beta=0.5),
+              "smooth_l1_loss " + red)
+    t = (torch.rand(16, 40, device="cuda") > 0.5).to(dtype)
+    check(F.binary_cross_entropy_with_logits(x, t), TF.binary_cross_entropy_with_logits(xd, t.double()), "bce_with_logits")
+    classes = torch.randint(0, 40, (16,), device="cuda")
+    classes[::7] = -100
+    for red in ("none", "mean", "sum"):
+        check(F.cross_entropy(x, classes, reduction=red, label_smoothing=0.1),
+              TF.cross_entropy(xd, classes, reduction=red, label_smoothing=0.1), "cross_entropy " + red)
+        lp = torch.log_softmax(xd, 1).to(dtype)
+        check(F.nll_loss(lp, classes, reduction=red), TF.nll_loss(lp.double(), classes, reduction=red), "nll_loss " + red)
+    sign = (torch.randint(0, 2, (16,), device="cuda") * 2 - 1)
+    check(F.cosine_embedding_loss(x, y, sign, margin=0.2), TF.cosine_embedding_loss(xd, yd, sign, margin=0.2),
+          "cosine_embedding_loss")
+    with pytest.raises(Exception, match="fp8 losses have no gradient"):
+        F.mse_loss_backward(torch.ones((), device="cuda").to(dtype), x, y)

@@ -195,9 +195,9 @@ struct HostRowLoss {
 };
 
 [[maybe_unused]] const bool pointwise_registered =
-    register_pointwise<ew::HostLauncher, true, FloatTypes>(host_pointwise());
-[[maybe_unused]] const bool class_registered = register_class_losses<HostClassLoss, FloatTypes>(host_class_losses());
-[[maybe_unused]] const bool row_registered = register_row_losses<HostRowLoss, FloatTypes>(host_row_losses());
+    register_pointwise<ew::HostLauncher, true, LossTypes>(host_pointwise());
+[[maybe_unused]] const bool class_registered = register_class_losses<HostClassLoss, LossTypes>(host_class_losses());
+[[maybe_unused]] const bool row_registered = register_row_losses<HostRowLoss, LossTypes>(host_row_losses());
 
 }  // namespace
 }  // namespace baracuda::loss

@@ -69,13 +69,26 @@ std::vector<LossOpDef<Meta>>& loss_defs() {
 using PointwiseDef = LossOpDef<LossMeta>;
 std::vector<PointwiseDef>& pointwise_defs() { return loss_defs<LossMeta>(); }
 
+/// Input dtypes: the four floats, and fp8 (e4m3, e5m2, computed in f32) for
+/// the losses themselves; fp8 has no gradients, as in the other families.
+Status check_loss_dtype(const std::string& op, DType t, bool gradient) {
+  const bool fp8 = t == DType::fp8_e4m3 || t == DType::fp8_e5m2;
+  if (t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64 || (fp8 && !gradient)) return Status::ok();
+  return unsupported(op, ": dtype ", dtype_name(t), " is not supported (f32 f16 bf16 f64",
+                     gradient ? "; fp8 losses have no gradient)" : " fp8_e4m3 fp8_e5m2)");
+}
+
+/// The loss ops' dtypes (see check_loss_dtype).
+std::vector<DType> loss_dtypes(bool gradient) {
+  return gradient ? dtypes_of<FloatTypes>() : dtypes_of<Concat<FloatTypes, Fp8Types>::type>();
+}
+
 /// The forward descriptor (inputs = the loss's operands): checks and the output.
 Result<OpDesc> infer_pointwise_forward(const PointwiseDef& def, const std::vector<std::string>& names, OpDesc d) {
   const std::string& op = def.name;
   BARACUDA_TRY(check_inputs(op, d, names, 0));
   const TensorSpec& x = d.inputs[0];
-  if (!is_floating(x.dtype) || dtype_size(x.dtype) == 1)
-    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64)");
+  BARACUDA_TRY(check_loss_dtype(op, x.dtype, def.backward));
   for (size_t i = 1; i < d.inputs.size(); ++i) {
     if (d.inputs[i].dtype != x.dtype)
       return invalid(op, ": '", names[i], "' dtype ", dtype_name(d.inputs[i].dtype), " != '", names[0], "' dtype ",
@@ -251,7 +264,7 @@ OpInfo loss_info(const Def& d, const Meta& meta, const char* family, const char*
   info.gradient = d.backward ? std::string(meta.name) : cat(meta.name, "_backward");
   info.input_names = d.inputs;
   info.output_names = d.outputs;
-  info.dtypes = dtypes_of<FloatTypes>();
+  info.dtypes = loss_dtypes(d.backward);
   info.attrs = {{"reduction", 1, reduction_doc}};
   info.backends = {Backend::bespoke_cuda, Backend::host_reference};
   info.doc = d.backward ? cat("gradients of ", meta.name, " with respect to ", d.outputs.size(), " operand(s)") : meta.doc;
@@ -343,8 +356,7 @@ Result<OpDesc> infer_class(const ClassDef& def, const OpDesc& partial) {
   const int xi = input_index(def, "input"), ti = input_index(def, "target"), wi = input_index(def, "weight");
   BARACUDA_TRY(check_inputs(op, d, def.inputs, static_cast<size_t>(xi)));
   const TensorSpec& x = d.inputs[xi];
-  if (!is_floating(x.dtype) || dtype_size(x.dtype) == 1)
-    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64)");
+  BARACUDA_TRY(check_loss_dtype(op, x.dtype, def.mode != Mode::forward));
   if (x.shape.empty()) return invalid(op, ": 'input' must have a class dim (rank >= 1), got a scalar");
   const int64_t classes = x.shape[class_dim(x.shape)];
   if (classes < 1) return invalid(op, ": 'input' ", shape_str(x.shape), " has no classes (dim ", class_dim(x.shape), " is 0)");
@@ -482,7 +494,7 @@ void add_class_op(std::vector<OpInfo>& ops, ClassDef def_in, const char* doc) {
   info.gradient = def.mode == Mode::forward ? base + "_backward" : def.mode == Mode::backward ? base : "";
   info.input_names = def.inputs;
   info.output_names = def.outputs;
-  info.dtypes = dtypes_of<FloatTypes>();
+  info.dtypes = loss_dtypes(def.mode != Mode::forward);
   info.attrs = {{"reduction", 1, "0 none, 1 mean (over the target weights), 2 sum"},
                 {"ignore_index", -100, "rows whose target is this index count for nothing"}};
   if (def.logits) info.attrs.push_back({"label_smoothing", 0, "mix the target with the uniform distribution"});
@@ -556,8 +568,7 @@ Result<OpDesc> infer_row_forward(const RowDef& def, const std::vector<std::strin
   const RowLossMeta& m = *def.meta;
   BARACUDA_TRY(check_inputs(op, d, names, 0));
   const TensorSpec& x = d.inputs[0];
-  if (!is_floating(x.dtype) || dtype_size(x.dtype) == 1)
-    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64)");
+  BARACUDA_TRY(check_loss_dtype(op, x.dtype, def.backward));
   const size_t rank = x.shape.size();
   const char* dim = index_target(m) ? "C" : "D";
   if (rank == 0 || (m.max_rank != 0 && rank > size_t(m.max_rank)))

@@ -2,12 +2,14 @@
 //  pointwise (elementwise launcher): "name:T" -> T, "name:T:W" -> the f32/f64
 //  scratch the reduction sums, "name_backward:T" -> the gradients;
 //  class losses (see class_losses.hpp): "name:T:target dtype", every mode;
+//  fp8 (e4m3, e5m2): the losses alone, computed in f32 (no gradients);
 //  row losses (see row_losses.hpp): "name:T:target dtype" (T without a target).
 #pragma once
 
 #include <string>
 #include <utility>
 
+#include "core/fp8_traits.hpp"
 #include "core/launch_table.hpp"
 #include "elementwise/engine.hpp"
 #include "loss/class_losses.hpp"
@@ -28,6 +30,9 @@ using RowTable = LaunchTable<RowFn>;
 RowTable& host_row_losses();
 RowTable& cuda_row_losses();
 
+/// Storage types of the losses: the four floats, and fp8 for the losses alone.
+using LossTypes = Concat<FloatTypes, Fp8Types>::type;
+
 /// The per-element scratch type a reduced loss is summed from.
 template <class T, bool Host>
 using scratch_t = std::conditional_t<Host || std::is_same_v<T, double>, double, float>;
@@ -42,8 +47,9 @@ void register_pointwise_loss(PointwiseTable& table, std::index_sequence<I...>) {
   constexpr DType d = dtype_of<T>;
   table.add(launch_key(L::meta.name, d), &Launcher::template launch<T, 1, Fwd, Same<I, T>...>);
   table.add(launch_key(L::meta.name, d, dtype_of<W>), &Launcher::template launch<W, 1, Fwd, Same<I, T>...>);
-  table.add(launch_key(std::string(L::meta.name) + "_backward", d),
-            &Launcher::template launch<T, L::meta.grads, LossBackward<L, Host, T, Same<I, T>...>, T, Same<I, T>...>);
+  if constexpr (has_gradient_v<T>)  // fp8: the loss only
+    table.add(launch_key(std::string(L::meta.name) + "_backward", d),
+              &Launcher::template launch<T, L::meta.grads, LossBackward<L, Host, T, Same<I, T>...>, T, Same<I, T>...>);
 }
 
 /// Every pointwise loss for every T of `Types`, run by `Launcher` (ew::HostLauncher or ew::CudaLauncher).

@@ -54,18 +54,19 @@ const Def& backward_def() {
 
 bool is_float4(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64; }
 bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
+bool is_fp8(DType t) { return t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
 bool is_stat(const std::string& n) { return n == "save_mean" || n == "save_invstd"; }
 
 /// The input's index among the operands.
 size_t x_index(const Def& def) { return def.backward ? 1 : 0; }
 
 /// The dtype of weight, bias and running stats: the first one given (the
-/// input's dtype when none is).
+/// input's dtype when none is, f32 for fp8 inputs).
 DType param_dtype(const Def& def, const OpDesc& d) {
   for (size_t i = 0; i < def.inputs.size(); ++i)
     if (!is_stat(def.inputs[i]) && i != x_index(def) && def.inputs[i] != "grad_output" && d.inputs[i].shape != Shape{0})
       return d.inputs[i].dtype;
-  return d.inputs[x_index(def)].dtype;
+  return is_fp8(d.inputs[x_index(def)].dtype) ? DType::f32 : d.inputs[x_index(def)].dtype;
 }
 
 bool given(const OpDesc& d, const Def& def, const char* name) {
@@ -86,7 +87,9 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   const std::string& op = def.name;
   BARACUDA_TRY(check_inputs(op, d, def.inputs, x_index(def)));
   const TensorSpec& x = d.inputs[x_index(def)];
-  if (!is_float4(x.dtype)) return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64)");
+  if (!is_float4(x.dtype) && !(is_fp8(x.dtype) && !def.backward))
+    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64",
+                       def.backward ? "; fp8 forwards have no gradient)" : " fp8_e4m3 fp8_e5m2)");
   if (x.shape.size() < 2)
     return invalid(op, ": 'input' must be [N, C, *] (rank >= 2, channels in dim 1), got shape ", shape_str(x.shape));
   const double training = d.attrs.get("training", 0), eps = d.attrs.get("eps", 1e-5);
@@ -96,7 +99,10 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   if (!std::isfinite(momentum)) return invalid(op, ": 'momentum' must be finite, got ", momentum);
   const int64_t channels = x.shape[1];
   const DType p = param_dtype(def, d), s = stat_dtype(x.dtype);
-  if (p != x.dtype && !(is_half(x.dtype) && p == DType::f32))
+  if (is_fp8(x.dtype) && p != DType::f32)
+    return invalid(op, ": parameter dtype ", dtype_name(p), ", expected f32 (the parameters and running stats of an ",
+                   dtype_name(x.dtype), " input)");
+  if (p != x.dtype && !(is_half(x.dtype) && p == DType::f32) && !is_fp8(x.dtype))
     return invalid(op, ": parameter dtype ", dtype_name(p), ", expected ", dtype_name(x.dtype),
                    is_half(x.dtype) ? " or f32" : "", " (input dtype ", dtype_name(x.dtype), ")");
   for (size_t i = 0; i < def.inputs.size(); ++i) {
@@ -267,6 +273,7 @@ void add_op(std::vector<OpInfo>& ops, const Def& def) {
   info.input_names = def.inputs;
   info.output_names = def.outputs;
   info.dtypes = {DType::f32, DType::f16, DType::bf16, DType::f64};
+  if (!def.backward) info.dtypes.insert(info.dtypes.end(), {DType::fp8_e4m3, DType::fp8_e5m2});  // f32 parameters
   info.attrs = {{"training", 0, "1: normalise by the batch statistics (and update the running stats given); "
                                 "0: by running_mean / running_var"},
                 {"eps", 1e-5, "added to the variance"}};
@@ -280,14 +287,14 @@ void add_op(std::vector<OpInfo>& ops, const Def& def) {
                    "a weight"
                  : "batch normalization of input [N, C, *] over N and the spatial dims per channel (torch's "
                    "native_batch_norm). weight, bias, running_mean, running_var: [C] or [0] (absent), the input "
-                   "dtype or f32 for f16/bf16 input. save_mean / save_invstd: f32 (f64 for f64), the batch "
+                   "dtype or f32 for f16/bf16 input (f32 for fp8 input). save_mean / save_invstd: f32 (f64 for f64), the batch "
                    "statistics (training) or the running ones used (eval). running_mean_out / running_var_out "
                    "([C] when running stats are given, else [0]): the updated stats in training, a copy in eval; "
                    "pass the running stats themselves to update them in place";
   // The sweep exercises the mixed form (f32 parameters) for the halves; the
   // dedicated tests run same-dtype parameters.
   info.input_dtypes = [&def](DType primary) {
-    const DType p = is_half(primary) ? DType::f32 : primary;
+    const DType p = is_half(primary) || is_fp8(primary) ? DType::f32 : primary;
     std::vector<DType> v;
     for (size_t i = 0; i < def.inputs.size(); ++i)
       v.push_back(i <= x_index(def) ? primary : is_stat(def.inputs[i]) ? stat_dtype(primary) : p);

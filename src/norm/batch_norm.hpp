@@ -40,6 +40,7 @@
 
 #include <cmath>
 
+#include "core/fp8_traits.hpp"
 #include "core/launch_table.hpp"
 #include "elementwise/engine.hpp"
 
@@ -86,14 +87,16 @@ template <class T, class P>
 struct TypePair {};
 using BatchNormPairs = TypeList<TypePair<float, float>, TypePair<double, double>, TypePair<__half, __half>,
                                 TypePair<__half, float>, TypePair<__nv_bfloat16, __nv_bfloat16>,
-                                TypePair<__nv_bfloat16, float>>;
+                                TypePair<__nv_bfloat16, float>, TypePair<__nv_fp8_e4m3, float>,
+                                TypePair<__nv_fp8_e5m2, float>>;
 
 /// `Launch<T, P, kBackward>::run` for every pair of `Pairs`.
 template <template <class, class, bool> class Launch, class... Pairs>
 bool register_batch_norm(BatchNormTable& table, TypeList<Pairs...>) {
   auto one = [&]<class T, class P>(TypePair<T, P>) {
     table.add(launch_key("batch_norm", dtype_of<T>, dtype_of<P>), &Launch<T, P, false>::run);
-    table.add(launch_key("batch_norm_backward", dtype_of<T>, dtype_of<P>), &Launch<T, P, true>::run);
+    if constexpr (has_gradient_v<T>)  // fp8 inputs: the forward only
+      table.add(launch_key("batch_norm_backward", dtype_of<T>, dtype_of<P>), &Launch<T, P, true>::run);
   };
   (one(Pairs{}), ...);
   return true;

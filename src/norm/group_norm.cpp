@@ -17,6 +17,7 @@
 
 #include "core/errors.hpp"
 #include "core/family.hpp"
+#include "core/fp8_traits.hpp"
 #include "core/registry_internal.hpp"
 #include "core/tensor_util.hpp"
 #include "elementwise/prepare.hpp"
@@ -156,11 +157,13 @@ struct HostGroupNorm {
 };
 
 [[maybe_unused]] const bool host_registered = [] {
-  for_each_type<FloatTypes>([]<class T>(TypeTag<T>) {
+  for_each_type<Concat<FloatTypes, Fp8Types>::type>([]<class T>(TypeTag<T>) {
     auto& t = host_group_norms();
     t.forward.add(launch_key("group_norm", dtype_of<T>), &HostGroupNorm<T>::forward);
-    t.backward.add(launch_key("group_norm", dtype_of<T>), &HostGroupNorm<T>::backward);
-    t.running.add(launch_key("instance_norm_running_stats", dtype_of<T>), &HostGroupNorm<T>::running);
+    if constexpr (has_gradient_v<T>) {  // fp8: forwards only
+      t.backward.add(launch_key("group_norm", dtype_of<T>), &HostGroupNorm<T>::backward);
+      t.running.add(launch_key("instance_norm_running_stats", dtype_of<T>), &HostGroupNorm<T>::running);
+    }
   });
   return true;
 }();
@@ -201,6 +204,7 @@ const std::vector<Def>& defs() {
 }
 
 bool is_float4(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64; }
+bool is_fp8(DType t) { return t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
 bool is_stat(const std::string& n) { return n == "mean" || n == "rstd"; }
 
 Result<OpDesc> infer_running(const Def& def, const OpDesc& partial) {
@@ -237,7 +241,9 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   const size_t x_index = backward ? 1 : 0;
   BARACUDA_TRY(check_inputs(op, d, def.inputs, x_index));
   const TensorSpec& x = d.inputs[x_index];
-  if (!is_float4(x.dtype)) return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64)");
+  if (!is_float4(x.dtype) && !(is_fp8(x.dtype) && !backward))
+    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64",
+                       backward ? "; fp8 forwards have no gradient)" : " fp8_e4m3 fp8_e5m2)");
   const size_t min_rank = def.instance ? 3 : 2;
   if (x.shape.size() < min_rank)
     return invalid(op, ": 'input' must be [N, C", def.instance ? ", spatial..." : ", *", "] (rank >= ", min_rank,
@@ -263,9 +269,9 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   } else if (!backward && spatial <= 1) {
     return invalid(op, ": expected more than 1 spatial element when training (as torch), got 'input' shape ", shape_str(x.shape));
   }
-  // Parameters in the input's dtype, or f32 for half inputs (torch's mixed precision).
+  // Parameters in the input's dtype, or f32 for half and fp8 inputs (torch's mixed precision).
   const size_t w_index = backward ? 4 : 1;
-  const bool half = x.dtype == DType::f16 || x.dtype == DType::bf16;
+  const bool half = x.dtype == DType::f16 || x.dtype == DType::bf16 || is_fp8(x.dtype);
   const DType param_dtype = def.affine && half && d.inputs[w_index].dtype == DType::f32 ? DType::f32 : x.dtype;
   auto expected = [&](const std::string& n) {
     if (is_stat(n)) return TensorSpec{stat_dtype(x.dtype), {N, G}};
@@ -446,7 +452,7 @@ void register_group_norm_ops(std::vector<OpInfo>& ops) {
     if (def.kind == Kind::backward) info.gradient = def.forward_name;
     info.input_names = def.inputs;
     info.output_names = def.outputs;
-    info.dtypes = dtypes_of<FloatTypes>();
+    info.dtypes = def.kind == Kind::forward ? dtypes_of<Concat<FloatTypes, Fp8Types>::type>() : dtypes_of<FloatTypes>();
     if (def.kind == Kind::running)
       info.attrs = {{"momentum", 0.1, "weight of the new statistics"},
                     {"eps", 1e-5, "the eps instance_norm ran with (recovers the variance from rstd)"},

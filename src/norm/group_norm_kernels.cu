@@ -8,6 +8,7 @@
 // chunk) grid for long rows, flat for short ones). No atomics anywhere.
 #include <optional>
 
+#include "core/fp8_traits.hpp"
 #include "norm/group_norm.hpp"
 #include "norm/kernels.cuh"
 
@@ -546,11 +547,13 @@ Status CudaGroupNorm<T>::running(const RunningLaunch& r, CUstream_st* stream) {
 }
 
 [[maybe_unused]] const bool registered = [] {
-  for_each_type<FloatTypes>([]<class T>(TypeTag<T>) {
+  for_each_type<Concat<FloatTypes, Fp8Types>::type>([]<class T>(TypeTag<T>) {
     auto& t = cuda_group_norms();
     t.forward.add(launch_key("group_norm", dtype_of<T>), &CudaGroupNorm<T>::forward);
-    t.backward.add(launch_key("group_norm", dtype_of<T>), &CudaGroupNorm<T>::backward);
-    t.running.add(launch_key("instance_norm_running_stats", dtype_of<T>), &CudaGroupNorm<T>::running);
+    if constexpr (has_gradient_v<T>) {  // fp8: forwards only
+      t.backward.add(launch_key("group_norm", dtype_of<T>), &CudaGroupNorm<T>::backward);
+      t.running.add(launch_key("instance_norm_running_stats", dtype_of<T>), &CudaGroupNorm<T>::running);
+    }
   });
   return true;
 }();

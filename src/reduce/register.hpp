@@ -37,11 +37,15 @@ void register_reducer(ReduceTable& table) {
     if constexpr (std::is_same_v<R, Sum> && std::is_same_v<T, float>) {
       table.add(launch_key("sum", DType::f32, DType::f16), &Launch<R, T, __half>::run);
       table.add(launch_key("sum", DType::f32, DType::bf16), &Launch<R, T, __nv_bfloat16>::run);
+      table.add(launch_key("sum", DType::f32, DType::fp8_e4m3), &Launch<R, T, __nv_fp8_e4m3>::run);
+      table.add(launch_key("sum", DType::f32, DType::fp8_e5m2), &Launch<R, T, __nv_fp8_e5m2>::run);
     }
     if constexpr (std::is_same_v<R, Sum> && std::is_same_v<T, double>) {
       table.add(launch_key("sum", DType::f64, DType::f32), &Launch<R, T, float>::run);
       table.add(launch_key("sum", DType::f64, DType::f16), &Launch<R, T, __half>::run);
       table.add(launch_key("sum", DType::f64, DType::bf16), &Launch<R, T, __nv_bfloat16>::run);
+      table.add(launch_key("sum", DType::f64, DType::fp8_e4m3), &Launch<R, T, __nv_fp8_e4m3>::run);
+      table.add(launch_key("sum", DType::f64, DType::fp8_e5m2), &Launch<R, T, __nv_fp8_e5m2>::run);
     }
     // The mean in f32/f64 whatever the input: var/std gradients need it unrounded.
     if constexpr (std::is_same_v<R, Mean>) {
