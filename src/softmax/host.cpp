@@ -69,7 +69,7 @@ template <class Op, class T, bool kBackward>
 struct HostSparse {
   static Status run(const RowLaunch& l, const RowParams& p, CUstream_st* s) { return sparse_on_host<Op, T, kBackward>(l, p, s); }
 };
-[[maybe_unused]] const bool registered = register_softmax<HostSparse, FloatTypes, SparseOps>(host_softmax());
+[[maybe_unused]] const bool registered = register_softmax<HostSparse, SoftmaxTypes, SparseOps>(host_softmax());
 
 }  // namespace
 }  // namespace baracuda::smax

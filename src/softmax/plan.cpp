@@ -256,6 +256,7 @@ void register_softmax_ops(std::vector<OpInfo>& ops) {
   gumbel.saved = "soft";
   gumbel.backward_kernel = "softmax_backward";
   gumbel.gumbel = true;
+  gumbel.dtypes = dtypes_of<SoftmaxTypes>();
   gumbel.domains = {{-3, 3}};
   gumbel.sample_attrs = {Attrs{{"seed", 7}, {"offset", 3}}, Attrs{{"dim", 0}, {"tau", 0.5}, {"hard", 1}, {"seed", 1}},
                          Attrs{{"dim", 1}, {"tau", 2}, {"seed", 5}, {"offset", 100}}};
@@ -264,6 +265,7 @@ void register_softmax_ops(std::vector<OpInfo>& ops) {
   Spec sparse{Sparsemax::name, "Euclidean projection of the input onto the probability simplex along dim "
               "(Martins & Astudillo 2016): max(x - tau, 0) with tau such that the row sums to 1"};
   sparse.domains = {{-2, 2}};
+  sparse.dtypes = dtypes_of<SoftmaxTypes>();
   sparse.backward_domains = {{-1, 1}, {-0.5, 1}};  // output <= 0: off the support
   add_ops(ops, sparse);
 }
