@@ -416,14 +416,19 @@ struct TileStates<S, false> {  // a flag array, then the states (16-byte aligned
 /// Elements per thread of the single-pass kernel (Note [Vectorised
 /// single-pass tiles]): 16 (4K-element tiles), 32 for 4-byte states over
 /// inputs of 4 bytes or fewer (8K-element tiles: half the look-back hops),
-/// 8 for 16-byte states (the tile is staged in static shared memory on the
-/// scalar path).
+/// 64 for the sums and products of half types that stream (16K-element
+/// tiles, 32 KiB as f32's: half their look-back hops again; H100, bf16 64M
+/// cumsum 2.00 -> 2.29 TB/s), 8 for 16-byte states (the tile is staged in
+/// static shared memory on the scalar path).
 template <class Io, class S = typename Io::S>
-inline constexpr int kPassItems = sizeof(S) > 8 ? 8 : sizeof(S) == 4 && Io::kInBytes <= 4 ? 32 : 16;
+inline constexpr int kPassItems = sizeof(S) > 8                          ? 8
+                                  : Io::kStreams && Io::kInBytes == 2   ? 64
+                                  : sizeof(S) == 4 && Io::kInBytes <= 4 ? 32
+                                                                        : 16;
 /// Blocks an SM the single-pass kernel asks for: 4 for 4-byte states over
-/// 16 items (at most 64 registers), 3 over 32 (at 64 they spilled).
+/// 16 items (at most 64 registers), 3 over 32 (at 64 they spilled), 2 over 64.
 template <class Io, class S = typename Io::S>
-inline constexpr int kPassBlocks = sizeof(S) != 4 ? 1 : kPassItems<Io> > 16 ? 3 : 4;
+inline constexpr int kPassBlocks = sizeof(S) != 4 ? 1 : kPassItems<Io> > 32 ? 2 : kPassItems<Io> > 16 ? 3 : 4;
 
 /// Exclusive prefix E(j) of tile j of a row whose tile 0 has slot `first`
 /// (Note [Deterministic single-pass scan]); warp 0 calls it, lane 0 gets it.
@@ -570,10 +575,10 @@ __global__ void __launch_bounds__(kBlock, kPassBlocks<Io>) single_pass_kernel(Sc
 // waits. Forward progress without co-residency: the earliest tile without a
 // published prefix is some block's tile a (a block's a precedes its b and
 // d), every tile before it is done, and nothing a block does before that
-// look-back waits on another block. Thread o owns elements [32 o, 32 o + 32),
-// C 16-byte chunks (8 of f32, 4 of a half type), and every combine is the
+// look-back waits on another block. Thread o owns elements [N o, N o + N),
+// N = 32 f32 or 64 half elements, C = 8 16-byte chunks, and every combine is the
 // one single_pass_kernel makes, so the bits are the same (the output pass
-// rescans a's elements from the stage: 32 adds, no registers held across the
+// rescans a's elements from the stage: N adds, no registers held across the
 // look-back). A stage holds its tile swizzled: thread o's chunk q sits at
 // chunk C o + (q ^ key(o)), key(o) = (C o / 8) mod C, so the coalesced
 // copies (8 consecutive chunks a wavefront) and the reads of 8 threads of
@@ -586,14 +591,18 @@ __global__ void __launch_bounds__(kBlock, kPassBlocks<Io>) single_pass_kernel(Sc
 // last, partial tile is loaded element by element (synchronously) into the
 // same layout.
 
-/// Stages and elements a thread of streamed_scan_kernel; its blocks an SM:
-/// two for 4-byte elements (96 KiB of stages each), three for 2-byte ones (48 KiB).
-inline constexpr int kStreamStages = 3, kStreamItems = 32;
-inline constexpr int kStreamTile = kBlock * kStreamItems;
+/// Stages and elements a thread of streamed_scan_kernel (the single-pass
+/// kernel's tiles: 32 KiB, 8K f32 or 16K half elements); two blocks an SM
+/// (96 KiB of stages each).
+inline constexpr int kStreamStages = 3;
 template <size_t kElemBytes>
-inline constexpr int kStreamBlocks = kElemBytes == 4 ? 2 : 3;
+inline constexpr int kStreamItems = 128 / kElemBytes;
 template <size_t kElemBytes>
-inline constexpr size_t kStreamSmem = size_t(kStreamStages) * kStreamTile * kElemBytes;
+inline constexpr int kStreamTile = kBlock * kStreamItems<kElemBytes>;
+template <size_t kElemBytes>
+inline constexpr int kStreamBlocks = 2;
+template <size_t kElemBytes>
+inline constexpr size_t kStreamSmem = size_t(kStreamStages) * kStreamTile<kElemBytes> * kElemBytes;
 
 /// Chunk of a stage that holds thread o's chunk q (C chunks a thread); the
 /// stage's chunk that holds the tile's chunk c, and the element of tile
@@ -662,7 +671,7 @@ __global__ void __launch_bounds__(kBlock, kStreamBlocks<Io::kInBytes>)
   using T = typename Io::In;
   using M = typename Io::M;
   static_assert(Io::kStreams && sizeof(S) == 4);
-  constexpr int kIt = kStreamItems, kT = kStreamTile, E = int(16 / sizeof(T)), C = kIt / E;
+  constexpr int kIt = kStreamItems<sizeof(T)>, kT = kStreamTile<sizeof(T)>, E = int(16 / sizeof(T)), C = kIt / E;
   constexpr int kChunks = kT / E;
   static_assert(kChunks / kBlock == C, "a thread copies as many chunks as it owns");
   struct alignas(16) Chunk {
@@ -875,7 +884,7 @@ Status scan_on_cuda(const ScanLaunch& l, CUstream_st* stream) {
     BARACUDA_CUDA_TRY(cudaMemsetAsync(l.workspace, 0, kTicketBytes + TileStates<S>::reset_bytes(2 * blocks), stream));
     if constexpr (Io::kStreams) {
       if (streams<Io>(l)) {
-        static_assert(kStreamTile == kBlock * kPassItems<Io>, "the same tiles as the single-pass kernel");
+        static_assert(kStreamTile<Io::kInBytes> == kBlock * kPassItems<Io>, "the same tiles as the single-pass kernel");
         // A persistent grid of the blocks an SM holds (kStreamBlocks on sm_90; where fewer fit, the rest wait
         // their turn: tiles go by ticket, so no block waits on one that has not started).
         auto kernel = streamed_scan_kernel<Io>;
