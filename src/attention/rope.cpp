@@ -54,7 +54,6 @@ const std::vector<Def>& defs() {
 }
 
 bool is_float4(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64; }
-bool is_fp8(DType t) { return t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
 
 // ---------------------------------------------------------------- rope descriptors
 

@@ -13,6 +13,9 @@ namespace baracuda {
 /// float atomics); the arch of the current device for CUDA plans.
 KernelSku bespoke_sku(OpCategory category, const char* op, DType element, Backend backend);
 
+/// The fp8 dtypes (e4m3, e5m2).
+inline bool is_fp8(DType t) { return t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
+
 /// Saved statistics a plan returns (mean, rstd, lse, ...): f32, f64 for f64.
 inline DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 

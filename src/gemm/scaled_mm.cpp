@@ -32,7 +32,6 @@ const std::vector<std::string>& output_names() {
   return names;
 }
 
-bool is_fp8(DType t) { return t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
 bool is_out(DType t) { return t == DType::bf16 || t == DType::f16 || t == DType::f32 || is_fp8(t); }
 
 enum class ScaleForm { tensor, row, block };

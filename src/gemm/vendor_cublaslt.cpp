@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/cuda_check.hpp"
+#include "core/family.hpp"
 #include "elementwise/ops.hpp"
 #include "elementwise/prepare.hpp"
 #include "gemm/engine.hpp"
@@ -46,7 +47,6 @@ std::optional<cudaDataType_t> lt_data_type(DType t) {
   }
 }
 
-bool is_fp8(DType t) { return t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
 
 std::optional<LtTypes> lt_types(const LtRequest& r) {
   if (r.scaled) {

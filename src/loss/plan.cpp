@@ -72,8 +72,8 @@ std::vector<PointwiseDef>& pointwise_defs() { return loss_defs<LossMeta>(); }
 /// Input dtypes: the four floats, and fp8 (e4m3, e5m2, computed in f32) for
 /// the losses themselves; fp8 has no gradients, as in the other families.
 Status check_loss_dtype(const std::string& op, DType t, bool gradient) {
-  const bool fp8 = t == DType::fp8_e4m3 || t == DType::fp8_e5m2;
-  if (t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64 || (fp8 && !gradient)) return Status::ok();
+  if (t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64 || (is_fp8(t) && !gradient))
+    return Status::ok();
   return unsupported(op, ": dtype ", dtype_name(t), " is not supported (f32 f16 bf16 f64",
                      gradient ? "; fp8 losses have no gradient)" : " fp8_e4m3 fp8_e5m2)");
 }

@@ -54,7 +54,6 @@ const Def& backward_def() {
 
 bool is_float4(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64; }
 bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
-bool is_fp8(DType t) { return t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
 bool is_stat(const std::string& n) { return n == "save_mean" || n == "save_invstd"; }
 
 /// The input's index among the operands.

@@ -204,7 +204,6 @@ const std::vector<Def>& defs() {
 }
 
 bool is_float4(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64; }
-bool is_fp8(DType t) { return t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
 bool is_stat(const std::string& n) { return n == "mean" || n == "rstd"; }
 
 Result<OpDesc> infer_running(const Def& def, const OpDesc& partial) {
@@ -271,8 +270,8 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   }
   // Parameters in the input's dtype, or f32 for half and fp8 inputs (torch's mixed precision).
   const size_t w_index = backward ? 4 : 1;
-  const bool half = x.dtype == DType::f16 || x.dtype == DType::bf16 || is_fp8(x.dtype);
-  const DType param_dtype = def.affine && half && d.inputs[w_index].dtype == DType::f32 ? DType::f32 : x.dtype;
+  const bool narrow = x.dtype == DType::f16 || x.dtype == DType::bf16 || is_fp8(x.dtype);
+  const DType param_dtype = def.affine && narrow && d.inputs[w_index].dtype == DType::f32 ? DType::f32 : x.dtype;
   auto expected = [&](const std::string& n) {
     if (is_stat(n)) return TensorSpec{stat_dtype(x.dtype), {N, G}};
     if (n == "weight" || n == "bias" || n == "grad_weight" || n == "grad_bias") return TensorSpec{param_dtype, {C}};
