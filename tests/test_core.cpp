@@ -135,6 +135,45 @@ TEST(Registry, CoversTheElementwiseInventory) {
   EXPECT_EQ(find_op("cast")->dtypes.size(), size_t(kNumDTypes));
 }
 
+/// Issue 3's families (reductions, scans, softmax, norms, losses) take fp8
+/// storage in every float forward but the five listed (the fused ones write
+/// gradients; ctc and linear_cross_entropy keep the four floats); the
+/// gradient ops of the norm, scan and loss families refuse it and say why.
+TEST(Registry, Fp8ForwardsOfTheRowFamilies) {
+  const std::set<std::string> four_floats{"ctc_loss", "linear_cross_entropy", "linear_cross_entropy_fused",
+                                          "cross_entropy_fused", "instance_norm_running_stats"};
+  const std::set<OpCategory> families{OpCategory::reduce, OpCategory::scan, OpCategory::softmax, OpCategory::norm,
+                                      OpCategory::loss};
+  int forwards = 0;
+  for (const OpInfo& op : registry()) {
+    if (!families.count(op.category) || op.direction != Direction::forward || op.dtypes.empty() ||
+        !is_floating(op.dtypes[0]) || four_floats.count(op.name))
+      continue;
+    ++forwards;
+    for (DType d : {DType::fp8_e4m3, DType::fp8_e5m2})
+      EXPECT_NE(std::find(op.dtypes.begin(), op.dtypes.end(), d), op.dtypes.end()) << op.name << " lacks " << dtype_name(d);
+  }
+  EXPECT_GT(forwards, 40);
+  const DType e4 = DType::fp8_e4m3, f32 = DType::f32;
+  auto refused = [](const char* op, std::vector<TensorSpec> inputs) {
+    auto d = infer(op, std::move(inputs));
+    ASSERT_FALSE(d) << op << " took fp8";
+    EXPECT_NE(d.status().message().find("no gradient"), std::string::npos) << op << ": " << d.status().message();
+  };
+  refused("layer_norm_backward", {{e4, {4, 8}}, {e4, {4, 8}}, {f32, {4}}, {f32, {4}}, {e4, {8}}});
+  refused("rms_norm_backward", {{e4, {4, 8}}, {e4, {4, 8}}, {f32, {4}}, {e4, {8}}});
+  refused("cumsum_backward", {{e4, {4, 8}}, {e4, {4, 8}}});
+  refused("mse_loss_backward", {{e4, {}}, {e4, {4, 8}}, {e4, {4, 8}}});
+  refused("cross_entropy_backward", {{e4, {}}, {e4, {4, 8}}, {DType::i64, {4}}, {e4, {0}}, {f32, {4}}});
+  refused("group_norm_backward", {{e4, {2, 4, 3}}, {e4, {2, 4, 3}}, {f32, {2, 1}}, {f32, {2, 1}}, {e4, {4}}});
+  refused("batch_norm_backward", {{e4, {2, 4, 3}}, {e4, {2, 4, 3}}, {f32, {4}}, {f32, {4}}, {f32, {4}}, {f32, {0}}, {f32, {0}}});
+  // The forwards: fp8 output, f32 statistics.
+  auto ln = infer("layer_norm", {{e4, {4, 8}}, {e4, {8}}, {e4, {8}}});
+  ASSERT_TRUE(ln) << ln.status().to_string();
+  EXPECT_EQ(ln->outputs[0].dtype, e4);
+  EXPECT_EQ(ln->outputs[1].dtype, f32);
+}
+
 TEST(Select, ReasonsPreferenceAndSku) {
   OpDesc desc = *infer("gelu", {{DType::bf16, {8, 16}}});
   EXPECT_EQ(desc.outputs.size(), 1u);

@@ -211,7 +211,8 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   const int rank = static_cast<int>(x.shape.size());
   const auto dtypes = dtypes_for(def.kind, def.backward);
   if (std::find(dtypes.begin(), dtypes.end(), x.dtype) == dtypes.end())
-    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported");
+    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported",
+                       def.backward && is_fp8(x.dtype) ? " (fp8 forwards have no gradient)" : "");
   const double dim = d.attrs.get("dim", -1);
   const int axis = normalize_dim(dim, std::max(rank, 1));
   if (dim != std::floor(dim) || axis < 0 || axis >= std::max(rank, 1))
