@@ -9,6 +9,13 @@
 
 namespace baracuda {
 
+Status check_float_storage(const std::string& op, DType t, bool gradient) {
+  if (t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64 || (is_fp8(t) && !gradient))
+    return Status::ok();
+  return unsupported(op, ": dtype ", dtype_name(t), " is not supported (f32 f16 bf16 f64",
+                     gradient ? "; fp8 forwards have no gradient)" : " fp8_e4m3 fp8_e5m2)");
+}
+
 KernelSku bespoke_sku(OpCategory category, const char* op, DType element, Backend backend) {
   KernelSku sku;
   sku.category = category;

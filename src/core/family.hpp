@@ -16,6 +16,11 @@ KernelSku bespoke_sku(OpCategory category, const char* op, DType element, Backen
 /// The fp8 dtypes (e4m3, e5m2).
 inline bool is_fp8(DType t) { return t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
 
+/// The storage a float family takes: f32, f16, bf16, f64, and fp8 for the
+/// forwards (computed in f32; fp8 has no gradient ops). An error naming
+/// `op`, the dtype and what is taken otherwise.
+Status check_float_storage(const std::string& op, DType t, bool gradient);
+
 /// Saved statistics a plan returns (mean, rstd, lse, ...): f32, f64 for f64.
 inline DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 

@@ -1,6 +1,6 @@
 // CUDA losses for fp8 storage (__nv_fp8_e4m3, __nv_fp8_e5m2): the pointwise,
 // class and row losses themselves, computed in f32; no gradients
-// (register.hpp, check_loss_dtype in plan.cpp).
+// (register.hpp; check_float_storage in core/family.hpp).
 #include "elementwise/cuda_launcher.cuh"
 #include "loss/kernels.cuh"
 #include "loss/kernels_row.cuh"

@@ -69,16 +69,7 @@ std::vector<LossOpDef<Meta>>& loss_defs() {
 using PointwiseDef = LossOpDef<LossMeta>;
 std::vector<PointwiseDef>& pointwise_defs() { return loss_defs<LossMeta>(); }
 
-/// Input dtypes: the four floats, and fp8 (e4m3, e5m2, computed in f32) for
-/// the losses themselves; fp8 has no gradients, as in the other families.
-Status check_loss_dtype(const std::string& op, DType t, bool gradient) {
-  if (t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64 || (is_fp8(t) && !gradient))
-    return Status::ok();
-  return unsupported(op, ": dtype ", dtype_name(t), " is not supported (f32 f16 bf16 f64",
-                     gradient ? "; fp8 losses have no gradient)" : " fp8_e4m3 fp8_e5m2)");
-}
-
-/// The loss ops' dtypes (see check_loss_dtype).
+/// The loss ops' dtypes (core/family.hpp's check_float_storage).
 std::vector<DType> loss_dtypes(bool gradient) {
   return gradient ? dtypes_of<FloatTypes>() : dtypes_of<Concat<FloatTypes, Fp8Types>::type>();
 }
@@ -88,7 +79,7 @@ Result<OpDesc> infer_pointwise_forward(const PointwiseDef& def, const std::vecto
   const std::string& op = def.name;
   BARACUDA_TRY(check_inputs(op, d, names, 0));
   const TensorSpec& x = d.inputs[0];
-  BARACUDA_TRY(check_loss_dtype(op, x.dtype, def.backward));
+  BARACUDA_TRY(check_float_storage(op, x.dtype, def.backward));
   for (size_t i = 1; i < d.inputs.size(); ++i) {
     if (d.inputs[i].dtype != x.dtype)
       return invalid(op, ": '", names[i], "' dtype ", dtype_name(d.inputs[i].dtype), " != '", names[0], "' dtype ",
@@ -356,7 +347,7 @@ Result<OpDesc> infer_class(const ClassDef& def, const OpDesc& partial) {
   const int xi = input_index(def, "input"), ti = input_index(def, "target"), wi = input_index(def, "weight");
   BARACUDA_TRY(check_inputs(op, d, def.inputs, static_cast<size_t>(xi)));
   const TensorSpec& x = d.inputs[xi];
-  BARACUDA_TRY(check_loss_dtype(op, x.dtype, def.mode != Mode::forward));
+  BARACUDA_TRY(check_float_storage(op, x.dtype, def.mode != Mode::forward));
   if (x.shape.empty()) return invalid(op, ": 'input' must have a class dim (rank >= 1), got a scalar");
   const int64_t classes = x.shape[class_dim(x.shape)];
   if (classes < 1) return invalid(op, ": 'input' ", shape_str(x.shape), " has no classes (dim ", class_dim(x.shape), " is 0)");
@@ -568,7 +559,7 @@ Result<OpDesc> infer_row_forward(const RowDef& def, const std::vector<std::strin
   const RowLossMeta& m = *def.meta;
   BARACUDA_TRY(check_inputs(op, d, names, 0));
   const TensorSpec& x = d.inputs[0];
-  BARACUDA_TRY(check_loss_dtype(op, x.dtype, def.backward));
+  BARACUDA_TRY(check_float_storage(op, x.dtype, def.backward));
   const size_t rank = x.shape.size();
   const char* dim = index_target(m) ? "C" : "D";
   if (rank == 0 || (m.max_rank != 0 && rank > size_t(m.max_rank)))

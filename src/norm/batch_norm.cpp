@@ -52,7 +52,6 @@ const Def& backward_def() {
   return d;
 }
 
-bool is_float4(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64; }
 bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
 bool is_stat(const std::string& n) { return n == "save_mean" || n == "save_invstd"; }
 
@@ -86,9 +85,7 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   const std::string& op = def.name;
   BARACUDA_TRY(check_inputs(op, d, def.inputs, x_index(def)));
   const TensorSpec& x = d.inputs[x_index(def)];
-  if (!is_float4(x.dtype) && !(is_fp8(x.dtype) && !def.backward))
-    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64",
-                       def.backward ? "; fp8 forwards have no gradient)" : " fp8_e4m3 fp8_e5m2)");
+  BARACUDA_TRY(check_float_storage(op, x.dtype, def.backward));
   if (x.shape.size() < 2)
     return invalid(op, ": 'input' must be [N, C, *] (rank >= 2, channels in dim 1), got shape ", shape_str(x.shape));
   const double training = d.attrs.get("training", 0), eps = d.attrs.get("eps", 1e-5);

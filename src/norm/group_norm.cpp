@@ -157,7 +157,7 @@ struct HostGroupNorm {
 };
 
 [[maybe_unused]] const bool host_registered = [] {
-  for_each_type<Concat<FloatTypes, Fp8Types>::type>([]<class T>(TypeTag<T>) {
+  for_each_type<NormTypes>([]<class T>(TypeTag<T>) {
     auto& t = host_group_norms();
     t.forward.add(launch_key("group_norm", dtype_of<T>), &HostGroupNorm<T>::forward);
     if constexpr (has_gradient_v<T>) {  // fp8: forwards only
@@ -240,9 +240,7 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   const size_t x_index = backward ? 1 : 0;
   BARACUDA_TRY(check_inputs(op, d, def.inputs, x_index));
   const TensorSpec& x = d.inputs[x_index];
-  if (!is_float4(x.dtype) && !(is_fp8(x.dtype) && !backward))
-    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64",
-                       backward ? "; fp8 forwards have no gradient)" : " fp8_e4m3 fp8_e5m2)");
+  BARACUDA_TRY(check_float_storage(op, x.dtype, backward));
   const size_t min_rank = def.instance ? 3 : 2;
   if (x.shape.size() < min_rank)
     return invalid(op, ": 'input' must be [N, C", def.instance ? ", spatial..." : ", *", "] (rank >= ", min_rank,
@@ -451,7 +449,7 @@ void register_group_norm_ops(std::vector<OpInfo>& ops) {
     if (def.kind == Kind::backward) info.gradient = def.forward_name;
     info.input_names = def.inputs;
     info.output_names = def.outputs;
-    info.dtypes = def.kind == Kind::forward ? dtypes_of<Concat<FloatTypes, Fp8Types>::type>() : dtypes_of<FloatTypes>();
+    info.dtypes = def.kind == Kind::forward ? dtypes_of<NormTypes>() : dtypes_of<NormGradientTypes>();
     if (def.kind == Kind::running)
       info.attrs = {{"momentum", 0.1, "weight of the new statistics"},
                     {"eps", 1e-5, "the eps instance_norm ran with (recovers the variance from rstd)"},

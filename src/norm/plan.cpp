@@ -138,10 +138,7 @@ Result<OpDesc> infer_desc(const Def& def, const OpDesc& partial) {
   BARACUDA_TRY(check_inputs(op, d, def.inputs, x_index));
   const TensorSpec& x = d.inputs[x_index];
   const int rank = static_cast<int>(x.shape.size());
-  if (x.dtype != DType::f32 && x.dtype != DType::f16 && x.dtype != DType::bf16 && x.dtype != DType::f64 &&
-      (!is_fp8(x.dtype) || def.backward))
-    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64",
-                       def.backward ? "; fp8 forwards have no gradient)" : " fp8_e4m3 fp8_e5m2)");
+  BARACUDA_TRY(check_float_storage(op, x.dtype, def.backward));
   const int k = normalized_dims(def, d);
   if (k < 1 || k > rank)
     return invalid(op, ": normalized shape must cover 1 to ", rank, " trailing dims of '", def.inputs[x_index], "' ",
