@@ -17,4 +17,21 @@ constexpr int narrow_row_lanes(int64_t vectors, int per_lane) {
   return lanes;
 }
 
+/// Calls `launch.template operator()<lanes>()` with lanes =
+/// narrow_row_lanes(vectors, per_lane) as a compile-time constant; false
+/// (nothing called) when the row does not fit a warp's lanes.
+template <class Launch>
+bool launch_on_narrow_row_lanes(int64_t vectors, int per_lane, Launch&& launch) {
+  if (vectors > int64_t(32) * per_lane) return false;
+  switch (narrow_row_lanes(vectors, per_lane)) {
+    case 1: launch.template operator()<1>(); break;
+    case 2: launch.template operator()<2>(); break;
+    case 4: launch.template operator()<4>(); break;
+    case 8: launch.template operator()<8>(); break;
+    case 16: launch.template operator()<16>(); break;
+    default: launch.template operator()<32>(); break;
+  }
+  return true;
+}
+
 }  // namespace baracuda::rows

@@ -211,16 +211,7 @@ Result<bool> launch_held_forward(const RowLaunch& l, const rows::OffsetCalc<S::k
           <<<unsigned((l.rows + RPB - 1) / RPB), TPR * RPB, 0, stream>>>(l, outer, p);
     };
     // Rows a warp holds take rows::narrow_row_lanes of its lanes, 128 threads a block.
-    switch (vectors <= 32 * K ? rows::narrow_row_lanes(vectors, K) : 0) {
-      case 1: launch.template operator()<1>(); break;
-      case 2: launch.template operator()<2>(); break;
-      case 4: launch.template operator()<4>(); break;
-      case 8: launch.template operator()<8>(); break;
-      case 16: launch.template operator()<16>(); break;
-      case 32: launch.template operator()<32>(); break;
-      default: break;
-    }
-    if (vectors <= 32 * K) {
+    if (rows::launch_on_narrow_row_lanes(vectors, K, launch)) {
     } else if constexpr (S::kResidual) {
       // The fewest whole warps that hold the row (Note [Norm rows in registers]).
       const int64_t threads = (vectors + 32 * K - 1) / (32 * K) * 32;

@@ -289,16 +289,7 @@ Result<bool> launch_held_softmax(const RowLaunch& l, const rows::OffsetCalc<3, i
     };
     // The fewest threads, a power of two, that hold the row (a warp's lanes:
     // rows::narrow_row_lanes, or 128 to 512).
-    switch (vectors <= 32 * K ? rows::narrow_row_lanes(vectors, K) : 0) {
-      case 1: launch.template operator()<1>(); break;
-      case 2: launch.template operator()<2>(); break;
-      case 4: launch.template operator()<4>(); break;
-      case 8: launch.template operator()<8>(); break;
-      case 16: launch.template operator()<16>(); break;
-      case 32: launch.template operator()<32>(); break;
-      default: break;
-    }
-    if (vectors <= 32 * K) {
+    if (rows::launch_on_narrow_row_lanes(vectors, K, launch)) {
     } else if constexpr (!kBackward) {
       if (vectors <= 128 * K) launch.template operator()<128>();
       else if (vectors <= 256 * K) launch.template operator()<256>();
