@@ -122,7 +122,9 @@ def main():
             ours = lambda: run_backend("scaled_dot_product_attention_backward", [g, q, k, v, out, lse, m, sl],  # noqa: E731
                                        grads, attrs, "cuda")
             theirs = lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True)  # noqa: E731
-            kernel = "tensor cores" if d in (64, 128) else "tensor cores, padded to 128"
+            # The backward on tensor cores: the warpgroup-MMA kernels on sm_90 at head dims 64 and 128
+            # (kernels_bwd_sm90.cu), mma.sync elsewhere (padded to 128 at D96).
+            kernel = ("wgmma" if hopper else "mma.sync") if d in (64, 128) else "mma.sync, padded to 128"
             row(f"bespoke CUDA bwd B{b} H{h} S{s} D{d}{' causal' if causal else ''} ({kernel})", ours, theirs,
                 10 * b * h * s * s * d // (2 if causal else 1),
                 check=lambda: all(rel_close(a, r, 2e-2) for a, r in zip(ours(), theirs())))

@@ -48,7 +48,8 @@ TEST_P(Attention, CudnnMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Ops, Attention, testing::ValuesIn(dense_ops()), param_name);
 
 /// Whether the bespoke forward runs the Hopper warpgroup-MMA kernel here.
-bool hopper_forward() {
+/// Whether the bespoke Hopper kernels (wgmma: the forward, the backward at head dims 64 and 128) can run here.
+bool hopper_wgmma() {
 #if defined(BARACUDA_HAS_CUDA) && defined(BARACUDA_HAS_SM90A)
   return cuda_available() && current_sm_version() == 90;
 #else
@@ -481,7 +482,7 @@ TEST(AttentionCuda, BackwardIsDeterministic) {
 /// sum is exact: a failure here is a descriptor, swizzle or fragment bug,
 /// not the softmax's.
 TEST(AttentionCuda, WgmmaProductsAreExact) {
-  if (!hopper_forward()) GTEST_SKIP() << "no sm_90 device or no sm_90a code";
+  if (!hopper_wgmma()) GTEST_SKIP() << "no sm_90 device or no sm_90a code";
 #ifdef BARACUDA_HAS_CUDA
   for (DType t : {DType::bf16, DType::f16})
     for (int d : {64, 128}) {
@@ -498,7 +499,7 @@ TEST(AttentionCuda, WgmmaProductsAreExact) {
 /// cp.async path, each against the swizzled image the wgmma descriptors
 /// read: a failure here is a tensor-map bug, not a barrier or pipeline bug.
 TEST(AttentionCuda, TmaTileMatchesSwizzledLayout) {
-  if (!hopper_forward()) GTEST_SKIP() << "no sm_90 device or no sm_90a code";
+  if (!hopper_wgmma()) GTEST_SKIP() << "no sm_90 device or no sm_90a code";
 #ifdef BARACUDA_HAS_CUDA
   for (DType t : {DType::bf16, DType::f16})
     for (int d : {64, 128}) {
@@ -547,8 +548,8 @@ TEST(AttentionCuda, PackedSequencesOnHopperPath) {
 
 /// The Hopper forward over several key tiles (the K/V ring wraps), lengths
 /// off its 128-row and 128-key tiles both ways, GQA 4/1, contiguous
-/// operands, every option of the score rule; forward only (the backward has
-/// no Hopper kernel). The CUDA run repeats one batch of 4 query heads over a
+/// operands, every option of the score rule; forward only
+/// (BackwardOnHopperPathAgainstReference takes the backward). The CUDA run repeats one batch of 4 query heads over a
 /// kv head `kCopies` times, so that its grid fills an H100 (smaller grids
 /// run the mma.sync kernel); the host reference runs one copy, and
 /// every copy must match it (dropout runs one copy: each head draws its own;
@@ -607,6 +608,96 @@ TEST(AttentionCuda, LongSequencesAgainstReference) {
         }
 }
 
+/// The Hopper backward (wgmma, head dims 64 and 128; the mma.sync kernels
+/// elsewhere) over several 64-row query and key tiles both ways, GQA 4/1
+/// (dK and dV summed over a group's heads), every option of the score
+/// rule, and packed sequences (one empty, lengths off the tiles); against
+/// the host reference's gradients from the host forward's out and lse.
+TEST(AttentionCuda, BackwardOnHopperPathAgainstReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(71);
+  const int64_t b = 1, hq = 4, hkv = 1;
+  const std::vector<Attrs> options = {Attrs{},
+                                      Attrs{{"causal", 1}},
+                                      Attrs{{"causal", 1}, {"bottom_right", 1}},
+                                      Attrs{{"window_left", 100}, {"window_right", 20}, {"softcap", 5}},
+                                      Attrs{{"window_left", 150}, {"window_right", 10}},  // edges, whole middle tiles
+                                      Attrs{},  // ALiBi and a boolean mask
+                                      Attrs{{"dropout_p", 0.15}, {"seed", 3}, {"offset", 2}},
+                                      Attrs{{"causal", 1}, {"softcap", 5}}};
+  auto check_grads = [](const std::vector<std::vector<double>>& want, const std::vector<std::vector<double>>& got,
+                        const std::string& what) {
+    for (int r = 0; r < 3; ++r) {
+      double scale = 0;
+      for (double x : want[size_t(r)]) scale = std::max(scale, std::abs(x));
+      ASSERT_EQ(got[size_t(r)].size(), want[size_t(r)].size()) << what;
+      for (size_t e = 0; e < want[size_t(r)].size(); ++e)
+        ASSERT_NEAR(got[size_t(r)][e], want[size_t(r)][e], 2e-2 * scale) << what << " grad " << r << " " << e;
+    }
+  };
+  PlanPreference pref;
+  pref.backend = Backend::bespoke_cuda;
+  for (const auto& [sq, skv] : {std::pair<int64_t, int64_t>{300, 200}, {130, 330}})
+    for (int64_t d : {64, 128})
+      for (size_t o = 0; o < options.size(); ++o)
+        for (DType t : {DType::bf16, DType::f16}) {
+          const bool masked = o == 5;
+          std::vector<double> mask(size_t(sq * skv)), slopes{0.3, 0.1, 0.05, 0.01};
+          for (auto& x : mask) x = rng() % 5 ? 1 : 0;
+          const std::vector<Operand> in{{uniform(b * hq * sq * d, rng), {b, hq, sq, d}, t},
+                                        {uniform(b * hkv * skv * d, rng), {b, hkv, skv, d}, t},
+                                        {uniform(b * hkv * skv * d, rng), {b, hkv, skv, d}, t},
+                                        masked ? Operand{mask, {sq, skv}, DType::boolean} : Operand{{}, {0}, t},
+                                        masked ? Operand{slopes, {hq}, DType::f32} : Operand{{}, {0}, DType::f32}};
+          const std::string what = cat(dtype_name(t), " sq=", sq, " skv=", skv, " d=", d, " options ", o);
+          auto fwd = exec(Backend::host_reference, "scaled_dot_product_attention", in, options[o]);
+          ASSERT_TRUE(fwd) << what;
+          const std::vector<Operand> bwd{{uniform(b * hq * sq * d, rng), {b, hq, sq, d}, t},
+                                         in[0], in[1], in[2],
+                                         {(*fwd)[0], {b, hq, sq, d}, t},
+                                         {(*fwd)[1], {b, hq, sq}, DType::f32},
+                                         in[3], in[4]};
+          if (hopper_wgmma()) {
+            std::vector<TensorSpec> specs;
+            for (const Operand& x : bwd) specs.push_back({x.dtype, x.shape});
+            auto plan = select(Stream::cuda(), OpDesc{"scaled_dot_product_attention_backward", specs, {}, options[o]}, pref);
+            ASSERT_TRUE(plan) << plan.status().to_string();
+            EXPECT_EQ(std::string((*plan)->sku().kernel), "wgmma") << what;
+          }
+          auto host = exec(Backend::host_reference, "scaled_dot_product_attention_backward", bwd, options[o]);
+          auto cuda = exec(Backend::bespoke_cuda, "scaled_dot_product_attention_backward", bwd, options[o]);
+          ASSERT_TRUE(host && cuda) << what;
+          check_grads(*host, *cuda, what);
+        }
+  // Packed sequences: the blocks of an empty sequence and those past a short one do nothing.
+  const std::vector<int64_t> lq{300, 0, 131}, lk{260, 77, 400};
+  const int64_t pq = 8, pkv = 2;
+  std::vector<double> cq{0}, ck{0};
+  for (size_t s = 0; s < lq.size(); ++s) cq.push_back(cq.back() + double(lq[s])), ck.push_back(ck.back() + double(lk[s]));
+  const int64_t tq = int64_t(cq.back()), tk = int64_t(ck.back());
+  for (int64_t d : {64, 128})
+    for (const Attrs& attrs : {Attrs{{"max_seqlen_q", 300}, {"max_seqlen_kv", 400}},
+                               Attrs{{"causal", 1}, {"bottom_right", 1}, {"max_seqlen_q", 300}, {"max_seqlen_kv", 400}}})
+      for (DType t : {DType::bf16, DType::f16}) {
+        const std::vector<Operand> in{{uniform(tq * pq * d, rng), {tq, pq, d}, t},
+                                      {uniform(tk * pkv * d, rng), {tk, pkv, d}, t},
+                                      {uniform(tk * pkv * d, rng), {tk, pkv, d}, t},
+                                      {cq, {4}, DType::i32},
+                                      {ck, {4}, DType::i32},
+                                      {{}, {0}, DType::f32}};
+        const std::string what = cat("packed ", dtype_name(t), " d=", d, attrs.has("causal") ? " causal" : "");
+        auto fwd = exec(Backend::host_reference, "varlen_attention", in, attrs);
+        ASSERT_TRUE(fwd) << what;
+        const std::vector<Operand> bwd{{uniform(tq * pq * d, rng), {tq, pq, d}, t}, in[0], in[1], in[2],
+                                       {(*fwd)[0], {tq, pq, d}, t}, {(*fwd)[1], {pq, tq}, DType::f32},
+                                       in[3], in[4], in[5]};
+        auto host = exec(Backend::host_reference, "varlen_attention_backward", bwd, attrs);
+        auto cuda = exec(Backend::bespoke_cuda, "varlen_attention_backward", bwd, attrs);
+        ASSERT_TRUE(host && cuda) << what;
+        check_grads(*host, *cuda, what);
+      }
+}
+
 /// Dropout on the Hopper forward: a grid that fills an H100 (2 x 24 heads x 3
 /// query blocks), every head its own data and its own draws, against the
 /// host reference. The window's spans start off the 16-key grid for most
@@ -629,7 +720,7 @@ TEST(AttentionCuda, DropoutOnHopperPath) {
                                     {{}, {0}, t},
                                     {{}, {0}, DType::f32}};
       const std::string what = cat(dtype_name(t), " d=", d, " options ", o);
-      if (hopper_forward()) {
+      if (hopper_wgmma()) {
         PlanPreference pref;
         pref.backend = Backend::bespoke_cuda;
         std::vector<TensorSpec> specs;
@@ -691,8 +782,9 @@ TEST(AttentionTiles, HopperBlockOrderVisitsEveryBlockOnce) {
 }
 
 /// The bespoke sku names the tensor-core kernels where they serve (halves,
-/// head dims 64 and 128; the forward on sm_90: wgmma) and nothing for the
-/// CUDA-core ones. A forward grid smaller than the device runs mma.sync.
+/// head dims that are multiples of 8; on sm_90 at 64 and 128: wgmma) and
+/// nothing for the CUDA-core ones. A forward grid smaller than the device
+/// runs mma.sync.
 TEST(AttentionCuda, SkuNamesTensorCoreKernel) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   PlanPreference pref;
@@ -709,7 +801,8 @@ TEST(AttentionCuda, SkuNamesTensorCoreKernel) {
           ASSERT_TRUE(plan) << plan.status().to_string();
           // Head dims that are multiples of 8 run on tensor cores (96 padded to 128); 100 does not.
           const bool tc = t != DType::f32 && d % 8 == 0 && (*plan)->sku().arch >= 80;
-          const bool hopper = tc && d != 96 && hopper_forward() && !op.ends_with("backward") && heads == 256;
+          // The Hopper backward takes any grid at head dims 64 and 128; the forward grids that fill the device.
+          const bool hopper = tc && d != 96 && hopper_wgmma() && (op.ends_with("backward") || heads == 256);
           EXPECT_EQ(std::string((*plan)->sku().kernel), hopper ? "wgmma" : tc ? "tensor_cores" : "")
               << op << " " << dtype_name(t) << " d=" << d << " heads=" << heads;
         }

@@ -227,6 +227,8 @@ struct CudaBackward {
       BARACUDA_CUDA_TRY(cudaGetLastError());
     }
     if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+      if (wgmma_backward_layout(p, current_sm_version(), current_optin_smem()))
+        return attention_backward_wgmma<T>(p, ws, stream);
       if (tensor_core_layout(p, current_sm_version()) &&
           tc_backward_smem(tc_head_dim(p.head_dim)) <= current_optin_smem())
         return attention_backward_tc<T>(p, ws, stream);

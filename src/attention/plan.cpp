@@ -429,8 +429,9 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
     if (backend == Backend::bespoke_cuda && tiles::tensor_core_layout(problem, sku.arch) &&
         (!def.backward || tiles::tc_backward_smem(tiles::tc_head_dim(problem.head_dim)) <= device_max_smem()))
       sku.kernel = "tensor_cores";
-    if (backend == Backend::bespoke_cuda && tiles::wgmma_layout(problem, sku.arch, device_sm_count(), device_max_smem()))
-      sku.kernel = "wgmma";  // the Hopper forward (kernels_fwd_sm90.cu)
+    if (backend == Backend::bespoke_cuda && (tiles::wgmma_layout(problem, sku.arch, device_sm_count(), device_max_smem()) ||
+                                             tiles::wgmma_backward_layout(problem, sku.arch, device_max_smem())))
+      sku.kernel = "wgmma";  // the Hopper forward (kernels_fwd_sm90.cu) or backward (kernels_bwd_sm90.cu)
   }
   const size_t workspace = engine->workspace(problem);
   return PlanPtr(std::make_unique<AttentionPlan>(def, info, std::move(*full), *fixed, std::move(engine), workspace, sku));

@@ -311,4 +311,9 @@ Status attention_forward_wgmma(const Problem& p, CUstream_st* stream);
 template <class T>
 Status attention_backward_tc(const Problem& p, const float* ws, CUstream_st* stream);
 
+/// The backward on Hopper's warpgroup MMA (kernels_bwd_sm90.cu) for a
+/// problem wgmma_backward_layout takes, after the per-row dO . O in `ws`.
+template <class T>
+Status attention_backward_wgmma(const Problem& p, const float* ws, CUstream_st* stream);
+
 }  // namespace baracuda::attn

@@ -125,4 +125,23 @@ inline bool wgmma_layout(const Problem& p, int sm, int sm_count, size_t max_smem
 #endif
 }
 
+/// The Hopper backward (kernels_bwd_sm90.cu, warpgroup MMA): a warpgroup
+/// a block, two blocks an SM; each block keeps six swizzled tiles of 64 rows
+/// by d (K, V and two stages of Q and dO; or Q, dO and two stages of K and
+/// V), 1024-byte aligned, and two stages of 64 lse and dO . O.
+constexpr size_t wgmma_backward_smem(int64_t d) { return size_t(6 * 64 * d) * 2 + 1024 + 4 * 64 * sizeof(float); }
+
+/// Whether the Hopper backward takes a problem: a backward
+/// tensor_core_layout takes at head dims 64 and 128 exactly (others run
+/// the mma.sync kernels padded), on sm_90 in a build with sm_90a code.
+inline bool wgmma_backward_layout(const Problem& p, int sm, size_t max_smem) {
+#ifdef BARACUDA_HAS_SM90A
+  return p.backward && sm == 90 && (p.head_dim == 64 || p.head_dim == 128) && tensor_core_layout(p, sm) &&
+         wgmma_backward_smem(p.head_dim) <= max_smem;
+#else
+  (void)p, (void)sm, (void)max_smem;
+  return false;
+#endif
+}
+
 }  // namespace baracuda::attn::tiles

@@ -41,15 +41,21 @@ __host__ __device__ inline uint32_t swizzled_chunk(int rows, int r, int c) {
 
 /// Issues the cp.async copy of `kRowsT` rows of kD halves (unit dim stride,
 /// 16-byte rows) into a swizzled tile, rows at or past `len` zero-filled;
-/// kThreadsT threads share it, consecutive threads taking consecutive chunks.
+/// kThreadsT threads share it, consecutive threads taking consecutive
+/// chunks. A thread keeps one chunk column, rows a multiple of 8 apart, so
+/// its swizzled offset and its source step by constants.
 template <int kD, int kRowsT, int kThreadsT, class T>
 __device__ __forceinline__ void issue_swizzled(T* s, const T* base, int64_t seq, int64_t row0, int64_t len) {
-  constexpr int kPerRow = kD / 8;
-  for (int e = threadIdx.x % kThreadsT; e < kRowsT * kPerRow; e += kThreadsT) {
-    const int r = e / kPerRow, c = e % kPerRow;
-    const int64_t i = row0 + r;
-    cp_async_16(reinterpret_cast<unsigned char*>(s) + swizzled_chunk(kRowsT, r, c), i < len ? base + i * seq + c * 8 : base,
-                i < len);
+  constexpr int kPerRow = kD / 8, kRowStep = kThreadsT / kPerRow;
+  static_assert(kThreadsT % kPerRow == 0 && kRowStep % 8 == 0 && kRowsT % kRowStep == 0,
+                "a thread's chunks share a column and a swizzle");
+  const int t = threadIdx.x % kThreadsT, c = t % kPerRow, r0 = t / kPerRow;
+  unsigned char* dst = reinterpret_cast<unsigned char*>(s) + swizzled_chunk(kRowsT, r0, c);
+  const T* src = base + (row0 + r0) * seq + c * 8;
+#pragma unroll
+  for (int k = 0; k < kRowsT / kRowStep; ++k) {
+    const bool inside = row0 + r0 + k * kRowStep < len;
+    cp_async_16(dst + k * kRowStep * 128, inside ? src + k * kRowStep * seq : base, inside);
   }
 }
 
@@ -121,6 +127,12 @@ __device__ __forceinline__ void wgmma_pin(uint32_t (&d)[kN][4]) {
                "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " BCD_WG_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n" \
                : BCD_WG_F64(d)                                                                                \
                : "l"(a), "l"(b), "r"(accumulate))
+// d (64 x 64, f32) = A B (+ d when `accumulate`): A (64 x 16) and B (16 x 64) K-major in shared memory.
+#define BCD_WGMMA_SS64(TY)                                                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                    \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " BCD_WG_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n" \
+               : BCD_WG_F32(d)                                                                                \
+               : "l"(a), "l"(b), "r"(accumulate))
 // d (64 x N, f32) += A B: A (64 x 16) from registers, B (16 x N) N-major in shared memory.
 #define BCD_WGMMA_RS64(TY)                                                                                     \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                     \
@@ -144,6 +156,15 @@ __device__ __forceinline__ void wgmma_ss_n128(float (&d)[16][4], uint64_t a, uin
 #endif
 }
 
+/// d (64 x 64) = A B (+ d when `accumulate`), A and B K-major in shared memory (descriptors a, b).
+template <class T>
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {
+#ifdef BARACUDA_WGMMA
+  if constexpr (std::is_same_v<T, __half>) BCD_WGMMA_SS64("f16");
+  else BCD_WGMMA_SS64("bf16");
+#endif
+}
+
 /// d (64 x kN) += A B, A (64 x 16) a register fragment, B N-major in shared memory (descriptor b).
 template <class T, int kN>
 __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 8][4], const uint32_t (&a)[4], uint64_t b) {
@@ -160,6 +181,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 8][4], const uint32_t (
 }
 
 #undef BCD_WGMMA_SS128
+#undef BCD_WGMMA_SS64
 #undef BCD_WGMMA_RS64
 #undef BCD_WGMMA_RS128
 #undef BCD_WG_F64

@@ -1,0 +1,305 @@
+// Pieces the tensor-core attention backwards share (mma.sync:
+// kernels_bwd_tc.cu; warpgroup MMA on Hopper: kernels_bwd_sm90.cu): the
+// score rule's gradient on a thread's fragments, the walk over the query
+// tiles a key tile meets, and the gradient write-out. Both kernels keep a
+// warp's products in the same fragment layout (16 rows a warp; element
+// (nt, e) at row lane / 4 + 8 (e / 2), column 8 nt + 2 (lane % 4) + (e % 2)).
+#pragma once
+
+#include "attention/tensor_core.cuh"
+
+namespace baracuda::attn {
+
+/// A row's lse in log2 units, +inf for a row past the sequence or one that
+/// saw no key, so that exp2(score - lse) is 0 there.
+__device__ __forceinline__ float row_lse2(const Problem& p, const HeadView& v, int64_t i) {
+  if (i >= v.len_q) return INFINITY;
+  const float l = *p.lse.ptr<const float>(v.b, v.h, v.tok_q + i);
+  return l == -INFINITY ? INFINITY : l * kLog2e;
+}
+
+/// dS of row i against key j from the raw products q.k and dO.v under the
+/// whole score rule and dropout (x), and the probability times dropout's
+/// factor (y: the weight dV takes). lse2: the row's lse in log2 units; rdot:
+/// its dO . O. Out of line: the tiles that need it are the few on a mask,
+/// window or causal edge (or every tile with ALiBi, softcap or dropout), and
+/// inlined into the unrolled tile loop it would cost the plain tiles
+/// registers. By value in and out, so that the callers' accumulators stay
+/// in registers.
+inline __device__ __noinline__ float2 grad_score_rule(const Problem& p, const HeadView& v, float raw, float dprob, int64_t i,
+                                               int64_t j, float lse2, float rdot) {
+  float prob = 0, slope = float(p.scale);
+  if (i < v.len_q) {
+    int64_t lo, hi;
+    key_range(p, i, v.len_q, v.len_kv, lo, hi);
+    if (j >= lo && j < hi) {
+      float capped;
+      const float s = score<float>(p, v, raw, i, j, capped);
+      prob = fast_exp2(s * kLog2e - lse2);
+      slope = score_slope<float>(p, capped);
+    }
+  }
+  if (prob == 0) return make_float2(0.f, 0.f);
+  const float z = dropout_factor<float>(p, v, i, j);
+  return make_float2(prob * (z * dprob - rdot) * slope, prob * z);
+}
+
+/// The constants of the scores on whole tiles (tile_whole): the forward's
+/// (ScoreScales), the scale itself and dropout's factor on a kept probability.
+struct WholeTileRule : ScoreScales {
+  float scale, kept_scale;
+  __device__ explicit WholeTileRule(const Problem& p)
+      : ScoreScales(p), scale(float(p.scale)), kept_scale(p.dropout_p > 0 ? dropout_scale<float>(p) : 1.f) {}
+};
+
+/// A key tile's score code, by the forwards' rules (TileRule): inline on a
+/// whole tile (plain, or capped with a softcap: grad_score_whole), else the
+/// whole rule element by element (full). With dropout a whole tile also
+/// needs its keys from a multiple of 16 (whole dropout groups, Note
+/// [Attention dropout draws]).
+__device__ __forceinline__ TileRule backward_rule(const Problem& p, const HeadView& v, int64_t row0, int64_t row_last,
+                                                  int64_t k0) {
+  const bool whole = tile_whole(p, v, row0, row_last, k0, kTcKeys) && (p.dropout_p <= 0 || (k0 & 15) == 0);
+  return whole ? inline_rule(p, true) : TileRule::full;
+}
+
+/// Dropout keep bits of a dK/dV-pass fragment (bit 4 nt + e: row r + 8 nt +
+/// (e % 2), key key + 8 (e / 2)): for each row parity, tiles nt and nt + 1
+/// (nt even) hold half a dropout group, one Philox call per 4 scores. r % 16
+/// < 7 and key % 16 < 8 (the row and key with bit 3 clear).
+template <int kN>
+__device__ __forceinline__ uint32_t dropout_bits_keys(const Problem& p, const HeadView& v, int64_t r, int64_t key) {
+  static_assert(kN % 2 == 0 && kN * 4 <= 32, "whole groups, one bit a score");
+  const uint32_t threshold = dropout_threshold(p.dropout_p);
+  uint32_t bits = 0;
+#pragma unroll
+  for (int nt = 0; nt < kN; nt += 2)
+#pragma unroll
+    for (int parity = 0; parity < 2; ++parity) {
+      const int64_t i = r + nt * 8 + parity;
+      const PhiloxWords w = dropout_draws(p, v.b, v.h, i, key);
+#pragma unroll
+      for (int d = 0; d < 2; ++d)
+#pragma unroll
+        for (int kh = 0; kh < 2; ++kh)
+          bits |= uint32_t(group_draw(w, d, kh, key & 1) >= threshold) << (4 * (nt + d) + 2 * kh + parity);
+    }
+  return bits;
+}
+
+/// dS (x) and P times dropout's factor z (y) on a whole tile (tile_whole):
+/// the scale alone, or with kCapped the softcap too (score = cap tanh(scale
+/// raw / cap), d score / d raw = scale (1 - tanh^2)), inline where
+/// grad_score_rule would pay a call and the key-range test per element.
+/// dS = P (z dP - dO.O) d score / d raw.
+template <bool kCapped>
+__device__ __forceinline__ float2 grad_score_whole(float raw, float dprob, const WholeTileRule& w, float lse2,
+                                                   float rdot, float z) {
+  if constexpr (kCapped) {
+    const float t = fast_tanh(raw * w.scale_over_cap);  // as the forward (tile_scores)
+    const float prob = fast_exp2(t * w.cap_log2 - lse2);
+    return make_float2(prob * (z * dprob - rdot) * (w.scale * (1.f - t * t)), prob * z);
+  } else {
+    const float prob = fast_exp2(raw * w.scale_log2 - lse2);
+    return make_float2(prob * (z * dprob - rdot) * w.scale, prob * z);
+  }
+}
+
+/// grad_score_whole over a warp's fragments: dp becomes dS and s becomes P
+/// times dropout's factor; lse_rdot(nt, e) gives the element's row lse (log2
+/// units) and dO . O; with kDropout, bit 4 nt + e of `kept` says whether
+/// dropout keeps the element (dropout_bits_*).
+template <bool kCapped, bool kDropout, int kN, class RowOf>
+__device__ __forceinline__ void whole_tile_grads(float (&s)[kN][4], float (&dp)[kN][4], const WholeTileRule& w,
+                                                 RowOf&& lse_rdot, uint32_t kept) {
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 row = lse_rdot(nt, e);
+      const float z = !kDropout ? 1.f : (kept >> (4 * nt + e)) & 1 ? w.kept_scale : 0.f;
+      const float2 g = grad_score_whole<kCapped>(s[nt][e], dp[nt][e], w, row.x, row.y, z);
+      dp[nt][e] = g.x, s[nt][e] = g.y;
+    }
+}
+
+/// whole_tile_grads specialised on the softcap (`rule` capped or plain) and
+/// dropout; `kept` is read only with dropout.
+template <int kN, class RowOf>
+__device__ __forceinline__ void whole_tile_grads(TileRule rule, bool dropout, float (&s)[kN][4], float (&dp)[kN][4],
+                                                 const WholeTileRule& w, RowOf&& lse_rdot, uint32_t kept) {
+  if (rule == TileRule::capped) {
+    if (dropout) whole_tile_grads<true, true>(s, dp, w, lse_rdot, kept);
+    else whole_tile_grads<true, false>(s, dp, w, lse_rdot, kept);
+  } else {
+    if (dropout) whole_tile_grads<false, true>(s, dp, w, lse_rdot, kept);
+    else whole_tile_grads<false, false>(s, dp, w, lse_rdot, kept);
+  }
+}
+
+/// Accumulator tiles 2 kk and 2 kk + 1 (16 rows x 16 columns) as an A fragment.
+template <class T, int kTiles>
+__device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&c)[kTiles][4], int kk) {
+  a[0] = pack2<T>(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+/// The next query tile (head h, rows from i0) of key head hk's group that
+/// sees a key of [k0, k_last], from (h, i0) on; false when none is left.
+/// `lengths`: a head view of the batch (every head of a batch has its lengths).
+inline __device__ bool next_query_tile(const Problem& p, const HeadView& lengths, int64_t hk, int64_t k0,
+                                       int64_t k_last, int64_t& h, int64_t& i0) {
+  const int64_t len_q = lengths.len_q, len_kv = lengths.len_kv;
+  for (; h < (hk + 1) * p.group(); ++h, i0 = 0) {
+    for (; i0 < len_q; i0 += kTcRows) {
+      int64_t lo_first, hi_first, lo_last, hi_last;
+      key_range(p, i0, len_q, len_kv, lo_first, hi_first);
+      key_range(p, min(i0 + kTcRows, len_q) - 1, len_q, len_kv, lo_last, hi_last);
+      if (hi_last > k0 && lo_first <= k_last) return true;
+    }
+  }
+  return false;
+}
+
+/// The view of query head h of the key-head group whose view is `group`
+/// (same batch and key head): no division, the ALiBi slope read only where
+/// there is one.
+__device__ __forceinline__ HeadView group_head_view(const Problem& p, const HeadView& group, int64_t h) {
+  if (p.alibi_slopes) return head_view(p, group.b, h);
+  HeadView v = group;
+  v.h = h;
+  return v;
+}
+
+/// Issues the copies of the lse and dO . O of query rows [i0, i0 + 64) of
+/// head h (`lengths`: a head view of its batch) into sL and sR by 4-byte
+/// cp.async, in the caller's commit group: no thread waits on a load here.
+/// Rows past the sequence get lse -inf and dO . O 0 (lse2_of: no weight).
+inline __device__ void stage_row_stats(float* sL, float* sR, const Problem& p, const HeadView& lengths, int64_t h,
+                                       int64_t i0, const float* ws) {
+  const int t = threadIdx.x;
+  if (t >= kTcRows) return;
+  const int64_t i = i0 + t;
+  if (i < lengths.len_q) {
+    cp_async_4(sL + t, p.lse.ptr<const float>(lengths.b, h, lengths.tok_q + i));
+    cp_async_4(sR + t, ws + (lengths.b * p.heads_q + h) * p.seq_q + i);  // row_index
+  } else {
+    sL[t] = -INFINITY, sR[t] = 0.f;
+  }
+}
+
+/// A staged lse (stage_row_stats) in log2 units, +inf for a row that saw no
+/// key (or past the sequence), so that exp2(score - lse) is 0 there.
+__device__ __forceinline__ float lse2_of(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
+
+/// The dK/dV pass's fragments (keys as rows: element (nt, e) is key `key` +
+/// 8 (e / 2) against query row i0 + c0 + 8 nt + 2 quad + (e % 2); tL and tR
+/// the tile's rows' lse and dO . O, stage_row_stats'): dp becomes dS^T and s
+/// P^T times dropout's factor, by `rule` (backward_rule).
+template <int kN>
+__device__ __forceinline__ void key_fragment_grads(float (&s)[kN][4], float (&dp)[kN][4], const Problem& p,
+                                                   const HeadView& v, TileRule rule, const WholeTileRule& w,
+                                                   const float* tL, const float* tR, int64_t i0, int c0, int64_t key,
+                                                   int quad) {
+  if (rule != TileRule::full) {
+    auto lse_rdot = [&](int nt, int e) {
+      const int r = c0 + nt * 8 + 2 * quad + (e & 1);
+      return make_float2(lse2_of(tL[r]), tR[r]);
+    };
+    const bool dropout = p.dropout_p > 0;
+    const uint32_t kept = dropout ? dropout_bits_keys<kN>(p, v, i0 + c0 + 2 * quad, key) : 0u;
+    whole_tile_grads(rule, dropout, s, dp, w, lse_rdot, kept);
+    return;
+  }
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = c0 + nt * 8 + 2 * quad + (e & 1);
+      const float2 g = grad_score_rule(p, v, s[nt][e], dp[nt][e], i0 + r, key + 8 * (e / 2), lse2_of(tL[r]), tR[r]);
+      dp[nt][e] = g.x, s[nt][e] = g.y;
+    }
+}
+
+/// A dQ-pass thread's two query rows (row0 + lane / 4 + 8 r of its warp's
+/// 16 from `row0`), their lse in log2 units (row_lse2) and dO . O.
+struct GradRows {
+  int64_t row[2];
+  float lse2[2], rdot[2];
+  __device__ GradRows(const Problem& p, const HeadView& v, int64_t row0, const float* ws) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row[r] = row0 + threadIdx.x % 32 / 4 + 8 * r;
+      lse2[r] = row_lse2(p, v, row[r]);
+      rdot[r] = row[r] < v.len_q ? ws[row_index(p, v, row[r])] : 0.f;
+    }
+  }
+};
+
+/// The dQ pass's fragments (query rows as rows: element (nt, e) is row
+/// rows.row[e / 2] against key k0 + 8 nt + 2 quad + (e % 2)): dp becomes dS.
+template <int kN>
+__device__ __forceinline__ void row_fragment_grads(float (&s)[kN][4], float (&dp)[kN][4], const Problem& p,
+                                                   const HeadView& v, TileRule rule, const WholeTileRule& w,
+                                                   const GradRows& rows, int64_t k0, int quad) {
+  if (rule != TileRule::full) {
+    auto lse_rdot = [&](int, int e) { return make_float2(rows.lse2[e / 2], rows.rdot[e / 2]); };
+    const bool dropout = p.dropout_p > 0;
+    const uint32_t kept = dropout ? uint32_t(dropout_keep_bits<kN>(p, v, rows.row, k0, quad)) : 0u;
+    whole_tile_grads(rule, dropout, s, dp, w, lse_rdot, kept);
+    return;
+  }
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      dp[nt][e] = grad_score_rule(p, v, s[nt][e], dp[nt][e], rows.row[e / 2], k0 + nt * 8 + 2 * quad + (e & 1),
+                                  rows.lse2[e / 2], rows.rdot[e / 2]).x;
+}
+
+/// Writes a warp's dK and dV fragments (keys `key` and key + 8 of key head
+/// hk, dims 8 dt + 2 quad and the next, those below `dims`: a padded head
+/// dim, tc_head_dim, writes only its own).
+template <class T, int kDimTiles>
+__device__ __forceinline__ void write_key_grads(const Problem& p, const HeadView& first, int64_t b, int64_t hk,
+                                                int64_t key, const float (&dk)[kDimTiles][4],
+                                                const float (&dv)[kDimTiles][4], int quad, int dims) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t j = key + 8 * r;
+    if (j >= first.len_kv) continue;
+    T* gk = p.grad_k.ptr<T>(b, hk, first.tok_kv + j);
+    T* gv = p.grad_v.ptr<T>(b, hk, first.tok_kv + j);
+#pragma unroll
+    for (int dt = 0; dt < kDimTiles; ++dt) {
+      const int d = dt * 8 + 2 * quad;
+      if (d >= dims) break;
+      gk[d * p.grad_k.dim] = convert<T>(dk[dt][2 * r]);
+      gk[(d + 1) * p.grad_k.dim] = convert<T>(dk[dt][2 * r + 1]);
+      gv[d * p.grad_v.dim] = convert<T>(dv[dt][2 * r]);
+      gv[(d + 1) * p.grad_v.dim] = convert<T>(dv[dt][2 * r + 1]);
+    }
+  }
+}
+
+/// Writes a warp's dQ fragments (rows row[0], row[1] of head view v; dims as write_key_grads).
+template <class T, int kDimTiles>
+__device__ __forceinline__ void write_query_grads(const Problem& p, const HeadView& v, const int64_t (&row)[2],
+                                                  const float (&dq)[kDimTiles][4], int quad, int dims) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= v.len_q) continue;
+    T* out = p.grad_q.ptr<T>(v.b, v.h, v.tok_q + row[r]);
+#pragma unroll
+    for (int dt = 0; dt < kDimTiles; ++dt) {
+      const int d = dt * 8 + 2 * quad;
+      if (d >= dims) break;
+      out[d * p.grad_q.dim] = convert<T>(dq[dt][2 * r]);
+      out[(d + 1) * p.grad_q.dim] = convert<T>(dq[dt][2 * r + 1]);
+    }
+  }
+}
+
+}  // namespace baracuda::attn
