@@ -221,7 +221,13 @@ def main():
             row(f"ctc_loss fwd+bwd T{T} N{N} C{C} S{S}", dtype, ours_ctc_fwd_bwd, torch_ctc_fwd_bwd,
                 2 * n * es + N * S * 8,
                 lambda: close(ours_ctc_fwd_bwd()[1], torch_ctc_fwd_bwd()[0], 1e-4))
-            del lp, lpr
+            # fp8 log-probabilities (the forward only): torch has no fp8 ctc_loss, so its user widens to f32 first.
+            lp8 = lp.to(torch.float8_e4m3fn)
+            row(f"ctc_loss fp8_e4m3 T{T} N{N} C{C} S{S}", dtype, lambda: F.ctc_loss(lp8, tg, il, tl),
+                lambda: torch.nn.functional.ctc_loss(lp8.float(), tg, il, tl), n + N * S * 8,
+                lambda: close(F.ctc_loss(lp8, tg, il, tl).float(), torch.nn.functional.ctc_loss(lp8.float(), tg, il, tl),
+                              0.07))
+            del lp, lpr, lp8
         if want("cumsum"):
             x = torch.randn(1 << 26, device="cuda", dtype=dtype)
             o1, o2 = torch.empty_like(x), torch.empty_like(x)

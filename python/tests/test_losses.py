@@ -582,5 +582,24 @@ def test_fp8_losses_match_torch(dtype):
     sign = (torch.randint(0, 2, (16,), device="cuda") * 2 - 1)
     check(F.cosine_embedding_loss(x, y, sign, margin=0.2), TF.cosine_embedding_loss(xd, yd, sign, margin=0.2),
           "cosine_embedding_loss")
-    with pytest.raises(Exception, match="fp8 losses have no gradient"):
+    with pytest.raises(Exception, match="fp8 forwards have no gradient"):
         F.mse_loss_backward(torch.ones((), device="cuda").to(dtype), x, y)
+    # ctc_loss (per-sample sums stay below 448) and linear_cross_entropy (f32 logits, H 32: cuBLASLt's fp8 product).
+    T, N, C = 30, 3, 10
+    lp = torch.log_softmax(torch.randn(T, N, C, device="cuda", dtype=torch.float64), -1).to(dtype)
+    tg = torch.randint(1, C, (N, 6), device="cuda")
+    il, tl = torch.tensor([30, 25, 20], device="cuda"), torch.tensor([6, 4, 2], device="cuda")
+    for red in ("none", "mean", "sum"):
+        check(F.ctc_loss(lp, tg, il, tl, reduction=red), TF.ctc_loss(lp.double(), tg, il, tl, reduction=red),
+              "ctc_loss " + red)
+    w = (torch.randn(40, 32, device="cuda") * 0.25).to(dtype)
+    b = torch.randn(40, device="cuda").to(dtype)
+    x32 = (torch.randn(16, 32, device="cuda") * 0.5).to(dtype)
+    for red in ("none", "mean", "sum"):
+        check(F.linear_cross_entropy(x32, w, classes, b, reduction=red, label_smoothing=0.1, chunk_rows=5),
+              TF.cross_entropy(TF.linear(x32.double(), w.double(), b.double()), classes, reduction=red,
+                               label_smoothing=0.1), "linear_cross_entropy " + red)
+    with pytest.raises(Exception, match="fp8 forwards have no gradient"):
+        F.ctc_loss_backward(torch.ones((), device="cuda").to(dtype), lp, tg, il, tl)
+    with pytest.raises(Exception, match="fp8 forwards have no gradient"):
+        F.linear_cross_entropy_backward(torch.ones((), device="cuda").to(dtype), x32, w, classes, b)

@@ -10,6 +10,7 @@
 #include "core/sizes.hpp"
 #include "core/tensor_util.hpp"
 #include "loss/ctc.hpp"
+#include "loss/register.hpp"
 
 namespace baracuda {
 namespace loss::ctc {
@@ -38,10 +39,10 @@ struct Dims {
 
 bool is_index(DType d) { return d == DType::i64 || d == DType::i32; }
 
-Result<Dims> check_operands(std::string_view op, const std::vector<TensorSpec>& in, const Attrs& attrs) {
+/// `backward`: the gradient op, which refuses fp8 log-probabilities (fp8 forwards have no gradient).
+Result<Dims> check_operands(const std::string& op, bool backward, const std::vector<TensorSpec>& in, const Attrs& attrs) {
   const TensorSpec &lp = in[0], &tg = in[1], &il = in[2], &tl = in[3];
-  if (!is_floating(lp.dtype) || dtype_size(lp.dtype) == 1)
-    return unsupported(op, ": 'log_probs' dtype ", dtype_name(lp.dtype), " is not supported (f32 f16 bf16 f64)");
+  BARACUDA_TRY(check_float_storage(op + ": 'log_probs'", lp.dtype, backward));
   if (lp.shape.size() != 3 && lp.shape.size() != 2)
     return invalid(op, ": 'log_probs' must be [T, N, C] or [T, C] (unbatched), got ", shape_str(lp.shape));
   Dims d;
@@ -81,7 +82,7 @@ Result<OpDesc> infer_ctc(bool backward, const OpDesc& partial) {
   BARACUDA_TRY(check_inputs(op, partial, names, backward ? 1 : 0));
   OpDesc d = partial;
   const std::vector<TensorSpec> fwd(d.inputs.begin() + (backward ? 1 : 0), d.inputs.end());
-  auto dims = check_operands(op, fwd, d.attrs);
+  auto dims = check_operands(op, backward, fwd, d.attrs);
   if (!dims) return dims.status();
   const DType t = fwd[0].dtype;
   if (!backward) {
@@ -102,7 +103,7 @@ class CtcPlan final : public FamilyPlan {
   CtcPlan(const OpInfo& info, OpDesc desc, Backend backend, Fn fn, bool backward)
       : FamilyPlan(info, std::move(desc)), fn_(fn), backward_(backward) {
     const size_t k = backward ? 1 : 0;
-    dims_ = *check_operands(info.name, std::vector<TensorSpec>(desc_.inputs.begin() + k, desc_.inputs.end()), desc_.attrs);
+    dims_ = *check_operands(info.name, backward, std::vector<TensorSpec>(desc_.inputs.begin() + k, desc_.inputs.end()), desc_.attrs);
     const DType t = desc_.inputs[k].dtype;
     sku_ = bespoke_sku(OpCategory::loss, info.name.c_str(), t, backend);
     sku_.aux_element = desc_.inputs[k + 1].dtype;
@@ -197,7 +198,7 @@ void add_ctc_op(std::vector<OpInfo>& ops, bool backward) {
   info.gradient = backward ? "ctc_loss" : "ctc_loss_backward";
   info.input_names = backward ? kBackwardInputs : kForwardInputs;
   info.output_names = {backward ? "grad_log_probs" : "out"};
-  info.dtypes = dtypes_of<FloatTypes>();
+  info.dtypes = backward ? dtypes_of<FloatTypes>() : dtypes_of<LossTypes>();
   info.attrs = {{"reduction", 1, "0 none, 1 mean (each loss over its target length, then over the batch), 2 sum"},
                 {"blank", 0, "the blank class"},
                 {"zero_infinity", 0, "1: infinite losses (no feasible alignment) and their gradients become 0"}};

@@ -5,6 +5,7 @@
 #include "core/errors.hpp"
 #include "core/launch_table.hpp"
 #include "loss/ctc.hpp"
+#include "loss/register.hpp"
 
 namespace baracuda::loss::ctc {
 
@@ -103,7 +104,7 @@ struct HostCtc {
   static Status run(const Problem& p, bool backward, CUstream_st* s) { return ctc_on_host<T>(p, backward, s); }
 };
 
-[[maybe_unused]] const bool registered = register_launchers<FloatTypes, HostCtc>(host_ctc(), "ctc_loss");
+[[maybe_unused]] const bool registered = register_launchers<LossTypes, HostCtc>(host_ctc(), "ctc_loss");
 
 }  // namespace
 }  // namespace baracuda::loss::ctc

@@ -1,9 +1,11 @@
-// CUDA ctc_loss: one CTA per sample, threads over the extended label
+// CUDA ctc_loss (fp8 log-probabilities: the forward only): one CTA per sample, threads over the extended label
 // positions, a block barrier per time step (Note [CTC on the GPU]).
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
 #include "core/launch_table.hpp"
+#include "core/fp8_traits.hpp"
 #include "loss/ctc.hpp"
+#include "loss/register.hpp"
 
 namespace baracuda::loss::ctc {
 
@@ -104,7 +106,7 @@ __global__ void __launch_bounds__(kThreads) ctc_kernel(Problem p, bool backward)
     nll = sm.S == 0 ? M(0) : M(INFINITY);
   }
 
-  if (!backward) {
+  if (!backward || !has_gradient_v<T>) {  // fp8: the loss only
     if (tid != 0) return;
     const M loss = finish_nll(p, nll);
     if (p.reduction == 0) static_cast<T*>(p.dst)[b * p.dst_n] = convert<T>(loss);
@@ -233,7 +235,7 @@ struct CudaCtc {
   }
 };
 
-[[maybe_unused]] const bool registered = register_launchers<FloatTypes, CudaCtc>(cuda_ctc(), "ctc_loss");
+[[maybe_unused]] const bool registered = register_launchers<LossTypes, CudaCtc>(cuda_ctc(), "ctc_loss");
 
 }  // namespace
 }  // namespace baracuda::loss::ctc

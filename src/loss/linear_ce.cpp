@@ -27,6 +27,15 @@
 // them once, in any strides, after the last chunk: one rounding in all, not
 // one per chunk (README.md, Losses). The reduction-none backward needs each row's logsumexp: it runs the forward row
 // kernel on the chunk first.
+//
+// Note [fp8 linear CE]
+// fp8 storage (e4m3, e5m2) has the forward only. The logits are f32: the
+// chunk's product is scaled_mm (fp8 input and weight^T, unit scales, f32
+// out; the bias as bf16, which holds every fp8 value), and the cross_entropy
+// row kernel is the f32 one (class weights as f32). The prepare kernel writes
+// the widened bias and class weights and the two unit scales into the
+// workspace; the per-row losses stay f32 until the end, where reduction none
+// stores them into the fp8 output and mean/sum round their sum once.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -82,8 +91,7 @@ Result<OpDesc> infer_lce(Kind kind, const OpDesc& partial) {
   BARACUDA_TRY(check_inputs(op, d, names, k));
   const TensorSpec &x = d.inputs[k], &w = d.inputs[k + 1], &t = d.inputs[k + 2], &b = d.inputs[k + 3];
   const TensorSpec& cw = d.inputs[k + 4];
-  if (!is_floating(x.dtype) || dtype_size(x.dtype) == 1)
-    return unsupported(op, ": dtype ", dtype_name(x.dtype), " is not supported (f32 f16 bf16 f64)");
+  BARACUDA_TRY(check_float_storage(op, x.dtype, kind != Kind::forward));
   if (x.shape.size() != 2) return invalid(op, ": 'input' must be [N, H], got ", shape_str(x.shape));
   const int64_t N = x.shape[0], H = x.shape[1];
   if (w.dtype != x.dtype || w.shape.size() != 2 || w.shape[1] != H || w.shape[0] < 1)
@@ -283,11 +291,11 @@ class LcePlan final : public FamilyPlan {
 
   /// The CUDA plan's chunk size, sub-plans and workspace.
   Status prepare(const Stream& stream, const PlanPreference& pref) {
-    const DType t = desc_.inputs[k_].dtype, idx = desc_.inputs[k_ + 2].dtype;
-    class_fn_ = cuda_class_losses().find(launch_key("cross_entropy", t, idx));
+    const DType t = desc_.inputs[k_].dtype, idx = desc_.inputs[k_ + 2].dtype, lt = logits_dtype();
+    class_fn_ = cuda_class_losses().find(launch_key("cross_entropy", lt, idx));
     helper_fn_ = cuda_helpers().find(launch_key("linear_cross_entropy", t, idx));
     if (!class_fn_ || !helper_fn_) return unsupported("no CUDA kernels for ", info_.name, " ", dtype_name(t), " with ", dtype_name(idx), " targets");
-    const size_t ts = dtype_size(t), ws_elem = dtype_size(stat_dtype(t));
+    const size_t ts = dtype_size(lt), ws_elem = dtype_size(stat_dtype(t));
     int64_t chunk = static_cast<int64_t>(desc_.attrs.get("chunk_rows", 0));
     if (chunk == 0) chunk = std::max<int64_t>(1, int64_t(kAutoChunkBytes / (size_t(V_) * ts)));
     chunk_ = std::max<int64_t>(1, std::min(chunk, N_));
@@ -296,7 +304,14 @@ class LcePlan final : public FamilyPlan {
       ChunkSteps cs;
       cs.rows = rows;
       const TensorSpec xs{t, {rows, H_}}, ws{t, {V_, H_}}, bs{t, {bias_ ? V_ : 0}}, ls{t, {rows, V_}};
-      BARACUDA_TRY(assign(cs.logits, make_step(stream, pref, OpDesc{"linear", {xs, ws, bs}, {}, {}})));
+      if (is_fp8(t)) {  // Note [fp8 linear CE]
+        const TensorSpec one{DType::f32, {}}, wide_bias{DType::bf16, {bias_ ? V_ : 0}}, none{DType::f32, {0}};
+        const OpDesc product{"scaled_mm", {xs, {t, {H_, V_}}, one, one, wide_bias, none}, {},
+                             Attrs{{"out_dtype", double(int(DType::f32))}}};
+        BARACUDA_TRY(assign(cs.logits, make_step(stream, pref, product)));
+      } else {
+        BARACUDA_TRY(assign(cs.logits, make_step(stream, pref, OpDesc{"linear", {xs, ws, bs}, {}, {}})));
+      }
       if (kind_ != Kind::forward) {
         BARACUDA_TRY(assign(cs.grad_input, make_step(stream, pref, OpDesc{"mm", {ls, ws}, {}, {}})));
         const DType acc = sum_dtype_;
@@ -315,7 +330,7 @@ class LcePlan final : public FamilyPlan {
         if (s->first) sub = std::max(sub, s->workspace());
       sub = std::max({sub, cs.grad_weight.workspace(), cs.grad_bias.workspace()});
     }
-    // Workspace: stats | row losses | lse | class scratch | ones | logits | f32 sums | GEMM scratch.
+    // Workspace: stats | row losses | lse | class scratch | ones | logits | f32 sums | fp8's widened operands | GEMM scratch.
     const bool f32_sums = sum_dtype_ != t;
     off_rows_ = workspace_aligned(2 * ws_elem);
     off_lse_ = off_rows_ + workspace_aligned(size_t(N_) * ws_elem);
@@ -324,7 +339,12 @@ class LcePlan final : public FamilyPlan {
     off_logits_ = off_ones_ + workspace_aligned(bias_ && kind_ != Kind::forward ? size_t(chunk_) * ts : 0);
     off_sum_w_ = off_logits_ + workspace_aligned(size_t(chunk_) * size_t(V_) * ts);
     off_sum_b_ = off_sum_w_ + workspace_aligned(f32_sums ? size_t(V_) * size_t(H_) * sizeof(float) : 0);
-    off_sub_ = off_sum_b_ + workspace_aligned(f32_sums && bias_ ? size_t(V_) * sizeof(float) : 0);
+    off_wide_ = off_sum_b_ + workspace_aligned(f32_sums && bias_ ? size_t(V_) * sizeof(float) : 0);
+    // fp8: the unit scales, the bf16 bias and the f32 class weights (Note [fp8 linear CE]).
+    const size_t wide = is_fp8(t) ? workspace_aligned(2 * sizeof(float)) + workspace_aligned(size_t(V_) * 2) +
+                                        workspace_aligned(size_t(V_) * sizeof(float))
+                                  : 0;
+    off_sub_ = off_wide_ + wide;
     workspace_ = off_sub_ + sub;
     return Status::ok();
   }
@@ -333,7 +353,7 @@ class LcePlan final : public FamilyPlan {
     BARACUDA_TRY(check_run(workspace, args));
     const DType t = desc_.inputs[k_].dtype;
     if (backend_ == Backend::host_reference) {
-      return visit_dtype<FloatTypes>(t, info_.name, [&]<class T>(TypeTag<T>) {
+      return visit_dtype<LossTypes>(t, info_.name, [&]<class T>(TypeTag<T>) {
         return visit_index(args.inputs[k_ + 2].dtype, [&]<class I>(TypeTag<I>) { return host_run<T, I>(kind_, p_, args); });
       });
     }
@@ -350,7 +370,8 @@ class LcePlan final : public FamilyPlan {
 
   Status run_cuda(const Stream& stream, Workspace workspace, const OpArgs& args) const {
     CUstream_st* s = stream.cuda_stream();
-    const DType t = desc_.inputs[k_].dtype, ws_t = stat_dtype(t);
+    const DType t = desc_.inputs[k_].dtype, ws_t = stat_dtype(t), lt = logits_dtype();
+    const bool fp8 = is_fp8(t);
     const TensorView &x = args.inputs[k_], &w = args.inputs[k_ + 1], &tg = args.inputs[k_ + 2], &b = args.inputs[k_ + 3];
     const TensorView& cw = args.inputs[k_ + 4];
     const TensorView* go = kind_ == Kind::backward ? &args.inputs[0] : nullptr;
@@ -367,10 +388,23 @@ class LcePlan final : public FamilyPlan {
     Helper h;
     h.reduction = p_.reduction, h.ignore_index = p_.ignore_index, h.stats = stats;
     h.target = tg.data, h.target_stride = tg.stride[0], h.rows = N_;
-    if (weighted_) h.class_weight = cw.data, h.class_weight_stride = cw.stride[0], h.classes = V_;
+    h.classes = V_;
+    if (weighted_) h.class_weight = cw.data, h.class_weight_stride = cw.stride[0];
     h.ones = ws + off_ones_, h.ones_count = gb ? chunk_ : 0;
     h.grad_output = go && !none ? go->data : nullptr;
+    // fp8: scaled_mm's unit scales, the bias as bf16, the class weights as f32 (Note [fp8 linear CE]).
+    char* wide = ws + off_wide_;
+    const size_t wide_bias_at = workspace_aligned(2 * sizeof(float));
+    const size_t wide_weight_at = wide_bias_at + workspace_aligned(size_t(V_) * 2);
+    if (fp8) {
+      h.unit_scales = wide;
+      if (bias_) h.bias = b.data, h.bias_stride = b.stride[0], h.wide_bias = wide + wide_bias_at;
+      if (weighted_) h.wide_class_weight = wide + wide_weight_at;
+    }
     BARACUDA_TRY(helper_fn_(h, s));
+    const TensorView unit = view(wide, DType::f32, {}, {}), no_scale = view(nullptr, DType::f32, {0}, {1});
+    const TensorView wide_bias = view(bias_ ? wide + wide_bias_at : nullptr, DType::bf16, {bias_ ? V_ : 0}, {1});
+    const TensorView class_weight = fp8 && weighted_ ? view(wide + wide_weight_at, DType::f32, {V_}, {1}) : cw;
     // The weight and bias gradients: summed in f32 in the workspace, or in the outputs.
     const bool f32_sums = sum_dtype_ != t;
     TensorView sum_w, sum_b;
@@ -391,14 +425,19 @@ class LcePlan final : public FamilyPlan {
       const int64_t c = std::min(chunk_, N_ - r0);
       const ChunkSteps& st = steps_[c == chunk_ ? 0 : steps_.size() - 1];
       const TensorView xc = rows_of(x, r0, c), tc = rows_of(tg, r0, c);
-      const TensorView logits = view(ws + off_logits_, t, {c, V_}, {V_, 1});
-      BARACUDA_TRY(st.logits.run(stream, sub, {xc, w, b}, {logits}));
+      const TensorView logits = view(ws + off_logits_, lt, {c, V_}, {V_, 1});
+      if (fp8) {
+        const TensorView wt = view(w.data, t, {H_, V_}, {w.stride[1], w.stride[0]});
+        BARACUDA_TRY(st.logits.run(stream, sub, {xc, wt, unit, unit, wide_bias, no_scale}, {logits}));
+      } else {
+        BARACUDA_TRY(st.logits.run(stream, sub, {xc, w, b}, {logits}));
+      }
       // The per-row loss: the output itself for reduction none, else the workspace (W).
-      const bool to_output = none && kind_ != Kind::backward;
+      const bool to_output = none && kind_ != Kind::backward && !fp8;
       const TensorView out_c = to_output ? rows_of(args.outputs[0], r0, c)
                                          : view(row_loss + r0 * int64_t(dtype_size(ws_t)), ws_t, {c}, {1});
       const TensorView lse = view(ws + off_lse_, ws_t, {c}, {1});
-      if (kind_ == Kind::forward || (kind_ == Kind::backward && none)) BARACUDA_TRY(class_step(Mode::forward, logits, tc, cw, out_c, lse, nullptr, stats, s));
+      if (kind_ == Kind::forward || (kind_ == Kind::backward && none)) BARACUDA_TRY(class_step(Mode::forward, logits, tc, class_weight, out_c, lse, nullptr, stats, s));
       if (kind_ == Kind::forward) continue;
       if (kind_ == Kind::backward && none) BARACUDA_TRY(class_step(Mode::backward, logits, tc, cw, out_c, lse, &*go, stats, s, r0));
       else BARACUDA_TRY(class_step(Mode::fused, logits, tc, cw, out_c, lse, nullptr, stats, s));
@@ -410,6 +449,13 @@ class LcePlan final : public FamilyPlan {
       if (gb) BARACUDA_TRY(st.grad_bias.run(sum_b, lt, view(ws + off_ones_, t, {c, 1}, {1, 1}), beta, sub, s));
     }
     if (N_ > 0 && gw && f32_sums) BARACUDA_TRY(store(sum_w.data, gb ? sum_b.data : nullptr));
+    if (fp8 && none && N_ > 0) {  // the f32 per-row losses into the fp8 output
+      Helper z = h;
+      z.stage = Helper::Stage::store;
+      const TensorView& out = args.outputs[0];
+      z.src = row_loss, z.dst = out.data, z.n0 = N_, z.n1 = 1, z.s0 = out.stride[0], z.s1 = 0;
+      BARACUDA_TRY(helper_fn_(z, s));
+    }
     if (kind_ != Kind::backward && !none) {
       Helper f = h;
       f.stage = Helper::Stage::finish;
@@ -446,6 +492,12 @@ class LcePlan final : public FamilyPlan {
     return class_fn_(cl, cp, s);
   }
 
+  /// The logits' dtype: the storage's, f32 for fp8 (Note [fp8 linear CE]).
+  DType logits_dtype() const {
+    const DType t = desc_.inputs[k_].dtype;
+    return is_fp8(t) ? DType::f32 : t;
+  }
+
   Kind kind_;
   Backend backend_;
   size_t k_ = 0;
@@ -457,7 +509,7 @@ class LcePlan final : public FamilyPlan {
   HelperFn helper_fn_ = nullptr;
   std::vector<ChunkSteps> steps_;  ///< [0]: full chunks, [last]: the tail chunk when shorter
   size_t off_rows_ = 0, off_lse_ = 0, off_scratch_ = 0, off_ones_ = 0, off_logits_ = 0, off_sum_w_ = 0, off_sum_b_ = 0,
-         off_sub_ = 0;
+         off_wide_ = 0, off_sub_ = 0;
 };
 
 /// The sweep's cases from its primary shape: [a, b] -> input [a, b] with
@@ -492,7 +544,7 @@ void add_lce_op(std::vector<OpInfo>& ops, Kind kind) {
   info.gradient = kind == Kind::forward ? "linear_cross_entropy_backward" : kind == Kind::backward ? "linear_cross_entropy" : "";
   info.input_names = input_names(kind);
   info.output_names = output_names(kind);
-  info.dtypes = dtypes_of<FloatTypes>();
+  info.dtypes = kind == Kind::forward ? dtypes_of<LossTypes>() : dtypes_of<FloatTypes>();
   info.attrs = {{"reduction", 1, "0 none, 1 mean (over the class weights of the rows not ignored: their count without), 2 sum"},
                 {"ignore_index", -100, "rows whose target is this index count for nothing"},
                 {"label_smoothing", 0, "mix the target with the uniform distribution"},

@@ -29,6 +29,13 @@ struct Helper {
   int64_t class_weight_stride = 0, classes = 0;
   void* ones = nullptr;
   int64_t ones_count = 0;
+  // prepare, fp8 storage (Note [fp8 linear CE]): the bias as bf16 and the class weights as f32
+  // (contiguous, [classes]; either null when absent), and two f32 ones, scaled_mm's unit scales.
+  const void* bias = nullptr;
+  int64_t bias_stride = 0;
+  void* wide_bias = nullptr;
+  void* wide_class_weight = nullptr;
+  void* unit_scales = nullptr;
   const void* grad_output = nullptr;  ///< a T scalar (the backward of mean or sum), or nullptr
   // finish: out (T scalar) = the sum of row_loss[rows] (W, contiguous), over the rows kept for mean.
   const void* row_loss = nullptr;

@@ -1,9 +1,11 @@
-// CUDA helpers of linear_cross_entropy (see linear_ce.hpp): one block each, sums
-// in a fixed order (thread-strided partial sums, then a fixed tree).
+// CUDA helpers of linear_cross_entropy (see linear_ce.hpp) for the four floats
+// and fp8: one block each, sums in a fixed order (thread-strided partial sums,
+// then a fixed tree).
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
 #include "core/launch_table.hpp"
 #include "loss/linear_ce.hpp"
+#include "loss/register.hpp"
 
 namespace baracuda::loss::lce {
 
@@ -32,6 +34,12 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(Helper h) {
   }
   kept = rows::row_all_reduce<kThreads, 1>(kept, rows::SumOp{}, scratch);
   for (int64_t i = threadIdx.x; i < h.ones_count; i += kThreads) static_cast<T*>(h.ones)[i] = convert<T>(1.0f);
+  const T* bias = static_cast<const T*>(h.bias);
+  for (int64_t i = threadIdx.x; h.wide_bias && i < h.classes; i += kThreads)
+    static_cast<__nv_bfloat16*>(h.wide_bias)[i] = convert<__nv_bfloat16>(convert<float>(bias[i * h.bias_stride]));
+  for (int64_t i = threadIdx.x; h.wide_class_weight && i < h.classes; i += kThreads)
+    static_cast<float*>(h.wide_class_weight)[i] = convert<float>(cw[i * h.class_weight_stride]);
+  if (h.unit_scales && threadIdx.x < 2) static_cast<float*>(h.unit_scales)[threadIdx.x] = 1.0f;
   if (threadIdx.x == 0) {
     W* s = static_cast<W*>(h.stats);
     // Every row ignored: the mean is 0 / 0 (NaN, as torch) and the gradients 0.
@@ -79,7 +87,7 @@ struct CudaHelper {
 };
 
 [[maybe_unused]] const bool registered = [] {
-  for_each_type<FloatTypes>([&]<class T>(TypeTag<T>) {
+  for_each_type<LossTypes>([&]<class T>(TypeTag<T>) {
     for_each_type<TypeList<int32_t, int64_t>>([&]<class Index>(TypeTag<Index>) {
       cuda_helpers().add(launch_key("linear_cross_entropy", dtype_of<T>, dtype_of<Index>), &CudaHelper<T, Index>::run);
     });
