@@ -1241,7 +1241,7 @@ def linear_cross_entropy(input, weight, target, bias=None, ignore_index=-100, la
     memory: input [N, H], weight [V, H], bias [V], class-index target [N] (i64/i32), class_weight [V] (torch's
     cross_entropy `weight`: mean divides by the sum of the weights of the targets not ignored; not
     differentiated). The CUDA plan holds `chunk_rows` rows of
-    logits at a time (0: as many as fit 256 MiB). f16/bf16 gradients of weight and bias sum across chunks
+    logits at a time (0: as many as fit 256 MiB, and at least H rows where the weight gradient sums in f32). f16/bf16 gradients of weight and bias sum across chunks
     in f32 (V * H * 4 bytes of workspace, one rounding), or with f32_weight_grad=False in their own dtype
     (one rounding per chunk). Torch tensors that require grad go through a torch.autograd.Function whose
     backward is this op's gradient."""
