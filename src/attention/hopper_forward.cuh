@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   constexpr uint32_t kTileBytes = kTile * sizeof(T), kQBytes = kWgRows * kD * sizeof(T);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Swizzled tiles start on 1024 bytes (the plan counts the slack).
-  T* sQ = reinterpret_cast<T*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));  // [kD/64][128][64]
+  T* sQ = reinterpret_cast<T*>(swizzle_aligned(smem_raw));  // [kD/64][128][64]
   T* sKV = sQ + kWgRows * kD;  // stage s: K at sKV + 2 s kTile, V after it
   T* sO = sKV + 2 * kStages * kTile;  // the consumers' output staging: [2][64][kD + 8]
   const uint32_t bar_q = shared_address(sO + 2 * 64 * (kD + 8)), bar_q_empty = bar_q + 8;

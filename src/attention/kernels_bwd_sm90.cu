@@ -64,18 +64,13 @@ __device__ __forceinline__ void to_fragments(uint32_t (&a)[4][4], const float (&
   for (int kk = 0; kk < 4; ++kk) to_a<T>(a[kk], c, kk);
 }
 
-/// The first 1024-byte boundary of dynamic shared memory (swizzled tiles start on one).
-__device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw) {
-  return raw + ((1024 - (shared_address(raw) & 1023)) & 1023);
-}
-
 template <class T, int kD>
 __global__ void __launch_bounds__(kBwdThreads, 2)
     attention_grad_kv_sm90(const __grid_constant__ Problem p, const float* ws) {
 #ifdef BARACUDA_WGMMA
   constexpr int kTile = sw_tile<kD>(), kDimTiles = kD / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* sK = reinterpret_cast<T*>(aligned_smem(smem_raw));
+  T* sK = reinterpret_cast<T*>(swizzle_aligned(smem_raw));
   T* sV = sK + kTile;
   T* sQ[2] = {sV + kTile, sV + 3 * kTile};               // stage s: Q, then dO
   float* sL = reinterpret_cast<float*>(sV + 5 * kTile);  // [2][64] lse
@@ -155,7 +150,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
 #ifdef BARACUDA_WGMMA
   constexpr int kTile = sw_tile<kD>(), kDimTiles = kD / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* sQ = reinterpret_cast<T*>(aligned_smem(smem_raw));
+  T* sQ = reinterpret_cast<T*>(swizzle_aligned(smem_raw));
   T* sG = sQ + kTile;                       // dO
   T* sK[2] = {sG + kTile, sG + 3 * kTile};  // stage s: K, then V
   const HeadView v = head_view(p, blockIdx.z, blockIdx.y);
@@ -219,19 +214,8 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
 template <class T, int kD>
 Status launch(const Problem& p, const float* ws, CUstream_st* stream) {
   constexpr size_t smem = wgmma_backward_smem(kD);
-  if (p.seq_q > 0) {
-    BARACUDA_TRY(allow_smem(attention_grad_q_sm90<T, kD>, smem));
-    const dim3 grid(unsigned((p.seq_q + kBwdTile - 1) / kBwdTile), unsigned(p.heads_q), unsigned(p.batch));
-    attention_grad_q_sm90<T, kD><<<grid, kBwdThreads, smem, stream>>>(p, ws);
-    BARACUDA_CUDA_TRY(cudaGetLastError());
-  }
-  if (p.seq_kv > 0) {
-    BARACUDA_TRY(allow_smem(attention_grad_kv_sm90<T, kD>, smem));
-    const dim3 grid(unsigned((p.seq_kv + kBwdTile - 1) / kBwdTile), unsigned(p.heads_kv), unsigned(p.batch));
-    attention_grad_kv_sm90<T, kD><<<grid, kBwdThreads, smem, stream>>>(p, ws);
-    BARACUDA_CUDA_TRY(cudaGetLastError());
-  }
-  return Status::ok();
+  return launch_backward_passes(p, ws, stream, kBwdThreads, {attention_grad_q_sm90<T, kD>, smem, kBwdTile},
+                                {attention_grad_kv_sm90<T, kD>, smem, kBwdTile});
 }
 
 }  // namespace

@@ -223,21 +223,8 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
 template <class T, int kD>
 Status launch(const Problem& p, const float* ws, CUstream_st* stream) {
   static_assert(kv_smem<kD>() == tc_backward_smem(kD) && q_smem<kD>() <= kv_smem<kD>(), "the plan checks this much");
-  if (p.seq_q > 0) {
-    constexpr size_t smem = q_smem<kD>();
-    BARACUDA_TRY(allow_smem(attention_grad_q_tc<T, kD>, smem));
-    const dim3 grid(unsigned((p.seq_q + kTcRows - 1) / kTcRows), unsigned(p.heads_q), unsigned(p.batch));
-    attention_grad_q_tc<T, kD><<<grid, kTcThreads, smem, stream>>>(p, ws);
-    BARACUDA_CUDA_TRY(cudaGetLastError());
-  }
-  if (p.seq_kv > 0) {
-    constexpr size_t smem = kv_smem<kD>();
-    BARACUDA_TRY(allow_smem(attention_grad_kv_tc<T, kD>, smem));
-    const dim3 grid(unsigned((p.seq_kv + kTcKeys - 1) / kTcKeys), unsigned(p.heads_kv), unsigned(p.batch));
-    attention_grad_kv_tc<T, kD><<<grid, kTcThreads, smem, stream>>>(p, ws);
-    BARACUDA_CUDA_TRY(cudaGetLastError());
-  }
-  return Status::ok();
+  return launch_backward_passes(p, ws, stream, kTcThreads, {attention_grad_q_tc<T, kD>, q_smem<kD>(), kTcRows},
+                                {attention_grad_kv_tc<T, kD>, kv_smem<kD>(), kTcKeys});
 }
 
 }  // namespace

@@ -90,7 +90,7 @@ template <class T, int kD>
 __global__ void __launch_bounds__(128) wgmma_probe(const T* a, const T* b, const T* c, float* s_out, float* o_out) {
 #ifdef BARACUDA_WGMMA
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* sA = reinterpret_cast<T*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+  T* sA = reinterpret_cast<T*>(swizzle_aligned(smem_raw));
   T* sB = sA + 64 * kD;
   T* sC = sB + 128 * kD;
   issue_swizzled<kD, 64, 128>(sA, a, kD, 0, 64);
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(128)
 #ifdef BARACUDA_WGMMA
   constexpr int kBytes = 128 * kD * sizeof(T);
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* sTma = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+  unsigned char* sTma = swizzle_aligned(smem_raw);
   unsigned char* sCp = sTma + kBytes;
   const uint32_t bar = shared_address(sCp + kBytes);
   if (threadIdx.x == 0) {

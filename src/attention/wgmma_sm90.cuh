@@ -59,6 +59,12 @@ __device__ __forceinline__ void issue_swizzled(T* s, const T* base, int64_t seq,
   }
 }
 
+/// The first 1024-byte boundary of shared memory at or after `raw`: where tiles in the
+/// 128-byte swizzle start (the plans count the slack in the dynamic shared memory).
+__device__ __forceinline__ unsigned char* swizzle_aligned(unsigned char* raw) {
+  return raw + ((1024 - (shared_address(raw) & 1023)) & 1023);
+}
+
 /// A wgmma shared-memory matrix descriptor with the 128-byte swizzle (Note [Swizzled tiles and descriptors]).
 __device__ __forceinline__ uint64_t sw128_desc(const void* start, uint32_t lbo_bytes) {
   return uint64_t((shared_address(start) & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16) |
