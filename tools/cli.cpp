@@ -188,6 +188,14 @@ int cmd_run(int argc, char** argv) {
       return 2;
     }
   }
+  // An attribute not given that every sample set of the op fixes to one value takes it:
+  // the sample operands are drawn for it (cross_entropy's ignore_index -1 among its targets).
+  if (!op->sample_attrs.empty())
+    for (const auto& [name, value] : op->sample_attrs.front().values()) {
+      bool fixed = true;
+      for (const Attrs& a : op->sample_attrs) fixed = fixed && a.has(name) && a.get(name, 0) == value;
+      if (fixed && !spec.attrs.has(name)) spec.attrs.set(name, value);
+    }
   int64_t n = 1;
   for (int64_t s : spec.shape) n *= s;
   Row row{spec, {}, {}};
