@@ -129,6 +129,16 @@ Result<OpDesc> infer_lce(Kind kind, const OpDesc& partial) {
   return d;
 }
 
+/// Where fp8's widened operands lie in their workspace region (Note [fp8 linear CE]): two f32
+/// unit scales, the bias as bf16 [V], the class weights as f32 [V].
+struct WideOperands {
+  size_t bias_at = 0, class_weight_at = 0, bytes = 0;
+  explicit WideOperands(int64_t classes)
+      : bias_at(workspace_aligned(2 * sizeof(float))),
+        class_weight_at(bias_at + workspace_aligned(size_t(classes) * 2)),
+        bytes(class_weight_at + workspace_aligned(size_t(classes) * sizeof(float))) {}
+};
+
 /// Attributes read once at plan time.
 struct Params {
   int reduction = 1;
@@ -347,11 +357,7 @@ class LcePlan final : public FamilyPlan {
     off_sum_w_ = off_logits_ + workspace_aligned(size_t(chunk_) * size_t(V_) * ts);
     off_sum_b_ = off_sum_w_ + workspace_aligned(f32_sums ? size_t(V_) * size_t(H_) * sizeof(float) : 0);
     off_wide_ = off_sum_b_ + workspace_aligned(f32_sums && bias_ ? size_t(V_) * sizeof(float) : 0);
-    // fp8: the unit scales, the bf16 bias and the f32 class weights (Note [fp8 linear CE]).
-    const size_t wide = is_fp8(t) ? workspace_aligned(2 * sizeof(float)) + workspace_aligned(size_t(V_) * 2) +
-                                        workspace_aligned(size_t(V_) * sizeof(float))
-                                  : 0;
-    off_sub_ = off_wide_ + wide;
+    off_sub_ = off_wide_ + (is_fp8(t) ? WideOperands(V_).bytes : 0);
     workspace_ = off_sub_ + sub;
     return Status::ok();
   }
@@ -401,17 +407,16 @@ class LcePlan final : public FamilyPlan {
     h.grad_output = go && !none ? go->data : nullptr;
     // fp8: scaled_mm's unit scales, the bias as bf16, the class weights as f32 (Note [fp8 linear CE]).
     char* wide = ws + off_wide_;
-    const size_t wide_bias_at = workspace_aligned(2 * sizeof(float));
-    const size_t wide_weight_at = wide_bias_at + workspace_aligned(size_t(V_) * 2);
+    const WideOperands at(V_);
     if (fp8) {
       h.unit_scales = wide;
-      if (bias_) h.bias = b.data, h.bias_stride = b.stride[0], h.wide_bias = wide + wide_bias_at;
-      if (weighted_) h.wide_class_weight = wide + wide_weight_at;
+      if (bias_) h.bias = b.data, h.bias_stride = b.stride[0], h.wide_bias = wide + at.bias_at;
+      if (weighted_) h.wide_class_weight = wide + at.class_weight_at;
     }
     BARACUDA_TRY(helper_fn_(h, s));
     const TensorView unit = view(wide, DType::f32, {}, {}), no_scale = view(nullptr, DType::f32, {0}, {1});
-    const TensorView wide_bias = view(bias_ ? wide + wide_bias_at : nullptr, DType::bf16, {bias_ ? V_ : 0}, {1});
-    const TensorView class_weight = fp8 && weighted_ ? view(wide + wide_weight_at, DType::f32, {V_}, {1}) : cw;
+    const TensorView wide_bias = view(bias_ ? wide + at.bias_at : nullptr, DType::bf16, {bias_ ? V_ : 0}, {1});
+    const TensorView class_weight = fp8 && weighted_ ? view(wide + at.class_weight_at, DType::f32, {V_}, {1}) : cw;
     // The weight and bias gradients: summed in f32 in the workspace, or in the outputs.
     const bool f32_sums = sum_dtype_ != t;
     TensorView sum_w, sum_b;
