@@ -298,7 +298,7 @@ class ReducePlan final : public FamilyPlan {
 #ifdef BARACUDA_HAS_CUDA
     if (backend != Backend::host_reference) {
       sku_.arch = current_sm_version();
-      splits_ = choose_splits(outputs, reduction_.count, current_sm_count());
+      splits_ = choose_splits(outputs, reduction_.count, current_sm_count(), min_split_elements(in));
       if (splits_ > 1) workspace_ = size_t(splits_) * size_t(outputs) * accumulator_bytes(def.meta->name, in);
     }
 #endif
@@ -639,7 +639,7 @@ Result<SumStep> make_sum_step(Backend backend, DType in, DType out, const Shape&
   for (size_t a = 0; a < in_shape.size(); ++a) (mask >> a & 1u ? count : outputs) *= in_shape[a];
 #ifdef BARACUDA_HAS_CUDA
   if (backend != Backend::host_reference) {
-    step.splits = choose_splits(outputs, count, current_sm_count());
+    step.splits = choose_splits(outputs, count, current_sm_count(), min_split_elements(in));
     if (step.splits > 1) step.workspace = size_t(step.splits) * size_t(outputs) * accumulator_bytes("sum", in);
   }
 #endif
