@@ -95,6 +95,24 @@ def main():
                          timed(lambda: (torch.ops.aten.native_layer_norm_backward(
                              g, x, (1024,), lm.unsqueeze(1), lr.unsqueeze(1), w, bias, [True, True, True]),
                              sync()))))
+            # A decode step's cache append (bench_rope's kv_append row): six operands, two outputs in place.
+            kn = torch.randn(64, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+            kc = torch.zeros(8192, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
+            vc = torch.zeros_like(kc)
+            table = torch.randperm(8192, device="cuda")[:64 * 64].reshape(64, 64).int()
+            lens = torch.randint(0, 1000, (64,), device="cuda", dtype=torch.int32)
+            rows.append(("torch cuda bf16 B64: F.kv_append",
+                         timed(lambda: F.kv_append(kn, kn, kc, vc, lens, table), sync)))
+            rows.append(("torch cuda bf16 B64: _C.run('kv_append', ...)",
+                         timed(lambda: baracuda.run("kv_append", [kn, kn, table, lens], [kc, vc],
+                                                      stream=torch.cuda.current_stream().cuda_stream), sync)))
+            ids = table.gather(1, (lens.long() // 16)[:, None]).squeeze(1).long()
+            slots = lens.long() % 16
+
+            def torch_append():
+                kc[ids, slots] = kn[:, 0]
+                vc[ids, slots] = kn[:, 0]
+            rows.append(("torch cuda bf16 B64: two index_put (ref.)", timed(torch_append, sync)))
         else:
             print("(no CUDA device: torch CUDA rows skipped)")
     else:
