@@ -201,6 +201,21 @@ TEST(InstanceNormRunningStats, UpdateMatchesTorchFormula) {
   EXPECT_EQ(v, up[1]);
 }
 
+// Instance norm of no channels (found by the fuzz: a division by the zero group count on the host)
+// plans, runs and writes nothing, forward and backward, on every backend.
+TEST(GroupNormEmpty, NoChannelsRunsAsANoOp) {
+  for (Backend backend : host_and_cuda_backends())
+    for (DType t : {DType::f32, DType::bf16}) {
+      const Operand x{{}, {2, 0, 6}, t}, w{{}, {0}, t}, stats{{}, {2, 0}, DType::f32};
+      auto fwd = exec(backend, "instance_norm", {x, w, w});
+      ASSERT_TRUE(fwd) << backend_name(backend) << ": " << fwd.status().to_string();
+      for (const auto& out : *fwd) EXPECT_TRUE(out.empty());
+      auto bwd = exec(backend, "instance_norm_backward", {x, x, stats, stats, w});
+      ASSERT_TRUE(bwd) << backend_name(backend) << ": " << bwd.status().to_string();
+      for (const auto& out : *bwd) EXPECT_TRUE(out.empty());
+    }
+}
+
 TEST(GroupNormErrors, BadDescriptorsAreNamed) {
   auto msg = [](const std::string& op, std::vector<TensorSpec> in, const Attrs& attrs = {}) {
     auto r = infer(op, std::move(in), attrs);

@@ -315,6 +315,7 @@ class GroupNormPlan final : public FamilyPlan {
 
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
     BARACUDA_TRY(check_run(workspace, args));
+    if (groups_ == 0) return Status::ok();  // instance norm of no channels: every operand is empty
     const bool backward = def_.kind == Kind::backward;
     GroupLaunch l;
     const TensorView& x = args.inputs[backward ? 1 : 0];
