@@ -58,8 +58,8 @@ for name in $STEPS; do
   case $name in
     gpu_tests) step gpu_tests "$BUILD_DIR/tests/baracuda_tests" --gtest_filter="${GTEST_FILTER:-*}" ;;
     capi) step capi "$BUILD_DIR/tests/baracuda_capi_test" ;;
-    memcheck)  # every CUDA plan at the quick sizes (each launcher path), plus graph capture and misaligned
-      filter="Ops/*.CudaMatchesReference/*:Ops/Gemm.BespokeCuda*:Ops/Gemm.CublasLt*:GemmExact.*:GemmLayouts.*:CudaElementwise.Graph*:CudaElementwise.Misaligned*:CudaReduce.*:Ops/Attention.BespokeCuda*:Ops/Attention.Cudnn*:Attention*.*:*Rope*:*KvAppend*:*Decode*:GroupedGemm*:ScaledMm*:GemmBiasGrad.*:Ops/Scan.CudaMatchesReference/*:Ops/Loss.CudaMatchesReference/linear_cross_entropy*"
+    memcheck)  # every CUDA plan at the quick sizes (each launcher path), graph capture, misaligned, the fuzz
+      filter="Ops/*.CudaMatchesReference/*:Ops/Gemm.BespokeCuda*:Ops/Gemm.CublasLt*:GemmExact.*:GemmLayouts.*:CudaElementwise.Graph*:CudaElementwise.Misaligned*:CudaReduce.*:Ops/Attention.BespokeCuda*:Ops/Attention.Cudnn*:Attention*.*:*Rope*:*KvAppend*:*Decode*:GroupedGemm*:ScaledMm*:GemmBiasGrad.*:Ops/Scan.CudaMatchesReference/*:Ops/Loss.CudaMatchesReference/linear_cross_entropy*:FuzzCuda.*"
       BARACUDA_TEST_QUICK=1 step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 \
         "$BUILD_DIR/tests/baracuda_tests" --gtest_filter="${MEMCHECK_FILTER:-$filter}" ;;
     pytest) step pytest python3 -m pytest -q ${PYTEST_ARGS:-python/tests} ;;

@@ -300,41 +300,35 @@ double median(std::vector<double> v) {
 
 // ---------------------------------------------------------------- run a case
 
-CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
-  CaseOutcome out;
+namespace {
+
+/// A case's operand shapes before inference, and which inputs the broadcast layout expands.
+struct CaseShapes {
+  OpDesc desc;  ///< inputs, and the outputs the op needs given
+  std::vector<bool> expand;
+};
+
+Result<CaseShapes> case_shapes(const CaseSpec& spec) {
   const OpInfo& op = *spec.op;
-  auto fail = [&](std::string msg) {
-    out.passed = false;
-    out.message = std::move(msg);
-    return out;
-  };
-  auto skip = [&](std::string msg) {
-    out.skipped = true;
-    out.message = std::move(msg);
-    return out;
-  };
-  if (std::find(op.backends.begin(), op.backends.end(), opt.backend) == op.backends.end())
-    return skip(cat("no ", backend_name(opt.backend), " backend for this op yet"));
   const bool backward = op.direction == Direction::backward;
   const bool gated = op.family == "gated";
   const size_t rank = spec.shape.size();
   const size_t n_in = op.input_names.size();
-
-  // Shapes and descriptor.
   std::vector<Shape> in_shapes(n_in, spec.shape);
-  std::vector<bool> expand(n_in, false);
-  OpDesc desc{op.name, {}, {}, spec.attrs};
+  CaseShapes out{OpDesc{op.name, {}, {}, spec.attrs}, std::vector<bool>(n_in, false)};
+  OpDesc& desc = out.desc;
+  std::vector<bool>& expand = out.expand;
   if (gated) {
-    if (rank == 0) return skip("gated ops need rank >= 1");
+    if (rank == 0) return unsupported("gated ops need rank >= 1");
     double dim_attr = spec.attrs.get("dim", -1);
     int dim = dim_attr < 0 ? int(dim_attr) + int(rank) : int(dim_attr);
-    if (dim < 0 || dim >= int(rank)) return skip("dim out of range for this shape");
+    if (dim < 0 || dim >= int(rank)) return unsupported("dim out of range for this shape");
     in_shapes[backward ? 1 : 0][dim] *= 2;
   }
   if (op.family == "fill") desc.outputs = {{spec.dtype, spec.shape}};
   if (op.sample_shapes) {
     auto shapes = op.sample_shapes(spec.dtype, spec.shape, spec.attrs);
-    if (!shapes) return skip("no sample for this shape and these attributes");
+    if (!shapes) return unsupported("no sample for this shape and these attributes");
     in_shapes = shapes->inputs;
     desc.outputs = shapes->outputs;
     if (spec.layout == LayoutKind::broadcast) std::fill(expand.begin(), expand.end(), true);
@@ -357,9 +351,34 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
   }
   const auto in_dtypes = op.input_dtypes(spec.dtype);
   for (size_t i = 0; i < n_in; ++i) desc.inputs.push_back({in_dtypes[i], in_shapes[i]});
-  auto full = op.infer(desc);
+  return out;
+}
+
+}  // namespace
+
+CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
+  CaseOutcome out;
+  const OpInfo& op = *spec.op;
+  auto fail = [&](std::string msg) {
+    out.passed = false;
+    out.message = std::move(msg);
+    return out;
+  };
+  auto skip = [&](std::string msg) {
+    out.skipped = true;
+    out.message = std::move(msg);
+    return out;
+  };
+  if (std::find(op.backends.begin(), op.backends.end(), opt.backend) == op.backends.end())
+    return skip(cat("no ", backend_name(opt.backend), " backend for this op yet"));
+  const bool backward = op.direction == Direction::backward;
+  const size_t n_in = op.input_names.size();
+  auto shapes = case_shapes(spec);
+  if (!shapes) return skip(shapes.status().message());
+  std::vector<bool> expand = std::move(shapes->expand);
+  auto full = op.infer(shapes->desc);
   if (!full) return fail("infer: " + full.status().to_string());
-  desc = std::move(*full);
+  OpDesc desc = std::move(*full);
   out.elements = 1;
   for (int64_t s : (backward ? desc.inputs[0].shape : desc.outputs[0].shape)) out.elements *= s;
 
@@ -608,6 +627,12 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
     out.milliseconds = median(ms);
   }
   return out;
+}
+
+Result<OpDesc> case_descriptor(const CaseSpec& spec) {
+  auto shapes = case_shapes(spec);
+  if (!shapes) return shapes.status();
+  return spec.op->infer(shapes->desc);
 }
 
 double measure_copy_bandwidth(size_t bytes) {

@@ -84,6 +84,10 @@ struct CaseOutcome {
 
 CaseOutcome run_case(const CaseSpec& spec, const RunOptions& options);
 
+/// The descriptor run_case builds for `spec` (operand shapes from the op's
+/// samples or the elementwise rules, outputs inferred), or why there is none.
+Result<OpDesc> case_descriptor(const CaseSpec& spec);
+
 /// A typical shape for an op at `elements` elements (gated ops split dim -1).
 Shape default_shape(const OpInfo& op, int64_t elements);
 
