@@ -474,6 +474,49 @@ TEST(GumbelSoftmax, ReproducibleHardAndSameOnEveryBackendAndLayout) {
   }
 }
 
+/// The CUDA kernel's blocks loop over rows by the grid (Note [Gumbel rows in a
+/// pipeline]): enough rows that every row shape takes several turns, cached
+/// and uncached, vector and scalar rows, against the host's sample.
+TEST(GumbelSoftmaxCuda, RowsTakenByTheGridMatchHost) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> u(-3, 3);
+  // cols: rows of 32 x 8, 32 x 4, 128, 512 and 1024 threads; odd widths take the scalar path;
+  // 32768 f32 fills the 128 KiB cache, 60000 f32 (240 KB) runs uncached.
+  const std::pair<int64_t, int64_t> shapes[] = {{40000, 100}, {12000, 1001}, {4000, 4096}, {1500, 16383},
+                                                {300, 32768}, {140, 60000}};
+  for (auto [R, C] : shapes) {
+    std::vector<double> x(size_t(R * C));
+    for (auto& e : x) e = u(rng);
+    const Attrs attrs{{"hard", 1}, {"tau", 0.7}, {"seed", 99}, {"offset", 3}};
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::to_string(R) + "x" + std::to_string(C) + " " + dtype_name(dtype));
+      auto host = exec(Backend::host_reference, "gumbel_softmax", {{x, {R, C}, dtype}}, attrs);
+      auto got = exec(Backend::bespoke_cuda, "gumbel_softmax", {{x, {R, C}, dtype}}, attrs);
+      ASSERT_TRUE(host && got) << (host ? got.status() : host.status()).to_string();
+      const auto& want = *host;
+      const double tol = dtype == DType::f32 ? 1e-5 : 1e-2;
+      int64_t off_soft = 0, bad_hot = 0;
+      for (int64_t r = 0; r < R; ++r) {
+        int64_t arg = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          const size_t i = size_t(r * C + c);
+          off_soft += std::abs((*got)[1][i] - want[1][i]) > tol * std::max(1.0, std::abs(want[1][i]));
+          if ((*got)[1][i] > (*got)[1][size_t(r * C + arg)]) arg = c;
+        }
+        // out is the one-hot of the sample's first argmax (bf16 rounding may tie several).
+        for (int64_t c = 0; c < C; ++c) {
+          const double hot = (*got)[0][size_t(r * C + c)];
+          bad_hot += dtype == DType::f32 ? hot != (c == arg ? 1.0 : 0.0)
+                                         : hot != 0.0 && (*got)[1][size_t(r * C + c)] != (*got)[1][size_t(r * C + arg)];
+        }
+      }
+      EXPECT_EQ(off_soft, 0);
+      EXPECT_EQ(bad_hot, 0);
+    }
+  }
+}
+
 /// The argmax of logits + Gumbel noise is a sample of softmax(logits): over
 /// N rows each frequency is within 5 standard deviations sqrt(p (1 - p) / N).
 TEST(GumbelSoftmax, ArgmaxFrequenciesFollowSoftmax) {

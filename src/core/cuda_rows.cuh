@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -214,21 +215,43 @@ Status by_row_length(int64_t cols, F&& f, bool narrow_long_rows = false) {
   return f.template operator()<1024, 1>();
 }
 
+/// At most `blocks`, and no more blocks of `kernel` than the GPU holds at
+/// once: the grid of a kernel whose blocks loop over rows by the grid.
+template <class Kernel>
+unsigned resident_grid(Kernel kernel, unsigned threads, size_t smem, unsigned blocks) {
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(threads), smem) != cudaSuccess || per_sm <= 0) {
+    (void)cudaGetLastError();  // the whole grid then: still correct
+    return blocks;
+  }
+  return unsigned(std::min<int64_t>(blocks, int64_t(per_sm) * std::max(current_sm_count(), 1)));
+}
+
 /// Launches `cached` with `cache` bytes of dynamic shared memory when that
 /// fits kRowCacheBytes (raising the kernel's limit past 48 KiB; with
 /// `max_carveout`, all of L1 as shared memory), else `uncached` without.
+/// `loops_over_rows`: the kernels' blocks take rows by the grid, which is
+/// then cut to what the GPU holds at once (resident_grid).
 template <class Kernel, class... Args>
-Status launch_cached(Kernel cached, Kernel uncached, size_t cache, bool max_carveout, unsigned blocks,
-                     unsigned threads, CUstream_st* stream, const Args&... args) {
+Status launch_cached_grid(Kernel cached, Kernel uncached, size_t cache, bool max_carveout, bool loops_over_rows,
+                          unsigned blocks, unsigned threads, CUstream_st* stream, const Args&... args) {
   if (cache <= kRowCacheBytes) {
     if (cache > 48 * 1024)
       BARACUDA_CUDA_TRY(allow_dynamic_smem(reinterpret_cast<const void*>(cached), int(kRowCacheBytes), max_carveout));
+    if (loops_over_rows) blocks = resident_grid(cached, threads, cache, blocks);
     cached<<<blocks, threads, cache, stream>>>(args...);
   } else {
+    if (loops_over_rows) blocks = resident_grid(uncached, threads, 0, blocks);
     uncached<<<blocks, threads, 0, stream>>>(args...);
   }
   BARACUDA_CUDA_TRY(cudaGetLastError());
   return Status::ok();
+}
+
+template <class Kernel, class... Args>
+Status launch_cached(Kernel cached, Kernel uncached, size_t cache, bool max_carveout, unsigned blocks,
+                     unsigned threads, CUstream_st* stream, const Args&... args) {
+  return launch_cached_grid(cached, uncached, cache, max_carveout, false, blocks, threads, stream, args...);
 }
 
 /// A launch of `threads`-thread blocks with `smem` bytes of dynamic shared
