@@ -246,10 +246,15 @@ def main():
             o1, o2 = torch.empty_like(x), torch.empty_like(x)
             row("cumsum 64M+3", dtype, lambda: F.cumsum(x, 0, out=o1), lambda: torch.cumsum(x, 0, out=o2),
                 2 * x.numel() * es, lambda: close(F.cumsum(x, 0) / 1e3, torch.cumsum(x.double(), 0).to(dtype) / 1e3, tol))
-            x = torch.randn((1 << 26) + 1, device="cuda", dtype=dtype)[1:]  # misaligned start: the staged (scalar) tiles
+            x = torch.randn((1 << 26) + 1, device="cuda", dtype=dtype)[1:]  # misaligned start
             m1, m2 = o1[1:x.numel() + 1], o2[1:x.numel() + 1]  # the outputs misaligned too
+
+            def misaligned_ok():  # the misaligned output close to f64's, and the bits of an aligned copy's scan
+                F.cumsum(x, 0, out=m1)
+                return (close(m1 / 1e3, torch.cumsum(x.double(), 0).to(dtype) / 1e3, tol) and
+                        torch.equal(m1.view(bits), F.cumsum(x.clone(), 0).view(bits)))
             row("cumsum 64M offset 1", dtype, lambda: F.cumsum(x, 0, out=m1), lambda: torch.cumsum(x, 0, out=m2),
-                2 * x.numel() * es, lambda: close(F.cumsum(x, 0) / 1e3, torch.cumsum(x.double(), 0).to(dtype) / 1e3, tol))
+                2 * x.numel() * es, misaligned_ok)
             x = torch.randn(2 * 1000003, device="cuda", dtype=dtype)[::2]
             o1, o2 = torch.empty_like(x), torch.empty_like(x)
             row("cumsum 1000003 step 2", dtype, lambda: F.cumsum(x, 0, out=o1), lambda: torch.cumsum(x, 0, out=o2),
@@ -276,10 +281,30 @@ def main():
             def close_to_largest(a, b):
                 return torch.allclose(a.float(), b.float(), rtol=tol * 8, atol=tol * 8 * b.float().abs().max().item())
 
+            def f64_grad(fn, x):  # the gradient in f64 from the same inputs
+                xr = x.detach().double().requires_grad_()
+                return torch.autograd.grad(fn(xr), xr, g.double())[0]
+
+            def error_to_largest(a, ref):
+                return ((a.double() - ref).abs().max() / ref.abs().max()).item()
+
             if want("cumprod_backward"):
                 y, theirs = torch.cumprod(x, -1), torch_grad(lambda t: torch.cumprod(t, -1), x)
+                ref = f64_grad(lambda t: torch.cumprod(t, -1), x)
+                # A long cumprod's gradient from low-precision inputs is ill-conditioned (bf16 rows are off by
+                # a large part of their largest value in torch too), so ours passes when it is close to the
+                # f64 gradient or no further from it than torch's.
+                errors = {}
+
+                def cumprod_grad_ok():
+                    errors["ours"] = error_to_largest(F.cumprod_backward(g, x, -1, y), ref)
+                    errors["torch"] = error_to_largest(theirs(), ref)
+                    return errors["ours"] <= max(tol * 8, 1.1 * errors["torch"])
                 row("cumprod_backward 8192x8192 dim=-1", dtype, lambda: F.cumprod_backward(g, x, -1, y), theirs,
-                    4 * n * es, lambda: close_to_largest(F.cumprod_backward(g, x, -1, y), theirs()))
+                    4 * n * es, cumprod_grad_ok)
+                print(f"  cumprod_backward error to the largest f64 value: ours {errors['ours']:.2e}, "
+                      f"torch {errors['torch']:.2e}")
+                del ref
             if want("logcumsumexp_backward"):
                 y, theirs = torch.logcumsumexp(x, -1), torch_grad(lambda t: torch.logcumsumexp(t, -1), x)
                 row("logcumsumexp_backward 8192x8192 dim=-1", dtype, lambda: F.logcumsumexp_backward(g, x, y, -1),

@@ -162,12 +162,14 @@ TEST(CudaScan, LongChainIsExact) {
 /// against exact host scans rounded once to the storage type, over rows of
 /// full tiles, rows with a partial last tile, and more tiles than blocks
 /// resident (every block takes several); outputs poisoned. Rows not 16-byte
-/// aligned (a row stride that is not a multiple of 16 bytes) stream by 4-byte
-/// copies and element stores in f32 and take the non-streamed kernel in the
-/// half types, checked the same way.
+/// aligned (a row stride that is not a multiple of 16 bytes: each row of
+/// 100003 or 2^20 + 5 elements starts at another offset in its 16-byte word)
+/// stream by 4-byte copies in f32 and by skewed 16-byte copies in the half
+/// types, and store through shifted 16-byte words, checked the same way.
 template <class T>
 void check_streamed_rows(DType dtype) {
-  const Shape shapes[] = {{7, 3 * 8192}, {3, (int64_t(1) << 20) + 8}, {(int64_t(1) << 22) + 16}, {2, 100003}, {4, 8196}};
+  const Shape shapes[] = {{7, 3 * 8192},  {3, (int64_t(1) << 20) + 8}, {(int64_t(1) << 22) + 16},
+                         {2, 100003}, {4, 8196}, {3, (int64_t(1) << 20) + 5}};
   for (const std::string op : {"cumsum", "cumprod"}) {
     for (const Shape& shape : shapes) {
       SCOPED_TRACE(op + " " + dtype_name(dtype) + " " + shape_str(shape));
@@ -245,8 +247,9 @@ TEST(CudaScan, MisalignedRowsMatchAlignedBitwise) {
           std::memcpy(host.data() + e * 4, &bits, 4);
         }
       }
-      // Element offsets of the input and of the outputs: aligned first, then each shift of a 16-byte word
-      // (f32 outputs at +1, +2, +3 take the shifted 16-byte stores, bf16 at +2; odd bf16 ones go element by element).
+      // Element offsets of the input and of the outputs: aligned first, then shifts within a 16-byte word
+      // (cumsum and cumprod: f32 inputs at +1 copy in 4-byte copies, bf16 ones in skewed 16-byte copies; outputs
+      // at any shift take the shifted 16-byte stores).
       const int offsets[7][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 2}, {0, 3}, {3, 2}};
       constexpr int kPad = 3;  // elements the offsets need past n
       std::vector<std::vector<std::vector<char>>> results;

@@ -292,7 +292,7 @@ def test_long_scans_single_pass(dtype, n, view):
     if view == "contiguous":
         x = torch.empty(n, device="cuda", dtype=dtype).uniform_(-1, 1)
         dim = 0
-    elif view == "offset1":  # unit stride, the row starting 1 element past a 16-byte boundary (scalar tiles)
+    elif view == "offset1":  # unit stride, the row starting 1 element past a 16-byte boundary (skewed copies)
         x = torch.empty(n + 1, device="cuda", dtype=dtype).uniform_(-1, 1)[1:]
         dim = 0
     elif view == "step2":

@@ -584,12 +584,18 @@ __global__ void __launch_bounds__(kBlock, kPassBlocks<Io>) single_pass_kernel(Sc
 // copies (8 consecutive chunks a wavefront) and the reads of 8 threads of
 // their own chunk q touch every 16-byte bank group once a wavefront. Outputs
 // go back through the stage in the input's type and leave coalesced, in
-// 16-byte stores where the tile's output is 16-byte aligned, or 4-byte
-// aligned (each store then takes parts of two stage chunks), else element
-// by element. Inputs not 16-byte aligned (views from element 1) copy in
-// 4-byte copies (f32; half types stream only from aligned inputs). A row's
-// last, partial tile is loaded element by element (synchronously) into the
-// same layout.
+// 16-byte stores: where the tile's output is not 16-byte aligned (a view
+// from element 1), each store takes the last bytes of one stage chunk and
+// the first of the next (bytes_from), and the tile's ends that share a
+// 16-byte word with the neighbouring tiles go element by element. Inputs
+// not 16-byte aligned copy in 4-byte copies in f32; in the half types
+// (2-byte aligned) a tile copies the kChunks + 1 aligned 16-byte words that
+// cover it into a stage one chunk longer, its first scan reads each of its
+// chunks from two neighbouring words (bytes_from) and, once every thread has
+// read (the block scan's barrier), writes them back in the tile's own
+// layout, so the output pass and the combines are those of an aligned tile
+// (the same bits). A row's first tile when misaligned and its last, partial
+// one are loaded element by element (synchronously) into the same layout.
 
 /// Stages and elements a thread of streamed_scan_kernel (the single-pass
 /// kernel's tiles: 32 KiB, 8K f32 or 16K half elements); two blocks an SM
@@ -601,8 +607,9 @@ template <size_t kElemBytes>
 inline constexpr int kStreamTile = kBlock * kStreamItems<kElemBytes>;
 template <size_t kElemBytes>
 inline constexpr int kStreamBlocks = 2;
+/// A stage holds a tile and one more 16-byte chunk (a misaligned half-type tile's last word).
 template <size_t kElemBytes>
-inline constexpr size_t kStreamSmem = size_t(kStreamStages) * kStreamTile<kElemBytes> * kElemBytes;
+inline constexpr size_t kStreamSmem = size_t(kStreamStages) * (kStreamTile<kElemBytes> * kElemBytes + 16);
 
 /// Chunk of a stage that holds thread o's chunk q (C chunks a thread); the
 /// stage's chunk that holds the tile's chunk c, and the element of tile
@@ -620,46 +627,49 @@ __device__ __forceinline__ int stage_element(int i) {
   return stage_chunk<C>(i / E) * E + i % E;
 }
 
-/// Stores a full tile, held in a stage (Note [Streamed single-pass tiles]),
-/// to `address`, which is 4-byte but not 16-byte aligned: the 16-byte words
-/// of memory wholly inside the tile in coalesced 16-byte stores, each taking
-/// the last `shift` 4-byte words of a tile chunk and the first 4 - shift of
-/// the next; the tile's first 4 - shift words and its last `shift` (which
-/// share 16-byte words with the neighbouring tiles) in 4-byte stores.
-template <int C, int kChunks>
-__device__ __forceinline__ void store_shifted_tile(const float4* stage, uintptr_t address) {
-  const int shift = int(address % 16) / 4, o = threadIdx.x;  // 1, 2 or 3
-  auto words_of = [&](int c, uint32_t (&w)[4]) { memcpy(w, &stage[stage_chunk<C>(c)], 16); };
-  auto* first_whole = reinterpret_cast<uint4*>(address + 16 - 4 * shift);
+/// The 16 bytes at byte `shift` (0..15) of the 32 bytes lo, hi (lo first in memory).
+__device__ __forceinline__ float4 bytes_from(const float4& lo, const float4& hi, int shift) {
+  uint32_t w[8];
+  memcpy(w, &lo, 16);
+  memcpy(w + 4, &hi, 16);
+  const int words = shift / 4;
+  const unsigned r = unsigned(shift % 4), select = r | (r + 1) << 4 | (r + 2) << 8 | (r + 3) << 12;
+  uint32_t u[5];
+#pragma unroll
+  for (int k = 0; k < 5; ++k)  // u[k] = w[k + words], no run-time index into registers
+    u[k] = words == 0 ? w[k] : words == 1 ? w[k + 1] : words == 2 ? w[k + 2] : w[k + 3];
+  uint32_t out[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) out[k] = __byte_perm(u[k], u[k + 1], select);
+  float4 f;
+  memcpy(&f, out, 16);
+  return f;
+}
+
+/// Stores a full tile of T, held in a stage (Note [Streamed single-pass
+/// tiles]), to `out`, which is element- but not 16-byte aligned: the 16-byte
+/// words of memory wholly inside the tile in coalesced 16-byte stores, each
+/// taking the last `skew` bytes of a tile chunk and the first 16 - skew of the
+/// next; the tile's first (16 - skew) / sizeof(T) elements and its last
+/// skew / sizeof(T) (which share 16-byte words with the neighbouring tiles)
+/// element by element.
+template <class T, int C, int kChunks>
+__device__ __forceinline__ void store_shifted_tile(const float4* stage, T* out) {
+  constexpr int E = int(16 / sizeof(T));
+  const int skew = int(reinterpret_cast<uintptr_t>(out) % 16), o = threadIdx.x;
+  auto* first_whole = reinterpret_cast<float4*>(reinterpret_cast<char*>(out) + 16 - skew);
 #pragma unroll
   for (int i = 0; i < C; ++i) {
     const int c = o + i * kBlock;
-    if (c + 1 < kChunks) {
-      uint32_t lo[4], hi[4];
-      words_of(c, lo);
-      words_of(c + 1, hi);
-      uint32_t w[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k)  // word 4 - shift + k of the pair lo, hi
-        w[k] = shift == 1 ? (k < 1 ? lo[3 + k] : hi[k - 1]) : shift == 2 ? (k < 2 ? lo[2 + k] : hi[k - 2])
-                                                                        : (k < 3 ? lo[1 + k] : hi[k - 3]);
-      first_whole[c] = make_uint4(w[0], w[1], w[2], w[3]);
-    }
+    if (c + 1 < kChunks) first_whole[c] = bytes_from(stage[stage_chunk<C>(c)], stage[stage_chunk<C>(c + 1)], 16 - skew);
   }
-  auto* words = reinterpret_cast<uint32_t*>(address);
-  if (o < 4 - shift) {  // the head: words 0 .. 3 - shift of chunk 0
-    uint32_t w[4];
-    words_of(0, w);
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      if (k == o) words[k] = w[k];
-  } else if (o >= 4 && o < 4 + shift) {  // the tail: words 4 - shift .. 3 of the last chunk
-    const int k = 4 - shift + (o - 4);
-    uint32_t w[4];
-    words_of(kChunks - 1, w);
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (j == k) words[4 * (kChunks - 1) + j] = w[j];
+  const int head = (16 - skew) / int(sizeof(T)), tail = skew / int(sizeof(T));
+  const T* elements = reinterpret_cast<const T*>(stage);
+  if (o < head) {
+    out[o] = elements[stage_element<C, E>(o)];
+  } else if (o >= 32 && o < 32 + tail) {
+    const int i = kChunks * E - tail + (o - 32);
+    out[i] = elements[stage_element<C, E>(i)];
   }
 }
 
@@ -677,7 +687,7 @@ __global__ void __launch_bounds__(kBlock, kStreamBlocks<Io::kInBytes>)
   struct alignas(16) Chunk {
     T v[E];
   };
-  extern __shared__ float4 stage_memory[];  // [kStreamStages][kChunks]
+  extern __shared__ float4 stage_memory[];  // [kStreamStages][kChunks + 1]
   __shared__ S warp_totals[kBlock / 32];
   __shared__ S exclusive;
   __shared__ unsigned long long ticket[2];  // alternate: a slot is rewritten only after barriers past its reads
@@ -685,14 +695,27 @@ __global__ void __launch_bounds__(kBlock, kStreamBlocks<Io::kInBytes>)
   const int64_t slots = l.rows.rows * tiles;
   const TileStates<S> states(static_cast<char*>(l.workspace) + kTicketBytes, 2 * slots);
   const int o = threadIdx.x;
-  auto stage = [&](int st) { return stage_memory + st * kChunks; };
+  auto stage = [&](int st) { return stage_memory + st * (kChunks + 1); };
   auto io_of = [&](int64_t t) {
     int64_t off[Io::kOperands];
     outer.get(t / tiles, off);
     return Io(l, off, l.rows.cols);
   };
 
-  // Starts loading tile t into stage st: a full tile by asynchronous copies, a row's last partial one by loads.
+  // The byte offset within its 16-byte word of tile t's first element, where the tile copies in as the
+  // kChunks + 1 aligned words that cover it (half types; not a row's first tile, nor one that ends within
+  // E elements of the row's end); else 0.
+  auto skew_of = [&](const Io& io, int64_t t) {
+    if constexpr (sizeof(T) != 2) {
+      return 0;
+    } else {
+      const int64_t base = (t % tiles) * kT;
+      const int skew = int(reinterpret_cast<uintptr_t>(io.in) % 16);  // base * 2 bytes is a multiple of 16
+      return skew != 0 && base > 0 && base + kT + E <= l.rows.cols ? skew : 0;
+    }
+  };
+  // Starts loading tile t into stage st: a full tile by asynchronous copies, a row's first (misaligned) and
+  // last partial one by loads.
   auto fetch = [&](int64_t t, int st) {
     const Io io = io_of(t);
     const int64_t base = (t % tiles) * kT, end = l.rows.cols;
@@ -703,6 +726,16 @@ __global__ void __launch_bounds__(kBlock, kStreamBlocks<Io::kInBytes>)
         const int c = o + i * kBlock;
         cp_async_16(stage(st) + stage_chunk<C>(c), io.in + base + E * c, true);
       }
+      return;
+    }
+    if (const int skew = skew_of(io, t)) {  // the aligned words from the one holding element base
+      const T* first_word = io.in + base - skew / int(sizeof(T));
+#pragma unroll
+      for (int i = 0; i < C; ++i) {
+        const int c = o + i * kBlock;
+        cp_async_16(stage(st) + stage_chunk<C>(c), first_word + E * c, true);
+      }
+      if (o == 0) cp_async_16(stage(st) + stage_chunk<C>(kChunks), first_word + E * kChunks, true);
       return;
     }
     if constexpr (sizeof(T) == 4) {
@@ -723,19 +756,32 @@ __global__ void __launch_bounds__(kBlock, kStreamBlocks<Io::kInBytes>)
       elements[stage_element<C, E>(i)] = e < end ? io.in[e] : pad;
     }
   };
-  // Thread o's elements of tile t from stage st, scanned in order.
-  auto scan_mine = [&](int64_t t, int st, S (&v)[kIt]) {
+  // Thread o's elements of tile t from its chunks, scanned in order.
+  auto scan_chunks = [&](int64_t t, const float4 (&chunks)[C], S (&v)[kIt]) {
     const int64_t e0 = (t % tiles) * kT + kIt * o;
 #pragma unroll
     for (int q = 0; q < C; ++q) {
-      const float4 raw = stage(st)[stream_chunk<C>(o, q)];
       Chunk x;
-      memcpy(&x, &raw, 16);
+      memcpy(&x, &chunks[q], 16);
 #pragma unroll
       for (int k = 0; k < E; ++k) v[E * q + k] = Op::lift(convert<M>(x.v[k]), e0 + E * q + k);
     }
 #pragma unroll
     for (int k = 1; k < kIt; ++k) v[k] = Op::combine(v[k - 1], v[k]);
+  };
+  // Thread o's chunks of stage st, each from two neighbouring words where the tile came in with a skew.
+  auto read_chunks = [&](int st, int skew, float4 (&chunks)[C]) {
+#pragma unroll
+    for (int q = 0; q < C; ++q) {
+      const int c = C * o + q;
+      chunks[q] = skew == 0 ? stage(st)[stage_chunk<C>(c)]
+                            : bytes_from(stage(st)[stage_chunk<C>(c)], stage(st)[stage_chunk<C>(c + 1)], skew);
+    }
+  };
+  auto scan_mine = [&](int64_t t, int st, S (&v)[kIt]) {
+    float4 chunks[C];
+    read_chunks(st, 0, chunks);
+    scan_chunks(t, chunks, v);
   };
   auto take = [&](int slot) {
     if (o == 0) ticket[slot] = atomicAdd(counter, 1ull);
@@ -771,10 +817,17 @@ __global__ void __launch_bounds__(kBlock, kStreamBlocks<Io::kInBytes>)
 
     S prefix_b = Op::identity(), aggregate_b = Op::identity();
     if (b < slots) {
+      const int skew = skew_of(io_of(b), b);
+      float4 chunks[C];
+      read_chunks(sb, skew, chunks);
       S v[kIt];
-      scan_mine(b, sb, v);
+      scan_chunks(b, chunks, v);
       prefix_b = block_exclusive<Op>(v[kIt - 1], aggregate_b, warp_totals);
       if (o == 0) states.publish(b, aggregate_b);
+      if (skew != 0) {  // every thread has read stage sb (block_exclusive's barrier): the tile's own layout
+#pragma unroll
+        for (int q = 0; q < C; ++q) stage(sb)[stream_chunk<C>(o, q)] = chunks[q];
+      }
     }
     if (a < slots) {
       const int64_t base = (a % tiles) * kT, end = l.rows.cols;
@@ -802,8 +855,8 @@ __global__ void __launch_bounds__(kBlock, kStreamBlocks<Io::kInBytes>)
           const int c = o + i * kBlock;
           reinterpret_cast<float4*>(io.out + base)[c] = stage(sa)[stage_chunk<C>(c)];
         }
-      } else if (base + kT <= end && out_address % 4 == 0) {
-        store_shifted_tile<C, kChunks>(stage(sa), out_address);
+      } else if (base + kT <= end && out_address % sizeof(T) == 0) {
+        store_shifted_tile<T, C, kChunks>(stage(sa), io.out + base);
       } else {
         const T* elements = reinterpret_cast<const T*>(stage(sa));
 #pragma unroll 4
@@ -822,8 +875,8 @@ __global__ void __launch_bounds__(kBlock, kStreamBlocks<Io::kInBytes>)
 }
 
 /// Whether a split scan can stream (Note [Streamed single-pass tiles]): the
-/// input and output of stride 1 along the rows, and for half types every
-/// input row 16-byte aligned.
+/// input and output of stride 1 along the rows, their elements at addresses
+/// that are multiples of their size.
 template <class Io>
 bool streams(const ScanLaunch& l) {
   if constexpr (!Io::kStreams) {
@@ -832,11 +885,8 @@ bool streams(const ScanLaunch& l) {
     const int in = Io::probe(l);
     const rows::RowLaunch& r = l.rows;
     if (r.inner.stride[0][0] != 1 || r.inner.stride[in][0] != 1) return false;
-    if (Io::kInBytes == 4) return true;
-    if (reinterpret_cast<uintptr_t>(r.data[in]) % 16 != 0) return false;
-    for (int a = 0; a < r.outer.rank; ++a)
-      if (r.outer.shape[a] > 1 && r.outer.stride[in][a] * int64_t(Io::kInBytes) % 16 != 0) return false;
-    return true;
+    return reinterpret_cast<uintptr_t>(r.data[in]) % Io::kInBytes == 0 &&
+           reinterpret_cast<uintptr_t>(r.data[0]) % Io::kInBytes == 0;
   }
 }
 
