@@ -95,6 +95,22 @@ def main():
                          timed(lambda: (torch.ops.aten.native_layer_norm_backward(
                              g, x, (1024,), lm.unsqueeze(1), lr.unsqueeze(1), w, bias, [True, True, True]),
                              sync()))))
+            # Losses with a workspace (the per-row terms of the mean) and a class weight left out (a cached
+            # empty operand); BARACUDA_WORKSPACE_PER_CALL=1 allocates the workspace per call instead
+            # (Note [Workspace kept per stream] in python/src/module.cpp).
+            x = torch.randn(64, 512, device="cuda")
+            t = torch.randint(0, 512, (64,), device="cuda")
+            rows.append(("torch cuda [64,512]: F.multi_margin_loss (mean)", timed(lambda: F.multi_margin_loss(x, t), sync)))
+            rows.append(("torch cuda [64,512]: torch multi_margin_loss (ref.)",
+                         timed(lambda: torch.nn.functional.multi_margin_loss(x, t), sync)))
+            rows.append(("torch cuda [64,512]: F.cross_entropy", timed(lambda: F.cross_entropy(x, t), sync)))
+            rows.append(("torch cuda [64,512]: torch cross_entropy (ref.)",
+                         timed(lambda: torch.nn.functional.cross_entropy(x, t), sync)))
+            rows.append(("torch cuda [64,512]: F.sum(x)", timed(lambda: F.sum(x), sync)))
+            rows.append(("torch cuda [64,512]: torch.sum(x) (ref.)", timed(lambda: torch.sum(x), sync)))
+            rows.append(("torch cuda [64,512]: F.layer_norm", timed(lambda: F.layer_norm(x, (512,)), sync)))
+            rows.append(("torch cuda [64,512]: torch layer_norm (ref.)",
+                         timed(lambda: torch.nn.functional.layer_norm(x, (512,)), sync)))
             # A decode step's cache append (bench_rope's kv_append row): six operands, two outputs in place.
             kn = torch.randn(64, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
             kc = torch.zeros(8192, 16, 8, 128, device="cuda", dtype=torch.bfloat16)

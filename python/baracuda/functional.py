@@ -82,6 +82,12 @@ def _spec(x):
     return _operand(x)[2] or (None, ())
 
 
+def _shape(x):
+    """x's shape as a tuple: its own `shape` where that is one (numpy, torch.Size, cupy), else _spec's."""
+    shape = getattr(x, "shape", None)
+    return shape if isinstance(shape, tuple) else tuple(_spec(x)[1])
+
+
 # ---------------------------------------------------------------- generated wrappers
 
 def _generate(info):
@@ -277,9 +283,9 @@ def full(size, fill_value, *, dtype=None, device=None):
 
 def _dims(op, input, dim):
     """torch's dim (None, an int or a sequence; negative from the end) as the 'dims' bitmask."""
-    rank = len(_spec(input)[1])
     if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):
         return -1
+    rank = len(_shape(input))
     mask = 0
     for d in ((dim,) if isinstance(dim, int) else tuple(dim)):
         if not -max(rank, 1) <= d < max(rank, 1):
@@ -513,12 +519,12 @@ def sparsemax_backward(grad_output, output, dim=-1, *, out=None):
 # ---------------------------------------------------------------- normalization
 
 def _normalized(op, input, normalized_shape, weight):
-    shape = tuple(_spec(input)[1])
+    shape = tuple(_shape(input))
     ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if len(ns) == 0 or shape[len(shape) - len(ns):] != ns:
         raise ValueError(f"{op}: normalized_shape {list(ns)} must be the trailing dims of input shape {list(shape)}")
-    if weight is not None and tuple(_spec(weight)[1]) != ns:
-        raise ValueError(f"{op}: weight shape {list(_spec(weight)[1])} != normalized_shape {list(ns)}")
+    if weight is not None and tuple(_shape(weight)) != ns:
+        raise ValueError(f"{op}: weight shape {list(_shape(weight))} != normalized_shape {list(ns)}")
     return len(ns)
 
 
@@ -577,10 +583,24 @@ def add_layer_norm(input, residual, weight, bias, eps=1e-5):
     return _call("add_layer_norm", (input, residual, weight, bias), {"eps": eps})
 
 
+_ABSENT = {}  # (array type, dtype, device) -> an empty [0] array: it holds no memory, nothing writes it
+
+
 def _absent(input):
-    """An empty [0] array like input: an optional operand not given."""
+    """An empty [0] array like input: an optional operand not given (made once per type, dtype and device:
+    making it cost a third of a small loss's call)."""
+    try:
+        key = (type(input), input.dtype, getattr(input, "device", None))
+        return _ABSENT[key]
+    except (AttributeError, TypeError):  # no dtype, or an unhashable one: made per call
+        key = None
+    except KeyError:
+        pass
     adapter, a, (dtype, _) = _operand(input)
-    return adapter.empty(dtype, (0,), a)
+    made = adapter.empty(dtype, (0,), a)
+    if key is not None and len(_ABSENT) < 256:
+        _ABSENT[key] = made
+    return made
 
 
 def _bn_attrs(training, eps, momentum=None):
@@ -928,7 +948,7 @@ def triplet_margin_loss_backward(grad_output, anchor, positive, negative, margin
 
 def _one_target(input, target):
     """torch takes a [1] target for a [C] input: the 0-d target of the registry op."""
-    if len(_spec(input)[1]) == 1 and tuple(_spec(target)[1]) == (1,):
+    if len(_shape(input)) == 1 and tuple(_shape(target)) == (1,):
         return target.reshape(())
     return target
 

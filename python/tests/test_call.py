@@ -330,3 +330,36 @@ def test_binding_workspace_across_syncs_streams_and_graphs():
     graph.replay()
     torch.cuda.synchronize()
     assert all(torch.equal(a, c) for a, c in zip(first, captured))
+
+
+@gpu
+def test_kept_workspace_grows_and_serves_many_streams():
+    """Note [Workspace kept per stream] (python/src/module.cpp): on one stream, workspace needs that grow and
+    shrink (multi_margin_loss's per-row terms: 4 bytes a row) give torch's results; so do more streams than the
+    binding keeps buffers for, each running while the others are busy, and weights left out (one cached [0]
+    operand per dtype and device, functional._absent) across dtypes."""
+    torch.manual_seed(0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for rows in (100, 300000, 7, 300000, 1000):
+            for dtype in (torch.float32, torch.bfloat16):
+                x = torch.randn(rows, 33, device="cuda", dtype=dtype)
+                t = torch.randint(0, 33, (rows,), device="cuda")
+                for reduction in ("mean", "sum"):
+                    torch.testing.assert_close(F.multi_margin_loss(x, t, reduction=reduction),
+                                               torch.nn.functional.multi_margin_loss(x, t, reduction=reduction),
+                                               msg=f"{rows} {dtype} {reduction}")
+    torch.cuda.current_stream().wait_stream(side)
+    streams = [torch.cuda.Stream() for _ in range(80)]
+    xs = [torch.randn(2000 + 37 * i, 65, device="cuda") for i in range(len(streams))]
+    ts = [torch.randint(0, 65, (x.shape[0],), device="cuda") for x in xs]
+    results = []
+    for s, x, t in zip(streams, xs, ts):
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            results.append(F.multi_margin_loss(x, t))
+    for s in streams:
+        torch.cuda.current_stream().wait_stream(s)
+    for i, (r, x, t) in enumerate(zip(results, xs, ts)):
+        torch.testing.assert_close(r, torch.nn.functional.multi_margin_loss(x, t), msg=f"stream {i}")
