@@ -574,7 +574,7 @@ __global__ void __launch_bounds__(kFusedBlock<TPR>, 1024 / (kFusedBlock<TPR> * K
   M dw[K][V] = {}, db[K][V] = {};
   // grad_input of row r from the row's sums a = sum(wg), b = sum(wg * (x - mean)), and its column sums.
   auto finish_row = [&](int stage, int64_t r, M mean, M rstd, M a, M b) {
-    const M mean_wg = a * inv_cols, mean_wg_xhat = b * rstd * inv_cols;
+    const auto terms = S::grad_input_terms(a * inv_cols, b * rstd * inv_cols, rstd);
     T* dx = row_of(S::kGradInput, r, (T*)nullptr);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -584,9 +584,9 @@ __global__ void __launch_bounds__(kFusedBlock<TPR>, 1024 / (kFusedBlock<TPR> * K
       P out;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const M g = convert<M>(gv.v[e]), xhat = (convert<M>(xv.v[e]) - mean) * rstd;
-        out.v[e] = convert<T>(S::grad_input(g * weight_at(k, e), xhat, mean_wg, mean_wg_xhat, rstd));
-        dw[k][e] += g * xhat;
+        const M g = convert<M>(gv.v[e]), centred = convert<M>(xv.v[e]) - mean;
+        out.v[e] = convert<T>(S::grad_input_from(g * weight_at(k, e), centred, rstd, terms));
+        dw[k][e] += g * (centred * rstd);
         if constexpr (S::kBias) db[k][e] += g;
       }
       if (vec) {

@@ -54,6 +54,20 @@ struct NormSpec {
   template <class M> static BCD_HD M grad_input(M wg, M xhat, M mean_wg, M mean_wg_xhat, M rstd) {
     return rstd * (wg - (Rms ? M(0) : mean_wg) - xhat * mean_wg_xhat);
   }
+  /// grad_input regrouped for a row's elements: rstd wg + (h - mean) slope + offset, two fused
+  /// multiply-adds an element on the per-row terms (grad_input takes three operations; the fused
+  /// backward is bound by the instructions it issues).
+  template <class M>
+  struct GradTerms {
+    M slope, offset;
+  };
+  template <class M> static BCD_HD GradTerms<M> grad_input_terms(M mean_wg, M mean_wg_xhat, M rstd) {
+    return {-(rstd * rstd) * mean_wg_xhat, Rms ? M(0) : -rstd * mean_wg};
+  }
+  template <class M> static BCD_HD M grad_input_from(M wg, M centred, M rstd, GradTerms<M> t) {
+    if constexpr (Rms) return fma(rstd, wg, centred * t.slope);
+    else return fma(rstd, wg, fma(centred, t.slope, t.offset));
+  }
 };
 
 using LayerNorm = NormSpec<false, true, true, false>;
