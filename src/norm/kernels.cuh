@@ -584,9 +584,9 @@ __global__ void __launch_bounds__(kFusedBlock<TPR>, 1024 / (kFusedBlock<TPR> * K
       P out;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const M g = convert<M>(gv.v[e]), centred = convert<M>(xv.v[e]) - mean;
-        out.v[e] = convert<T>(S::grad_input_from(g * weight_at(k, e), centred, rstd, terms));
-        dw[k][e] += g * (centred * rstd);
+        const M g = convert<M>(gv.v[e]), centred = convert<M>(xv.v[e]) - mean, g_rstd = g * rstd;
+        out.v[e] = convert<T>(S::grad_input_from(g_rstd, weight_at(k, e), centred, terms));
+        dw[k][e] += g_rstd * centred;
         if constexpr (S::kBias) db[k][e] += g;
       }
       if (vec) {

@@ -54,9 +54,10 @@ struct NormSpec {
   template <class M> static BCD_HD M grad_input(M wg, M xhat, M mean_wg, M mean_wg_xhat, M rstd) {
     return rstd * (wg - (Rms ? M(0) : mean_wg) - xhat * mean_wg_xhat);
   }
-  /// grad_input regrouped for a row's elements: rstd wg + (h - mean) slope + offset, two fused
-  /// multiply-adds an element on the per-row terms (grad_input takes three operations; the fused
-  /// backward is bound by the instructions it issues).
+  /// grad_input regrouped for a row's elements: (grad rstd) weight + (h - mean) slope + offset, two
+  /// fused multiply-adds an element on the per-row terms, with grad rstd shared with grad_weight's
+  /// term (grad rstd) (h - mean) (grad_input and xhat take five operations; the fused backward is
+  /// bound by the instructions it issues).
   template <class M>
   struct GradTerms {
     M slope, offset;
@@ -64,9 +65,9 @@ struct NormSpec {
   template <class M> static BCD_HD GradTerms<M> grad_input_terms(M mean_wg, M mean_wg_xhat, M rstd) {
     return {-(rstd * rstd) * mean_wg_xhat, Rms ? M(0) : -rstd * mean_wg};
   }
-  template <class M> static BCD_HD M grad_input_from(M wg, M centred, M rstd, GradTerms<M> t) {
-    if constexpr (Rms) return fma(rstd, wg, centred * t.slope);
-    else return fma(rstd, wg, fma(centred, t.slope, t.offset));
+  template <class M> static BCD_HD M grad_input_from(M grad_rstd, M weight, M centred, GradTerms<M> t) {
+    if constexpr (Rms) return fma(grad_rstd, weight, centred * t.slope);
+    else return fma(grad_rstd, weight, fma(centred, t.slope, t.offset));
   }
 };
 
