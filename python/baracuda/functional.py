@@ -213,14 +213,13 @@ def where_backward(grad_output, condition, input, other, *, out=None):
     """Gradients of where(condition, input, other): (grad_input, grad_other),
     summed to the shapes of input and other."""
     dtype = _spec(grad_output)[0]
-    specs = ((dtype, tuple(_spec(input)[1])), (dtype, tuple(_spec(other)[1])))
+    specs = ((dtype, tuple(_shape(input))), (dtype, tuple(_shape(other))))
     return _call("where_backward", (grad_output, condition), {}, out, out_specs=specs)
 
 
 def _channel_weight(input, weight):
     """prelu's weight [C] as [1, C, 1, ...] (channels are dim 1); one weight as a scalar."""
-    _, shape = _spec(input)
-    _, w_shape = _spec(weight)
+    shape, w_shape = _shape(input), _shape(weight)
     count = int(_np.prod(w_shape))
     if count == 1:
         return weight.reshape(())
@@ -239,9 +238,9 @@ def prelu_backward(grad_output, input, weight, *, out=None):
     """Gradients of prelu: (grad_input, grad_weight) with grad_weight shaped like weight."""
     w = _channel_weight(input, weight)
     if out is not None:
-        out = (out[0], out[1].reshape(_spec(w)[1]))
+        out = (out[0], out[1].reshape(_shape(w)))
     grad_input, grad_weight = _call("prelu_backward", (grad_output, input, w), {}, out)
-    return grad_input, grad_weight.reshape(_spec(weight)[1])
+    return grad_input, grad_weight.reshape(_shape(weight))
 
 
 def to(input, dtype, *, out=None):
@@ -658,12 +657,12 @@ def batch_norm_backward(grad_output, input, save_mean=None, save_invstd=None, we
 
 def _channel_params(op, input, weight, bias):
     """(weight, bias) both given or both None; a missing one of a pair becomes ones / zeros."""
-    shape = tuple(_spec(input)[1])
+    shape = tuple(_shape(input))
     if len(shape) < 2:
         raise ValueError(f"{op}: input must be [N, C, *], got shape {list(shape)}")
     for name, p in (("weight", weight), ("bias", bias)):
-        if p is not None and tuple(_spec(p)[1]) != (shape[1],):
-            raise ValueError(f"{op}: {name} shape {list(_spec(p)[1])} != [{shape[1]}] (one per channel)")
+        if p is not None and tuple(_shape(p)) != (shape[1],):
+            raise ValueError(f"{op}: {name} shape {list(_shape(p))} != [{shape[1]}] (one per channel)")
     if weight is None and bias is not None:
         weight = full_like(bias, 1.0)
     elif bias is None and weight is not None:
@@ -680,7 +679,7 @@ def _group_norm(op, input, weight, bias, attrs):
 
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     """(out, mean, rstd) like torch.native_group_norm: mean/rstd [N, group], f32 (f64 for f64)."""
-    shape = tuple(_spec(input)[1])
+    shape = tuple(_shape(input))
     if len(shape) < 2 or (shape[0], shape[1], int(_np.prod(shape[2:], dtype=_np.int64))) != (N, C, HxW):
         raise ValueError(f"native_group_norm: N, C, HxW = {N}, {C}, {HxW} do not describe input shape {list(shape)}")
     return _group_norm("group_norm", input, weight, bias, {"num_groups": int(group), "eps": float(eps)})
@@ -710,7 +709,7 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     running_var are updated in place (op instance_norm_running_stats: momentum-weighted mean over the batch of
     the instance means and unbiased variances, as torch). use_input_stats=False normalises with the running
     stats through elementwise ops."""
-    shape = tuple(_spec(input)[1])
+    shape = tuple(_shape(input))
     if (running_mean is None) != (running_var is None):
         raise ValueError("instance_norm: give both running_mean and running_var, or neither")
     if use_input_stats:
@@ -807,7 +806,7 @@ def poisson_nll_loss(input, target, log_input=True, full=False, eps=1e-8, reduct
 
 
 def _gaussian_var(input, var):
-    shape, vshape = tuple(_spec(input)[1]), tuple(_spec(var)[1])
+    shape, vshape = tuple(_shape(input)), tuple(_shape(var))
     if vshape != shape and vshape == shape[:-1]:  # torch: one variance per row
         return var.reshape(vshape + (1,))
     return var
@@ -822,7 +821,7 @@ def gaussian_nll_loss_backward(grad_output, input, target, var, full=False, eps=
     """(grad_input, grad_target, grad_var), grad_var shaped like var."""
     v = _gaussian_var(input, var)
     gi, gt, gv = _gaussian_backward(grad_output, input, target, v, reduction=reduction, full=full, eps=eps)
-    return gi, gt, gv.reshape(tuple(_spec(var)[1]))
+    return gi, gt, gv.reshape(tuple(_shape(var)))
 
 
 def binary_cross_entropy(input, target, weight=None, reduction="mean", *, out=None):
@@ -1320,7 +1319,7 @@ def _attention_attrs(op, dropout_p, causal, scale, window, bottom_right, softcap
 
 
 def _check_gqa(op, query, key, enable_gqa):
-    hq, hkv = _spec(query)[1][-3], _spec(key)[1][-3]
+    hq, hkv = _shape(query)[-3], _shape(key)[-3]
     if hq != hkv and not enable_gqa:
         raise ValueError(f"{op}: query has {hq} heads and key {hkv}; pass enable_gqa=True for grouped-query attention")
 

@@ -475,15 +475,11 @@ void execute(const OpInfo& info, const OpDesc& desc, PlanCache::PlanRef plan, co
     std::unique_lock<std::mutex> kept_lock;  // dropped before the GIL is taken back
     if (device_needed) {
       const auto cuda_stream = reinterpret_cast<cudaStream_t>(stream);
-      auto fail_alloc = [&](cudaError_t e) {
-        return Status::backend("cudart", e, cat(desc.op, ": cudaMallocFromPoolAsync of ", device_needed,
-                                                " workspace bytes: ", cudaGetErrorString(e)));
-      };
+      cudaMemPool_t pool = workspace_pool(placement.device, desc.op.c_str());
       KeptWorkspace* kept = kept_workspace(placement.device, cuda_stream, device_needed);
       if (kept) {
         kept_lock = std::unique_lock(kept->in_use);
-        if (kept->bytes < device_needed &&
-            !grow_kept(*kept, device_needed, workspace_pool(placement.device, desc.op.c_str()), cuda_stream)) {
+        if (kept->bytes < device_needed && !grow_kept(*kept, device_needed, pool, cuda_stream)) {
           kept_lock.unlock();
           kept = nullptr;
         }
@@ -491,9 +487,9 @@ void execute(const OpInfo& info, const OpDesc& desc, PlanCache::PlanRef plan, co
       if (kept) {
         ws = {kept->data, device_needed};
       } else {
-        cudaMemPool_t pool = workspace_pool(placement.device, desc.op.c_str());
         if (cudaError_t e = cudaMallocFromPoolAsync(&device_scratch, device_needed, pool, cuda_stream); e != cudaSuccess)
-          status = fail_alloc(e);
+          status = Status::backend("cudart", e, cat(desc.op, ": cudaMallocFromPoolAsync of ", device_needed,
+                                                    " workspace bytes: ", cudaGetErrorString(e)));
         ws = {device_scratch, device_needed};
       }
     }
