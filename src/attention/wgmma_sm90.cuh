@@ -291,15 +291,6 @@ __device__ __forceinline__ void tma_prefetch(const void* map) {
 #endif
 }
 
-/// Named barriers (ids 1..15; 0 is __syncthreads): `threads` in all take
-/// part, those that sync wait, those that arrive do not.
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 /// Lowers (producer) or raises (consumer) this warpgroup's registers a thread; every warp of it calls it.
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {

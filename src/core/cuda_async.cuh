@@ -58,6 +58,16 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+/// Named barriers (ids 1..15; 0 is __syncthreads): `threads` (a multiple of
+/// 32) in all take part, those that sync wait, those that arrive do not; the
+/// shared-memory writes before an arrive are seen after the matching sync.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---------------------------------------------------------------- mbarriers (sm_90)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define BARACUDA_MBARRIERS 1
