@@ -67,8 +67,11 @@ struct RunOptions {
   bool time = false;
   int warmup = 3;
   int iterations = 20;
-  uint64_t seed = 0;  ///< 0: fresh random seed
+  uint64_t seed = 0;  ///< 0: BARACUDA_TEST_SEED when set, else a fresh random seed
 };
+
+/// BARACUDA_TEST_SEED (decimal), or 0 when unset.
+uint64_t seed_from_environment();
 
 struct CaseOutcome {
   bool skipped = false;
@@ -80,6 +83,7 @@ struct CaseOutcome {
   int64_t elements = 0;            ///< iteration elements
   double bytes = 0;                ///< minimum bytes moved (inputs read once, outputs written once)
   double milliseconds = 0;         ///< median run time when timed
+  uint64_t seed = 0;               ///< the inputs' seed (wrong-element messages name it)
 };
 
 CaseOutcome run_case(const CaseSpec& spec, const RunOptions& options);

@@ -528,9 +528,13 @@ void register_attention_ops(std::vector<OpInfo>& ops) {
                                                      : primary);
       return v;
     };
-    // q, k, v and gradients in [-2, 2]; lse high enough that exp(score - lse) stays a probability-sized weight.
+    // q, k, v and gradients in [-2, 2]; lse near a real row's (scores of standard deviation ~1.8 with a mask over
+    // 67-130 keys: lse ~ 5.8), so exp(score - lse) stays a probability-sized weight. With [3, 6] P reached 10-50,
+    // and the backward's P and dS, rounded to bf16/f16 for the second products as FlashAttention and cuDNN do,
+    // missed the tolerance on one element about once in 600 draws of kSamples[3] (H200: 2 of 11 sweeps failed; a
+    // host model of that rounding: 16 in 10000 bf16 draws over the bound, worst 1.55x; [4, 7]: none, worst 0.63x).
     for (const auto& name : def.inputs)
-      info.domains.push_back(name == "lse" ? Domain{3, 6} : name == "alibi_slopes" ? Domain{0, 0.5} : Domain{-2, 2});
+      info.domains.push_back(name == "lse" ? Domain{4, 7} : name == "alibi_slopes" ? Domain{0, 0.5} : Domain{-2, 2});
     info.tolerance_scale = 8;
     info.in_place = false;
     info.sample_attrs = sample_attrs();
