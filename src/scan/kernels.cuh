@@ -443,7 +443,8 @@ template <class Io, class S = typename Io::S>
 inline constexpr int kPassBlocks = sizeof(S) != 4 ? 1 : kPassItems<Io> > 32 ? 2 : kPassItems<Io> > 16 ? 3 : 4;
 
 /// Exclusive prefix E(j) of tile j of a row whose tile 0 has slot `first`
-/// (Note [Deterministic single-pass scan]); warp 0 calls it, lane 0 gets it.
+/// (Note [Deterministic single-pass scan]); one warp calls it (warp 0, or the
+/// streamed kernel's look-back warp), its lane 0 gets it.
 /// kInterleaved (commutative ops only): lane l combines window slots l, l + 32, ... instead of [l K, l K + K),
 /// so a warp's poll of slot k reads 256 consecutive bytes (H200 64M cumsum, the streamed kernel blocking on its
 /// look-back: f32 2.80 -> 2.89 TB/s, bf16 2.52 -> 2.59).
