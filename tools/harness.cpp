@@ -595,7 +595,7 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
       if (bad) {
         out.passed = false;
         out.message = cat("output '", op.output_names[j], "': ", bad, " wrong elements; first at ", first_bad,
-                          " (inputs from seed ", out.seed, ": BARACUDA_TEST_SEED=", out.seed, " draws them again)");
+                          " (BARACUDA_TEST_SEED=", out.seed, " draws these inputs again)");
         break;
       }
     }

@@ -213,7 +213,7 @@ def where_backward(grad_output, condition, input, other, *, out=None):
     """Gradients of where(condition, input, other): (grad_input, grad_other),
     summed to the shapes of input and other."""
     dtype = _spec(grad_output)[0]
-    specs = ((dtype, tuple(_shape(input))), (dtype, tuple(_shape(other))))
+    specs = ((dtype, _shape(input)), (dtype, _shape(other)))
     return _call("where_backward", (grad_output, condition), {}, out, out_specs=specs)
 
 
@@ -518,11 +518,11 @@ def sparsemax_backward(grad_output, output, dim=-1, *, out=None):
 # ---------------------------------------------------------------- normalization
 
 def _normalized(op, input, normalized_shape, weight):
-    shape = tuple(_shape(input))
+    shape = _shape(input)
     ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if len(ns) == 0 or shape[len(shape) - len(ns):] != ns:
         raise ValueError(f"{op}: normalized_shape {list(ns)} must be the trailing dims of input shape {list(shape)}")
-    if weight is not None and tuple(_shape(weight)) != ns:
+    if weight is not None and _shape(weight) != ns:
         raise ValueError(f"{op}: weight shape {list(_shape(weight))} != normalized_shape {list(ns)}")
     return len(ns)
 
@@ -657,11 +657,11 @@ def batch_norm_backward(grad_output, input, save_mean=None, save_invstd=None, we
 
 def _channel_params(op, input, weight, bias):
     """(weight, bias) both given or both None; a missing one of a pair becomes ones / zeros."""
-    shape = tuple(_shape(input))
+    shape = _shape(input)
     if len(shape) < 2:
         raise ValueError(f"{op}: input must be [N, C, *], got shape {list(shape)}")
     for name, p in (("weight", weight), ("bias", bias)):
-        if p is not None and tuple(_shape(p)) != (shape[1],):
+        if p is not None and _shape(p) != (shape[1],):
             raise ValueError(f"{op}: {name} shape {list(_shape(p))} != [{shape[1]}] (one per channel)")
     if weight is None and bias is not None:
         weight = full_like(bias, 1.0)
@@ -679,7 +679,7 @@ def _group_norm(op, input, weight, bias, attrs):
 
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     """(out, mean, rstd) like torch.native_group_norm: mean/rstd [N, group], f32 (f64 for f64)."""
-    shape = tuple(_shape(input))
+    shape = _shape(input)
     if len(shape) < 2 or (shape[0], shape[1], int(_np.prod(shape[2:], dtype=_np.int64))) != (N, C, HxW):
         raise ValueError(f"native_group_norm: N, C, HxW = {N}, {C}, {HxW} do not describe input shape {list(shape)}")
     return _group_norm("group_norm", input, weight, bias, {"num_groups": int(group), "eps": float(eps)})
@@ -709,7 +709,7 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     running_var are updated in place (op instance_norm_running_stats: momentum-weighted mean over the batch of
     the instance means and unbiased variances, as torch). use_input_stats=False normalises with the running
     stats through elementwise ops."""
-    shape = tuple(_shape(input))
+    shape = _shape(input)
     if (running_mean is None) != (running_var is None):
         raise ValueError("instance_norm: give both running_mean and running_var, or neither")
     if use_input_stats:
@@ -806,7 +806,7 @@ def poisson_nll_loss(input, target, log_input=True, full=False, eps=1e-8, reduct
 
 
 def _gaussian_var(input, var):
-    shape, vshape = tuple(_shape(input)), tuple(_shape(var))
+    shape, vshape = _shape(input), _shape(var)
     if vshape != shape and vshape == shape[:-1]:  # torch: one variance per row
         return var.reshape(vshape + (1,))
     return var
@@ -821,7 +821,7 @@ def gaussian_nll_loss_backward(grad_output, input, target, var, full=False, eps=
     """(grad_input, grad_target, grad_var), grad_var shaped like var."""
     v = _gaussian_var(input, var)
     gi, gt, gv = _gaussian_backward(grad_output, input, target, v, reduction=reduction, full=full, eps=eps)
-    return gi, gt, gv.reshape(tuple(_shape(var)))
+    return gi, gt, gv.reshape(_shape(var))
 
 
 def binary_cross_entropy(input, target, weight=None, reduction="mean", *, out=None):
@@ -947,7 +947,7 @@ def triplet_margin_loss_backward(grad_output, anchor, positive, negative, margin
 
 def _one_target(input, target):
     """torch takes a [1] target for a [C] input: the 0-d target of the registry op."""
-    if len(_shape(input)) == 1 and tuple(_shape(target)) == (1,):
+    if len(_shape(input)) == 1 and _shape(target) == (1,):
         return target.reshape(())
     return target
 
