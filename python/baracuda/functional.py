@@ -1294,6 +1294,13 @@ def set_allow_tf32(allow):
     _C.set_allow_tf32(bool(allow))
 
 
+def set_deterministic(only):
+    """Asks every plan chosen from now on to be bitwise reproducible run to run (as
+    torch.use_deterministic_algorithms): the attention backward then sums dQ in a fixed order instead of by
+    atomics (cuDNN's deterministic backward, or the bespoke kernels' two passes); off by default."""
+    _C.set_deterministic(bool(only))
+
+
 # ---------------------------------------------------------------- attention
 
 def _empty(like, dtype=None):

@@ -282,6 +282,7 @@ class PlanCache {
     put(where.device);
     put(pref.backend ? static_cast<int>(*pref.backend) : -1);
     put(pref.allow_tf32);
+    put(pref.deterministic_only);
     put(pref.skip_candidates);
     return k;
   }
@@ -314,6 +315,8 @@ class PlanCache {
 
 /// torch.backends.cuda.matmul.allow_tf32's counterpart: f32 GEMMs may multiply in TF32.
 std::atomic<bool> allow_tf32{false};
+/// torch.use_deterministic_algorithms' counterpart: every plan must be bitwise reproducible run to run.
+std::atomic<bool> deterministic_only{false};
 
 PlanCache& plan_cache() {
   static PlanCache* cache = new PlanCache();  // leaked: plans must outlive interpreter teardown order
@@ -532,6 +535,7 @@ void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& 
   PlanPreference pref;
   pref.backend = backend_arg(backend);
   pref.allow_tf32 = allow_tf32.load();
+  pref.deterministic_only = deterministic_only.load();
   const Stream s = placement.cuda ? Stream::cuda(reinterpret_cast<CUstream_st*>(stream)) : Stream::host();
   PlanCache::PlanRef plan;
   {
@@ -875,13 +879,15 @@ CallCache& call_cache() {
 /// The cache key of a call, or false when an attribute is not a plain number
 /// or name (such calls go uncached; to_attrs words their errors).
 bool call_key(std::string& k, const OpInfo& info, const std::vector<Operand>& ins, const std::vector<Operand>& outs,
-              bool out_given, const nb::dict& attrs, nb::handle out_specs, const Placement& where, bool tf32) {
+              bool out_given, const nb::dict& attrs, nb::handle out_specs, const Placement& where,
+              const PlanPreference& pref) {
   auto put = [&k](const auto& v) { k.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
   k.clear();
   put(&info);
   put(where.cuda);
   put(where.device);
-  put(tf32);
+  put(pref.allow_tf32);
+  put(pref.deterministic_only);
   put(out_given);
   for (const auto* list : {&ins, &outs}) {
     put(list->size());
@@ -994,8 +1000,9 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
 
   PlanPreference pref;
   pref.allow_tf32 = allow_tf32.load();
+  pref.deterministic_only = deterministic_only.load();
   thread_local std::string key;
-  const bool cacheable = call_key(key, info, ins, outs, out_given, attrs, out_specs, placement, pref.allow_tf32);
+  const bool cacheable = call_key(key, info, ins, outs, out_given, attrs, out_specs, placement, pref);
   CallCache::EntryRef entry = cacheable ? call_cache().find(key) : nullptr;
   const uintptr_t stream = reference.kind != Kind::torch || !placement.cuda ? 0
                            : ref_stream && placement.device == reference.device_id
@@ -1068,6 +1075,8 @@ nb::dict plan_info(const std::string& op, const std::vector<Spec>& inputs, const
   OpDesc desc = check(info.infer(partial));
   PlanPreference pref;
   pref.backend = backend_arg(backend);
+  pref.allow_tf32 = allow_tf32.load();
+  pref.deterministic_only = deterministic_only.load();
   const Stream s = device == "cuda" ? Stream::cuda() : Stream::host();
   PlanPtr plan = check(select(s, desc, pref));
   KernelSku sku = plan->sku();
@@ -1161,5 +1170,9 @@ NB_MODULE(_baracuda, m) {
   m.def("set_allow_tf32", [](bool allow) { allow_tf32.store(allow); },
         "Whether f32 GEMMs may multiply in TF32 (torch.backends.cuda.matmul.allow_tf32); off by default.");
   m.def("get_allow_tf32", [] { return allow_tf32.load(); });
+  m.def("set_deterministic", [](bool only) { deterministic_only.store(only); },
+        "Whether every plan must be bitwise reproducible run to run (torch.use_deterministic_algorithms): "
+        "the attention backward then sums dQ in a fixed order; off by default.");
+  m.def("get_deterministic", [] { return deterministic_only.load(); });
   m.def("plan_cache_size", [] { return plan_cache().size(); }, "Number of cached plans.");
 }
