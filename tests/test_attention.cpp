@@ -452,8 +452,10 @@ TEST(AttentionCuda, MultiTileAgainstReference) {
       }
 }
 
-/// The CUDA backward sums dK and dV over the query heads of a group and dQ
-/// over key tiles in a fixed order: two runs agree bit for bit.
+/// Asked for reproducible runs (PlanPreference::deterministic_only), the
+/// CUDA backward sums dK and dV over the query heads of a group and dQ over
+/// key tiles in a fixed order: two runs agree bit for bit (by default the
+/// Hopper backward sums dQ by atomics: Note [One-pass Hopper backward]).
 TEST(AttentionCuda, BackwardIsDeterministic) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(5);
@@ -469,8 +471,10 @@ TEST(AttentionCuda, BackwardIsDeterministic) {
                                   {{}, {0}, t},
                                   {{}, {0}, DType::f32}};
     const Attrs attrs{{"causal", 1}, {"bottom_right", 1}};
-    auto first = exec(Backend::bespoke_cuda, "scaled_dot_product_attention_backward", in, attrs);
-    auto second = exec(Backend::bespoke_cuda, "scaled_dot_product_attention_backward", in, attrs);
+    PlanPreference reproducible;
+    reproducible.deterministic_only = true;
+    auto first = exec(Backend::bespoke_cuda, "scaled_dot_product_attention_backward", in, attrs, reproducible);
+    auto second = exec(Backend::bespoke_cuda, "scaled_dot_product_attention_backward", in, attrs, reproducible);
     ASSERT_TRUE(first && second);
     for (int r = 0; r < 3; ++r)
       for (size_t e = 0; e < (*first)[r].size(); ++e)
@@ -609,10 +613,12 @@ TEST(AttentionCuda, LongSequencesAgainstReference) {
 }
 
 /// The Hopper backward (wgmma, head dims 64 and 128; the mma.sync kernels
-/// elsewhere) over several 64-row query and key tiles both ways, GQA 4/1
-/// (dK and dV summed over a group's heads), every option of the score
-/// rule, and packed sequences (one empty, lengths off the tiles); against
-/// the host reference's gradients from the host forward's out and lse.
+/// elsewhere), one pass (dQ by bulk f32 reductions, the default at head dim
+/// 128) and two (asked for reproducible runs, or head dim 64), over several 64-row query and key tiles both ways,
+/// GQA 4/1 (dK, dV and the one pass's dQ sums over a group's heads), every
+/// option of the score rule, and packed sequences (one empty, lengths off
+/// the tiles); against the host reference's gradients from the host
+/// forward's out and lse.
 TEST(AttentionCuda, BackwardOnHopperPathAgainstReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(71);
@@ -635,67 +641,78 @@ TEST(AttentionCuda, BackwardOnHopperPathAgainstReference) {
         ASSERT_NEAR(got[size_t(r)][e], want[size_t(r)][e], 2e-2 * scale) << what << " grad " << r << " " << e;
     }
   };
-  PlanPreference pref;
-  pref.backend = Backend::bespoke_cuda;
-  for (const auto& [sq, skv] : {std::pair<int64_t, int64_t>{300, 200}, {130, 330}})
-    for (int64_t d : {64, 128})
-      for (size_t o = 0; o < options.size(); ++o)
-        for (DType t : {DType::bf16, DType::f16}) {
-          const bool masked = o == 5;
-          std::vector<double> mask(size_t(sq * skv)), slopes{0.3, 0.1, 0.05, 0.01};
-          for (auto& x : mask) x = rng() % 5 ? 1 : 0;
-          const std::vector<Operand> in{{uniform(b * hq * sq * d, rng), {b, hq, sq, d}, t},
-                                        {uniform(b * hkv * skv * d, rng), {b, hkv, skv, d}, t},
-                                        {uniform(b * hkv * skv * d, rng), {b, hkv, skv, d}, t},
-                                        masked ? Operand{mask, {sq, skv}, DType::boolean} : Operand{{}, {0}, t},
-                                        masked ? Operand{slopes, {hq}, DType::f32} : Operand{{}, {0}, DType::f32}};
-          const std::string what = cat(dtype_name(t), " sq=", sq, " skv=", skv, " d=", d, " options ", o);
-          auto fwd = exec(Backend::host_reference, "scaled_dot_product_attention", in, options[o]);
-          ASSERT_TRUE(fwd) << what;
-          const std::vector<Operand> bwd{{uniform(b * hq * sq * d, rng), {b, hq, sq, d}, t},
-                                         in[0], in[1], in[2],
-                                         {(*fwd)[0], {b, hq, sq, d}, t},
-                                         {(*fwd)[1], {b, hq, sq}, DType::f32},
-                                         in[3], in[4]};
-          if (hopper_wgmma()) {
-            std::vector<TensorSpec> specs;
-            for (const Operand& x : bwd) specs.push_back({x.dtype, x.shape});
-            auto plan = select(Stream::cuda(), OpDesc{"scaled_dot_product_attention_backward", specs, {}, options[o]}, pref);
-            ASSERT_TRUE(plan) << plan.status().to_string();
-            EXPECT_EQ(std::string((*plan)->sku().kernel), "wgmma") << what;
+  for (const bool reproducible : {false, true})
+    for (const auto& [sq, skv] : {std::pair<int64_t, int64_t>{300, 200}, {130, 330}})
+      for (int64_t d : {64, 128})
+        for (size_t o = 0; o < options.size(); ++o)
+          for (DType t : {DType::bf16, DType::f16}) {
+            PlanPreference pref;
+            pref.deterministic_only = reproducible;
+            const bool masked = o == 5;
+            std::vector<double> mask(size_t(sq * skv)), slopes{0.3, 0.1, 0.05, 0.01};
+            for (auto& x : mask) x = rng() % 5 ? 1 : 0;
+            const std::vector<Operand> in{{uniform(b * hq * sq * d, rng), {b, hq, sq, d}, t},
+                                          {uniform(b * hkv * skv * d, rng), {b, hkv, skv, d}, t},
+                                          {uniform(b * hkv * skv * d, rng), {b, hkv, skv, d}, t},
+                                          masked ? Operand{mask, {sq, skv}, DType::boolean} : Operand{{}, {0}, t},
+                                          masked ? Operand{slopes, {hq}, DType::f32} : Operand{{}, {0}, DType::f32}};
+            const std::string what = cat(reproducible ? "two passes " : "one pass ", dtype_name(t), " sq=", sq,
+                                         " skv=", skv, " d=", d, " options ", o);
+            auto fwd = exec(Backend::host_reference, "scaled_dot_product_attention", in, options[o]);
+            ASSERT_TRUE(fwd) << what;
+            const std::vector<Operand> bwd{{uniform(b * hq * sq * d, rng), {b, hq, sq, d}, t},
+                                           in[0], in[1], in[2],
+                                           {(*fwd)[0], {b, hq, sq, d}, t},
+                                           {(*fwd)[1], {b, hq, sq}, DType::f32},
+                                           in[3], in[4]};
+            if (hopper_wgmma()) {
+              std::vector<TensorSpec> specs;
+              for (const Operand& x : bwd) specs.push_back({x.dtype, x.shape});
+              PlanPreference on_cuda = pref;
+              on_cuda.backend = Backend::bespoke_cuda;
+              auto plan =
+                  select(Stream::cuda(), OpDesc{"scaled_dot_product_attention_backward", specs, {}, options[o]}, on_cuda);
+              ASSERT_TRUE(plan) << plan.status().to_string();
+              const bool one_pass = !reproducible && d == 128;  // head dim 64 keeps the two passes
+              EXPECT_EQ(std::string((*plan)->sku().kernel), one_pass ? "wgmma_one_pass" : "wgmma") << what;
+              EXPECT_EQ((*plan)->precision_guarantee().deterministic, !one_pass) << what;
+            }
+            auto host = exec(Backend::host_reference, "scaled_dot_product_attention_backward", bwd, options[o]);
+            auto cuda = exec(Backend::bespoke_cuda, "scaled_dot_product_attention_backward", bwd, options[o], pref);
+            ASSERT_TRUE(host && cuda) << what;
+            check_grads(*host, *cuda, what);
           }
-          auto host = exec(Backend::host_reference, "scaled_dot_product_attention_backward", bwd, options[o]);
-          auto cuda = exec(Backend::bespoke_cuda, "scaled_dot_product_attention_backward", bwd, options[o]);
-          ASSERT_TRUE(host && cuda) << what;
-          check_grads(*host, *cuda, what);
-        }
   // Packed sequences: the blocks of an empty sequence and those past a short one do nothing.
   const std::vector<int64_t> lq{300, 0, 131}, lk{260, 77, 400};
   const int64_t pq = 8, pkv = 2;
   std::vector<double> cq{0}, ck{0};
   for (size_t s = 0; s < lq.size(); ++s) cq.push_back(cq.back() + double(lq[s])), ck.push_back(ck.back() + double(lk[s]));
   const int64_t tq = int64_t(cq.back()), tk = int64_t(ck.back());
-  for (int64_t d : {64, 128})
-    for (const Attrs& attrs : {Attrs{{"max_seqlen_q", 300}, {"max_seqlen_kv", 400}},
-                               Attrs{{"causal", 1}, {"bottom_right", 1}, {"max_seqlen_q", 300}, {"max_seqlen_kv", 400}}})
-      for (DType t : {DType::bf16, DType::f16}) {
-        const std::vector<Operand> in{{uniform(tq * pq * d, rng), {tq, pq, d}, t},
-                                      {uniform(tk * pkv * d, rng), {tk, pkv, d}, t},
-                                      {uniform(tk * pkv * d, rng), {tk, pkv, d}, t},
-                                      {cq, {4}, DType::i32},
-                                      {ck, {4}, DType::i32},
-                                      {{}, {0}, DType::f32}};
-        const std::string what = cat("packed ", dtype_name(t), " d=", d, attrs.has("causal") ? " causal" : "");
-        auto fwd = exec(Backend::host_reference, "varlen_attention", in, attrs);
-        ASSERT_TRUE(fwd) << what;
-        const std::vector<Operand> bwd{{uniform(tq * pq * d, rng), {tq, pq, d}, t}, in[0], in[1], in[2],
-                                       {(*fwd)[0], {tq, pq, d}, t}, {(*fwd)[1], {pq, tq}, DType::f32},
-                                       in[3], in[4], in[5]};
-        auto host = exec(Backend::host_reference, "varlen_attention_backward", bwd, attrs);
-        auto cuda = exec(Backend::bespoke_cuda, "varlen_attention_backward", bwd, attrs);
-        ASSERT_TRUE(host && cuda) << what;
-        check_grads(*host, *cuda, what);
-      }
+  for (const bool reproducible : {false, true})
+    for (int64_t d : {64, 128})
+      for (const Attrs& attrs : {Attrs{{"max_seqlen_q", 300}, {"max_seqlen_kv", 400}},
+                                 Attrs{{"causal", 1}, {"bottom_right", 1}, {"max_seqlen_q", 300}, {"max_seqlen_kv", 400}}})
+        for (DType t : {DType::bf16, DType::f16}) {
+          PlanPreference pref;
+          pref.deterministic_only = reproducible;
+          const std::vector<Operand> in{{uniform(tq * pq * d, rng), {tq, pq, d}, t},
+                                        {uniform(tk * pkv * d, rng), {tk, pkv, d}, t},
+                                        {uniform(tk * pkv * d, rng), {tk, pkv, d}, t},
+                                        {cq, {4}, DType::i32},
+                                        {ck, {4}, DType::i32},
+                                        {{}, {0}, DType::f32}};
+          const std::string what = cat(reproducible ? "two passes " : "one pass ", "packed ", dtype_name(t), " d=", d,
+                                       attrs.has("causal") ? " causal" : "");
+          auto fwd = exec(Backend::host_reference, "varlen_attention", in, attrs);
+          ASSERT_TRUE(fwd) << what;
+          const std::vector<Operand> bwd{{uniform(tq * pq * d, rng), {tq, pq, d}, t}, in[0], in[1], in[2],
+                                         {(*fwd)[0], {tq, pq, d}, t}, {(*fwd)[1], {pq, tq}, DType::f32},
+                                         in[3], in[4], in[5]};
+          auto host = exec(Backend::host_reference, "varlen_attention_backward", bwd, attrs);
+          auto cuda = exec(Backend::bespoke_cuda, "varlen_attention_backward", bwd, attrs, pref);
+          ASSERT_TRUE(host && cuda) << what;
+          check_grads(*host, *cuda, what);
+        }
 }
 
 /// Dropout on the Hopper forward: a grid that fills an H100 (2 x 24 heads x 3
@@ -801,9 +818,12 @@ TEST(AttentionCuda, SkuNamesTensorCoreKernel) {
           ASSERT_TRUE(plan) << plan.status().to_string();
           // Head dims that are multiples of 8 run on tensor cores (96 padded to 128); 100 does not.
           const bool tc = t != DType::f32 && d % 8 == 0 && (*plan)->sku().arch >= 80;
-          // The Hopper backward takes any grid at head dims 64 and 128; the forward grids that fill the device.
-          const bool hopper = tc && d != 96 && hopper_wgmma() && (op.ends_with("backward") || heads == 256);
-          EXPECT_EQ(std::string((*plan)->sku().kernel), hopper ? "wgmma" : tc ? "tensor_cores" : "")
+          // The Hopper backward takes any grid at head dims 64 and 128 (at 128 in one pass: no
+          // reproducibility was asked for); the forward grids that fill the device.
+          const bool backward = op.ends_with("backward");
+          const bool hopper = tc && d != 96 && hopper_wgmma() && (backward || heads == 256);
+          EXPECT_EQ(std::string((*plan)->sku().kernel),
+                    hopper ? (backward && d == 128 ? "wgmma_one_pass" : "wgmma") : tc ? "tensor_cores" : "")
               << op << " " << dtype_name(t) << " d=" << d << " heads=" << heads;
         }
 }

@@ -235,6 +235,41 @@ def test_dropout_is_reproducible_on_the_gpu():
 
 
 @gpu
+def test_backward_is_reproducible_when_asked():
+    """By default the bespoke backward may sum dQ by atomics (on Hopper: one pass) and its plan says so; after
+    F.set_deterministic(True) its plan promises the same bits every run, and two runs give them. Both match torch."""
+    b, h, s, d = 1, 8, 300, 128
+    q, k, v, g = (_t((b, h, s, d), "bfloat16") for _ in range(4))
+    m, slopes = torch.empty(0, device="cuda", dtype=q.dtype), torch.empty(0, device="cuda")
+    out, lse = torch.empty_like(q), torch.empty((b, h, s), device="cuda")
+    _run("scaled_dot_product_attention", [q, k, v, m, slopes], [out, lse], ATTRS, "cuda")
+    specs = [("bf16", list(x.shape)) for x in (g, q, k, v, out)] + [("f32", [b, h, s]), ("bf16", [0]), ("f32", [0])]
+    qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
+    torch.nn.functional.scaled_dot_product_attention(qd, kd, vd).backward(g.double())
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    try:
+        for reproducible in (False, True):
+            F.set_deterministic(reproducible)
+            info = baracuda.plan_info("scaled_dot_product_attention_backward", specs, {}, None, "cuda", "cuda")
+            if hopper:
+                assert ("wgmma_one_pass" in info["sku"]) != reproducible, info["sku"]
+            if reproducible:
+                assert info["deterministic"], info
+            runs = []
+            for _ in range(2):
+                grads = [torch.empty_like(x) for x in (q, k, v)]
+                runs.append(_run("scaled_dot_product_attention_backward", [g, q, k, v, out, lse, m, slopes], grads,
+                                 ATTRS, "cuda"))
+            for name, got, leaf in zip("qkv", runs[0], (qd, kd, vd)):
+                torch.testing.assert_close(got.double(), leaf.grad, rtol=0, atol=5e-2 * leaf.grad.abs().max().item(),
+                                           msg=f"grad {name}, reproducible={reproducible}")
+            if reproducible:
+                assert all(torch.equal(x, y) for x, y in zip(*runs))
+    finally:
+        F.set_deterministic(False)
+
+
+@gpu
 @pytest.mark.parametrize("backend", ["cudnn", "cuda"])
 @pytest.mark.parametrize("bottom_right", [False, True])
 @pytest.mark.parametrize("window", [-1, 12])

@@ -302,7 +302,8 @@ __device__ __forceinline__ void write_query_grads(const Problem& p, const HeadVi
   }
 }
 
-/// One of the backward's two passes: its kernel, dynamic shared memory, and the query rows (dQ) or keys (dK/dV) of a block.
+/// One of the backward's two passes: its kernel (null: not run), dynamic
+/// shared memory, and the query rows (dQ) or keys (dK/dV) of a block.
 struct BackwardPass {
   void (*kernel)(const Problem, const float*);
   size_t smem;
@@ -315,7 +316,7 @@ inline Status launch_backward_passes(const Problem& p, const float* ws, CUstream
   for (const bool keys : {false, true}) {
     const BackwardPass& pass = keys ? dkv : dq;
     const int64_t seq = keys ? p.seq_kv : p.seq_q;
-    if (seq == 0) continue;
+    if (seq == 0 || !pass.kernel) continue;
     BARACUDA_TRY(allow_smem(pass.kernel, pass.smem));
     const dim3 grid(unsigned((seq + pass.tile - 1) / pass.tile), unsigned(keys ? p.heads_kv : p.heads_q), unsigned(p.batch));
     pass.kernel<<<grid, threads, pass.smem, stream>>>(p, ws);

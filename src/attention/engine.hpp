@@ -27,8 +27,10 @@ using AttentionFn = Status (*)(const Problem&, const Workspace&, CUstream_st*);
 using AttentionTable = LaunchTable<AttentionFn>;
 AttentionTable& host_attention();
 AttentionTable& cuda_attention();
-/// Scratch bytes of the bespoke CUDA launchers: the backward's per-row dO . O.
-size_t cuda_attention_workspace(const Problem& p);
+/// Scratch bytes of the bespoke CUDA launchers on a device of compute
+/// capability `sm` with `max_smem` bytes of opt-in shared memory: the
+/// backward's per-row dO . O, and the one-pass backward's f32 dQ sums.
+size_t cuda_attention_workspace(const Problem& p, int sm, size_t max_smem);
 
 /// Largest absolute errors of the Hopper forward's two warpgroup products
 /// against exact sums on small integers (0 when right): S = A B^T (shared

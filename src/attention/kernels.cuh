@@ -39,6 +39,13 @@ __device__ __forceinline__ int64_t row_index(const Problem& p, const HeadView& v
   return (v.b * p.heads_q + v.h) * p.seq_q + i;
 }
 
+/// Index of the one-pass backward's dQ sum of row i of head view v, dim d
+/// (the layout of tiles::kDqPitch; head dim 128).
+__device__ __forceinline__ int64_t grad_q_sum_index(const Problem& p, const HeadView& v, int64_t i, int64_t d) {
+  const int64_t tile = ((v.b * p.heads_q + v.h) * dq_padded_rows(p.seq_q) + i) / 64;
+  return tile * kDqTileFloats + d / 64 * 64 * kDqPitch + i % 64 * kDqPitch + d % 64;
+}
+
 /// The keys [lo, hi) any of rows [first, last] may see (key ranges grow with the row).
 __device__ __forceinline__ void tile_key_span(const Problem& p, const HeadView& v, int64_t first, int64_t last,
                                               int64_t& lo, int64_t& hi) {

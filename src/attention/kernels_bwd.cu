@@ -5,7 +5,9 @@
 // tile by tile, never stored. f16/bf16 problems the tensor-core kernels
 // take (tensor_core_layout: head dims that are multiples of 8 up to 128) run those
 // (kernels_bwd_tc.cu) after the same dO . O pass; the rest run these, on
-// CUDA cores.
+// CUDA cores. On Hopper at head dim 128, unless the plan must be
+// reproducible, one pass sums dQ by f32 reductions instead (Note [One-pass
+// Hopper backward] in kernels_bwd_sm90.cu) and a last pass here writes it.
 #include "attention/tensor_core.cuh"
 
 namespace baracuda::attn {
@@ -15,7 +17,8 @@ namespace {
 template <class T>
 using Lse = acc_of<T>;
 
-/// ws[b, h, i] = dO_i . O_i, one warp per row.
+/// ws[b, h, i] = dO_i . O_i, one warp per row; the row's f32 dQ sums zeroed
+/// where the one-pass backward keeps them (p.grad_q_sum).
 template <class T>
 __global__ void __launch_bounds__(kThreads) attention_row_dots(const Problem p, acc_of<T>* ws) {
   using Acc = acc_of<T>;
@@ -29,6 +32,19 @@ __global__ void __launch_bounds__(kThreads) attention_row_dots(const Problem p, 
   for (int64_t d = lane; d < p.value_dim; d += 32) s += convert<Acc>(g[d * p.grad_out.dim]) * convert<Acc>(o[d * p.out.dim]);
   s = warp_sum(s);
   if (lane == 0) ws[row_index(p, v, i)] = s;
+  if (p.grad_q_sum)
+    for (int64_t d = lane; d < p.head_dim; d += 32) p.grad_q_sum[grad_q_sum_index(p, v, i, d)] = 0.f;
+}
+
+/// dQ from the one-pass backward's f32 sums (Note [One-pass Hopper backward]), one warp per row.
+template <class T>
+__global__ void __launch_bounds__(kThreads) attention_grad_q_from_sums(const Problem p) {
+  const HeadView v = head_view(p, blockIdx.z, blockIdx.y);
+  const int64_t i = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (!v.valid || i >= v.len_q) return;
+  T* out = p.grad_q.ptr<T>(v.b, v.h, v.tok_q + i);
+  for (int64_t d = threadIdx.x % 32; d < p.head_dim; d += 32)
+    out[d * p.grad_q.dim] = convert<T>(p.grad_q_sum[grad_q_sum_index(p, v, i, d)]);
 }
 
 /// dQ for kRows query rows of one head: lanes over the keys of a tile.
@@ -217,16 +233,30 @@ __global__ void __launch_bounds__(kThreads) attention_grad_kv(const Problem p, c
 
 template <class T>
 struct CudaBackward {
-  static Status run(const Problem& p, const Workspace& w, CUstream_st* stream) {
+  static Status run(const Problem& problem, const Workspace& w, CUstream_st* stream) {
     using Acc = acc_of<T>;
-    if (p.batch == 0 || p.heads_q == 0) return Status::ok();
+    if (problem.batch == 0 || problem.heads_q == 0) return Status::ok();
+    Problem p = problem;
+    p.grad_q_sum = nullptr;
+    // One pass where the plan chose it; a workspace too small or off the bulk copy's 16 bytes runs two.
+    if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>)
+      if (wgmma_one_pass(p, current_sm_version(), current_optin_smem()) && w.bytes >= one_pass_workspace(p) &&
+          reinterpret_cast<uintptr_t>(w.data) % 16 == 0)
+        p.grad_q_sum = reinterpret_cast<float*>(static_cast<char*>(w.data) + grad_q_sum_offset(p));
     Acc* ws = static_cast<Acc*>(w.data);
+    const dim3 rows(unsigned((p.seq_q + kWarps - 1) / kWarps), unsigned(p.heads_q), unsigned(p.batch));
     if (p.seq_q > 0) {
-      const dim3 rows(unsigned((p.seq_q + kWarps - 1) / kWarps), unsigned(p.heads_q), unsigned(p.batch));
       attention_row_dots<T><<<rows, kThreads, 0, stream>>>(p, ws);
       BARACUDA_CUDA_TRY(cudaGetLastError());
     }
     if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+      if (p.grad_q_sum) {
+        BARACUDA_TRY(attention_backward_wgmma<T>(p, ws, stream));
+        if (p.seq_q == 0) return Status::ok();
+        attention_grad_q_from_sums<T><<<rows, kThreads, 0, stream>>>(p);
+        BARACUDA_CUDA_TRY(cudaGetLastError());
+        return Status::ok();
+      }
       if (wgmma_backward_layout(p, current_sm_version(), current_optin_smem()))
         return attention_backward_wgmma<T>(p, ws, stream);
       if (tensor_core_layout(p, current_sm_version()) &&

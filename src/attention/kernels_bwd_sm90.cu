@@ -1,5 +1,6 @@
 // The bespoke attention backward on Hopper's warpgroup MMA (sm_90a; f16/bf16
-// at head dims 64 and 128).
+// at head dims 64 and 128): two deterministic passes, or at head dim 128 one
+// pass with dQ summed by bulk f32 reductions.
 //
 // Note [Hopper backward]
 // FlashAttention-2's two deterministic passes after the per-row dO . O
@@ -22,6 +23,30 @@
 // tiles, about 97 KiB at head dim 128); each block's S^T and dP^T are
 // issued together, and the other block's products run while it computes
 // its scores.
+//
+// Note [One-pass Hopper backward]
+// Where the plan allows runs that are not bitwise reproducible (the default;
+// PlanPreference::deterministic_only keeps the two passes) and the head dim
+// is 128, one pass sums dQ too, as FlashAttention-2 and -3 do. A block of
+// two warpgroups takes 128 keys (64 each) and walks the query tiles as the
+// dK/dV pass does, Q and dO shared by both. Each warpgroup stores its dS^T
+// (64 keys x 64 rows) into one swizzled 128 x 64 tile; dK += dS^T Q reads
+// its own half K-major, and warpgroup w's part of dQ, dS K over all 128 keys
+// for dims 64 w.., reads the whole tile M-major (transposed) with K N-major.
+// The part goes through shared memory (64 rows of 72 floats: 8 of padding
+// keep the stores off each other's banks) to one bulk f32 reduction into
+// the workspace's sums (tiles::kDqPitch), which the dO . O pass zeroes and
+// a last pass writes to dQ in its dtype and strides. Order: dV += P^T dO is
+// issued before dS^T is stored and dK before the other warpgroup's dS^T is
+// waited for, so each overlaps a store or a barrier.
+// Why 128 keys: the L2 performs reductions at about 1.4-1.5 TB/s of f32
+// payload (H200, ncu: float2 or float4 atomics alike). With 64-key blocks
+// (a 64 x 128 part per 64 keys) the atomics alone took 3.0 ms of a B1 H32
+// S4096 backward that the two passes finish in 2.6; 128 keys halve the
+// payload and the bulk copy replaces 32 atomics a thread. At head dim 64
+// one warpgroup would carry the whole dQ product (a 64-wide part cannot be
+// cut in two in this swizzle), which measured slower than the two passes.
+// The sums' order, so their last bits, vary run to run.
 #include "attention/backward_tiles.cuh"
 #include "attention/wgmma_sm90.cuh"
 
@@ -38,13 +63,15 @@ constexpr int sw_tile() {
   return kBwdTile * kD;
 }
 
-/// Issues d (64 x 64) = A B^T over kD dims: A and B swizzled tiles of 64 rows (K-major).
-template <class T, int kD>
+/// Issues d (64 x 64) = A B^T over kD dims: A 64 rows of a swizzled tile of
+/// kRowsA rows, B a swizzled tile of 64 rows (K-major).
+template <class T, int kD, int kRowsA = kBwdTile>
 __device__ __forceinline__ void wgmma_rows_by_rows_issue(float (&d)[8][4], const T* sA, const T* sB) {
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
-    const int at = (kk / 4) * kBwdTile * 64 + (kk % 4) * 16;  // column block kk / 4, 32 bytes a step within it
-    wgmma_ss_n64<T>(d, sw128_desc(sA + at, 16), sw128_desc(sB + at, 16), kk > 0);
+    const int step = (kk % 4) * 16;  // column block kk / 4, 32 bytes a step within it
+    wgmma_ss_n64<T>(d, sw128_desc(sA + (kk / 4) * kRowsA * 64 + step, 16),
+                    sw128_desc(sB + (kk / 4) * kBwdTile * 64 + step, 16), kk > 0);
   }
 }
 
@@ -64,6 +91,27 @@ __device__ __forceinline__ void to_fragments(uint32_t (&a)[4][4], const float (&
   for (int kk = 0; kk < 4; ++kk) to_a<T>(a[kk], c, kk);
 }
 
+/// Issues the cp.async copies of a key block's K and V rows [k0, k0 + kKeys)
+/// of key head hk (swizzled tiles of kKeys rows) for kThreadsT threads.
+template <int kD, int kKeys, int kThreadsT, class T>
+__device__ __forceinline__ void issue_key_block(T* sK, T* sV, const Problem& p, const HeadView& first, int64_t b,
+                                                int64_t hk, int64_t k0) {
+  issue_swizzled<kD, kKeys, kThreadsT>(sK, p.k.ptr<const T>(b, hk, first.tok_kv), p.k.seq, k0, first.len_kv);
+  issue_swizzled<kD, kKeys, kThreadsT>(sV, p.v.ptr<const T>(b, hk, first.tok_kv), p.v.seq, k0, first.len_kv);
+}
+
+/// Issues the cp.async copies of query tile (h, i0) into a stage: Q, then
+/// dO (sQG, two 64-row tiles), and the rows' lse and dO . O (stage_row_stats).
+template <int kD, int kThreadsT, class T>
+__device__ __forceinline__ void issue_query_stage(T* sQG, float* sL, float* sR, const Problem& p,
+                                                  const HeadView& first, int64_t b, int64_t h, int64_t i0,
+                                                  const float* ws) {
+  issue_swizzled<kD, kBwdTile, kThreadsT>(sQG, p.q.ptr<const T>(b, h, first.tok_q), p.q.seq, i0, first.len_q);
+  issue_swizzled<kD, kBwdTile, kThreadsT>(sQG + sw_tile<kD>(), p.grad_out.ptr<const T>(b, h, first.tok_q),
+                                          p.grad_out.seq, i0, first.len_q);
+  stage_row_stats(sL, sR, p, first, h, i0, ws);
+}
+
 template <class T, int kD>
 __global__ void __launch_bounds__(kBwdThreads, 2)
     attention_grad_kv_sm90(const __grid_constant__ Problem p, const float* ws) {
@@ -80,15 +128,11 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
   if (!first.valid || k0 >= first.len_kv) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
   const int64_t k_last = min(k0 + kBwdTile, first.len_kv) - 1;
-  issue_swizzled<kD, kBwdTile, kBwdThreads>(sK, p.k.ptr<const T>(b, hk, first.tok_kv), p.k.seq, k0, first.len_kv);
-  issue_swizzled<kD, kBwdTile, kBwdThreads>(sV, p.v.ptr<const T>(b, hk, first.tok_kv), p.v.seq, k0, first.len_kv);
+  issue_key_block<kD, kBwdTile, kBwdThreads>(sK, sV, p, first, b, hk, k0);
 
-  // Stage s takes query tile (h, i0): Q, dO, and the rows' lse and dO . O (stage_row_stats), by cp.async.
+  // Stage s takes query tile (h, i0): Q, dO, and the rows' lse and dO . O, by cp.async.
   auto load_stage = [&](int s, int64_t h, int64_t i0) {
-    issue_swizzled<kD, kBwdTile, kBwdThreads>(sQ[s], p.q.ptr<const T>(b, h, first.tok_q), p.q.seq, i0, first.len_q);
-    issue_swizzled<kD, kBwdTile, kBwdThreads>(sQ[s] + kTile, p.grad_out.ptr<const T>(b, h, first.tok_q),
-                                              p.grad_out.seq, i0, first.len_q);
-    stage_row_stats(sL + s * kBwdTile, sR + s * kBwdTile, p, first, h, i0, ws);
+    issue_query_stage<kD, kBwdThreads>(sQ[s], sL + s * kBwdTile, sR + s * kBwdTile, p, first, b, h, i0, ws);
   };
   int64_t h = hk * p.group(), i0 = 0;
   bool have = next_query_tile(p, first, hk, k0, k_last, h, i0);
@@ -211,8 +255,150 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
 #endif
 }
 
+// ---------------------------------------------------------------- one pass (Note [One-pass Hopper backward])
+
+constexpr int kOnePassKeys = 128;     ///< keys of a block: 64 a warpgroup
+constexpr int kOnePassThreads = 256;  ///< two warpgroups
+
+/// Stores this warpgroup's 64 x 64 accumulator (warp w rows 16 w..) into a swizzled tile of 64 rows of 64 halves.
+template <class T>
+__device__ __forceinline__ void store_swizzled(T* tile, const float (&c)[8][4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4;
+  unsigned char* base =
+      reinterpret_cast<unsigned char*>(tile) + (threadIdx.x % 128 / 32 * 16 + g) * 128 + 4 * (lane % 4);
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)  // rows g and g + 8 share a swizzle (row % 8)
+      *reinterpret_cast<uint32_t*>(base + half * 8 * 128 + ((nt ^ g) << 4)) =
+          pack2<T>(c[nt][2 * half], c[nt][2 * half + 1]);
+}
+
+/// Stores this warpgroup's 64 x kN f32 accumulator into 64 rows of kPitch floats.
+template <int kN, int kPitch>
+__device__ __forceinline__ void store_rows_f32(float* block, const float (&c)[kN / 8][4]) {
+  const int lane = threadIdx.x % 32;
+  float* row = block + (threadIdx.x % 128 / 32 * 16 + lane / 4) * kPitch + 2 * (lane % 4);
+#pragma unroll
+  for (int nt = 0; nt < kN / 8; ++nt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      *reinterpret_cast<float2*>(row + half * 8 * kPitch + 8 * nt) = make_float2(c[nt][2 * half], c[nt][2 * half + 1]);
+}
+
+/// dK and dV of a block of 128 keys (64 a warpgroup) and the dQ parts of
+/// every query tile it meets (warpgroup w: dims 64 w..), added to the f32
+/// sums by bulk reductions; head dim 128.
+template <class T>
+__global__ void __launch_bounds__(kOnePassThreads, 1)
+    attention_grad_one_pass_sm90(const __grid_constant__ Problem p, const float* ws) {
+#ifdef BARACUDA_WGMMA
+  constexpr int kD = 128, kTile = sw_tile<kD>(), kDimTiles = kD / 8, kPitch = int(kDqPitch);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(swizzle_aligned(smem_raw));  // 128 rows
+  T* sV = sK + 2 * kTile;                                   // 128 rows
+  T* sQ[2] = {sV + 2 * kTile, sV + 4 * kTile};              // stage s: Q, then dO (64 rows each)
+  T* sDS = sV + 6 * kTile;                                  // dS^T: 128 keys by 64 query rows
+  float* sDQ = reinterpret_cast<float*>(sDS + kOnePassKeys * 64);  // [2][64][kPitch] dQ parts
+  float* sL = sDQ + kDqTileFloats;                                 // [2][64] lse
+  float* sR = sL + 2 * kBwdTile;                                   // [2][64] dO . O
+  const int64_t b = blockIdx.z, hk = blockIdx.y, k0 = int64_t(blockIdx.x) * kOnePassKeys;
+  const HeadView first = head_view(p, b, hk * p.group());
+  if (!first.valid || k0 >= first.len_kv) return;
+  const int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32, quad = lane % 4;
+  const int64_t k_last = min(k0 + kOnePassKeys, first.len_kv) - 1;
+  issue_key_block<kD, kOnePassKeys, kOnePassThreads>(sK, sV, p, first, b, hk, k0);
+  auto load_stage = [&](int s, int64_t h, int64_t i0) {
+    issue_query_stage<kD, kOnePassThreads>(sQ[s], sL + s * kBwdTile, sR + s * kBwdTile, p, first, b, h, i0, ws);
+  };
+  int64_t h = hk * p.group(), i0 = 0;
+  bool have = next_query_tile(p, first, hk, k0, k_last, h, i0);
+  if (have) load_stage(0, h, i0);
+  cp_async_commit();
+
+  const WholeTileRule rule(p);
+  const int64_t keys = k0 + 64 * wg;  // this warpgroup's 64 keys
+  const int64_t key = keys + warp * 16 + lane / 4;  // this thread's: key and key + 8
+  const T* sKw = sK + 64 * wg * 64;  // the warpgroup's rows of the 128-row tiles (column block 0)
+  const T* sVw = sV + 64 * wg * 64;
+  T* sDSw = sDS + 64 * wg * 64;
+  const bool issues = threadIdx.x % 128 == 0;  // the thread that hands the warpgroup's dQ part to the TMA unit
+  float* part = sDQ + wg * 64 * kPitch;
+  float dk[kDimTiles][4] = {}, dv[kDimTiles][4] = {};
+  for (int stage = 0; have; stage ^= 1) {
+    int64_t next_h = h, next_i0 = i0 + kBwdTile;
+    const bool next = next_query_tile(p, first, hk, k0, k_last, next_h, next_i0);
+    if (next) load_stage(stage ^ 1, next_h, next_i0);  // streams in while this tile is used
+    cp_async_commit();
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+    const T* tQ = sQ[stage];
+    const T* tG = sQ[stage] + kTile;
+    const HeadView v = group_head_view(p, first, h);
+
+    float s[8][4], dp[8][4];
+    wgmma_fence();
+    wgmma_rows_by_rows_issue<T, kD, kOnePassKeys>(s, sKw, tQ);   // S^T = K Q^T
+    wgmma_rows_by_rows_issue<T, kD, kOnePassKeys>(dp, sVw, tG);  // dP^T = V dO^T
+    wgmma_commit();
+    const TileRule tile_rule = backward_rule(p, v, i0, min(i0 + kBwdTile, v.len_q) - 1, keys);
+    wgmma_wait<0>();
+    wgmma_pin(s);
+    wgmma_pin(dp);
+    key_fragment_grads(s, dp, p, v, tile_rule, rule, sL + stage * kBwdTile, sR + stage * kBwdTile, i0, 0, key, quad);
+    uint32_t pa[4][4];  // P^T (times dropout) as A fragments
+    to_fragments<T>(pa, s);
+    wgmma_pin(pa);
+    wgmma_pin(dv);
+    wgmma_fence();
+    wgmma_rows_issue<T, kD>(dv, pa, tG);  // dV += P^T dO, while dS^T is stored
+    wgmma_commit();
+    store_swizzled<T>(sDSw, dp);  // dS^T: dK reads it K-major, dQ M-major
+    if (issues) bulk_wait_read<0>();  // the last tile's part has left shared memory
+    fence_proxy_async();
+    named_sync(1 + wg, 128);  // this warpgroup's dS^T written
+    wgmma_pin(dk);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)  // dK += dS^T Q: 16 rows a step, 32 bytes on in dS^T's rows
+      wgmma_ss<T, kD, 0, 1>(dk, sw128_desc(sDSw + kk * 16, 16), sw128_desc(tQ + kk * 16 * 64, kBwdTile * 128), 1);
+    wgmma_commit();
+    __syncthreads();  // the other warpgroup's dS^T written, both parts free
+    float dq[8][4];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kOnePassKeys / 16; ++kk)  // dQ part = dS K: 16 keys a step, dS^T's rows kk * 16..
+      wgmma_ss<T, 64, 1, 1>(dq, sw128_desc(sDS + kk * 16 * 64, kOnePassKeys * 128),
+                            sw128_desc(sK + wg * kOnePassKeys * 64 + kk * 16 * 64, kOnePassKeys * 128), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(dv);
+    wgmma_pin(dk);
+    wgmma_pin(pa);
+    wgmma_pin(dq);
+    store_rows_f32<64, kPitch>(part, dq);
+    fence_proxy_async();  // the part, visible to the bulk copy
+    named_sync(1 + wg, 128);
+    if (issues) {
+      bulk_reduce_add_f32(p.grad_q_sum + grad_q_sum_index(p, v, i0, wg * 64), part, 64 * kPitch * 4);
+      bulk_commit();
+    }
+    __syncthreads();  // this stage is refilled two tiles on, dS^T rewritten next tile
+    h = next_h, i0 = next_i0, have = next;
+  }
+  cp_async_wait<0>();  // K and V, when no tile sees these keys
+  if (issues) bulk_wait<0>();
+  write_key_grads<T>(p, first, b, hk, key, dk, dv, quad, kD);
+#endif
+}
+
 template <class T, int kD>
 Status launch(const Problem& p, const float* ws, CUstream_st* stream) {
+  if constexpr (kD == 128)
+    if (p.grad_q_sum)  // one pass (Note [One-pass Hopper backward]); the caller writes dQ from the sums
+      return launch_backward_passes(p, ws, stream, kOnePassThreads, {nullptr, 0, kBwdTile},
+                                    {attention_grad_one_pass_sm90<T>, wgmma_one_pass_smem(), kOnePassKeys});
   constexpr size_t smem = wgmma_backward_smem(kD);
   return launch_backward_passes(p, ws, stream, kBwdThreads, {attention_grad_q_sm90<T, kD>, smem, kBwdTile},
                                 {attention_grad_kv_sm90<T, kD>, smem, kBwdTile});

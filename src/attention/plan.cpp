@@ -333,8 +333,9 @@ AttentionTable& cuda_attention() {
   return table;
 }
 
-size_t cuda_attention_workspace(const Problem& p) {
+size_t cuda_attention_workspace(const Problem& p, int sm, size_t max_smem) {
   if (!p.backward) return 0;
+  if (tiles::wgmma_one_pass(p, sm, max_smem)) return tiles::one_pass_workspace(p);
   const size_t acc = p.dtype == DType::f64 ? sizeof(double) : sizeof(float);
   return size_t(p.batch * p.heads_q * p.seq_q) * acc;  // dO . O of every row
 }
@@ -350,6 +351,14 @@ class TableEngine final : public Engine {
  private:
   AttentionFn fn_;
 };
+
+int device_sm_version() {
+#ifdef BARACUDA_HAS_CUDA
+  return current_sm_version();
+#else
+  return 0;
+#endif
+}
 
 /// The bespoke CUDA kernels: head dims up to 256, grid limits, and the
 /// shared memory of the current device (queried once, at plan time).
@@ -370,11 +379,12 @@ class CudaEngine final : public Engine {
     return Status::ok();
   }
   Status run(const Problem& p, const Workspace& w, CUstream_st* stream) const override { return fn_(p, w, stream); }
-  size_t workspace(const Problem& p) const override { return cuda_attention_workspace(p); }
+  size_t workspace(const Problem& p) const override { return cuda_attention_workspace(p, sm_, max_smem_); }
 
  private:
   AttentionFn fn_;
   size_t max_smem_;
+  int sm_ = device_sm_version();
 };
 
 /// Shared memory a block may opt in to on the current device (0 without CUDA).
@@ -402,6 +412,7 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
   KernelSku sku = bespoke_sku(OpCategory::attention, info.name.c_str(), t, backend);
   auto fixed = problem_of(def, *full);
   if (!fixed) return fixed.status();
+  fixed->deterministic = pref.deterministic_only;
   ProbeViews probe(*full);
   const Problem problem = bind_views(def, *fixed, OpArgs{probe.inputs, probe.outputs});
   std::unique_ptr<const Engine> engine;
@@ -432,6 +443,10 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
     if (backend == Backend::bespoke_cuda && (tiles::wgmma_layout(problem, sku.arch, device_sm_count(), device_max_smem()) ||
                                              tiles::wgmma_backward_layout(problem, sku.arch, device_max_smem())))
       sku.kernel = "wgmma";  // the Hopper forward (kernels_fwd_sm90.cu) or backward (kernels_bwd_sm90.cu)
+    if (backend == Backend::bespoke_cuda && tiles::wgmma_one_pass(problem, sku.arch, device_max_smem())) {
+      sku.kernel = "wgmma_one_pass";  // dQ summed by bulk f32 reductions (Note [One-pass Hopper backward])
+      sku.precision.deterministic = sku.precision.bit_stable_on_same_hardware = false;
+    }
   }
   const size_t workspace = engine->workspace(problem);
   return PlanPtr(std::make_unique<AttentionPlan>(def, info, std::move(*full), *fixed, std::move(engine), workspace, sku));

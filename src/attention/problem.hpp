@@ -61,6 +61,12 @@ struct Problem {
   // Backward only: grad_out and out (dim of value_dim), lse as forward.
   bool backward = false;
   Operand grad_out, grad_q, grad_k, grad_v;
+  /// Backward: the run must be bitwise reproducible. When false, the Hopper
+  /// backward may sum dQ by f32 reductions in one pass (Note [One-pass Hopper backward]).
+  bool deterministic = true;
+  /// Set by that backward's launcher: its f32 dQ sums in the workspace
+  /// (layout: tiles::kDqPitch, grad_q_sum_index); null when it runs two passes.
+  float* grad_q_sum = nullptr;
 
   BCD_HD bool varlen() const { return cu_seqlens_q != nullptr; }
   BCD_HD int64_t group() const { return heads_q / heads_kv; }

@@ -144,4 +144,39 @@ inline bool wgmma_backward_layout(const Problem& p, int sm, size_t max_smem) {
 #endif
 }
 
+/// The one-pass backward's dQ sums (Note [One-pass Hopper backward]): each
+/// 64-row query tile of a head holds two parts of 64 rows by 64 columns
+/// (dims 0..63, then 64..127), a part's rows kDqPitch floats apart (8 more
+/// than 64: shared-memory banks), so that a part is one contiguous bulk reduction.
+constexpr int64_t kDqPitch = 72;
+constexpr int64_t kDqTileFloats = 2 * 64 * kDqPitch;
+constexpr int64_t dq_padded_rows(int64_t seq) { return (seq + 63) / 64 * 64; }
+
+/// The one-pass Hopper backward's shared memory (head dim 128): K and V of
+/// 128 keys, two stages of 64-row Q and dO, dS^T (128 x 64 halves), the two
+/// dQ parts of a tile (f32), the stages' lse and dO . O, the 1024-byte alignment.
+constexpr size_t wgmma_one_pass_smem() {
+  return size_t(8 * 64 * 128) * 2 + 128 * 64 * 2 + size_t(kDqTileFloats) * 4 + 4 * 64 * sizeof(float) + 1024;
+}
+
+/// Whether the Hopper backward takes a problem in one pass, dQ summed by
+/// bulk f32 reductions (Note [One-pass Hopper backward]): one at head dim
+/// 128 that wgmma_backward_layout takes, whose run need not be bitwise
+/// reproducible (at head dim 64 one warpgroup would carry the whole dQ
+/// product: slower than the two passes).
+inline bool wgmma_one_pass(const Problem& p, int sm, size_t max_smem) {
+  return !p.deterministic && p.head_dim == 128 && wgmma_backward_layout(p, sm, max_smem) &&
+         wgmma_one_pass_smem() <= max_smem;
+}
+
+/// Where the one-pass backward's f32 dQ sums start in the workspace: after
+/// the per-row dO . O (f32 for the half types it serves), 256-byte aligned.
+constexpr size_t grad_q_sum_offset(const Problem& p) {
+  return (size_t(p.batch * p.heads_q * p.seq_q) * sizeof(float) + 255) / 256 * 256;
+}
+/// Workspace bytes of the one-pass backward: the dO . O, then the dQ sums.
+constexpr size_t one_pass_workspace(const Problem& p) {
+  return grad_q_sum_offset(p) + size_t(p.batch * p.heads_q * dq_padded_rows(p.seq_q) / 64 * kDqTileFloats) * sizeof(float);
+}
+
 }  // namespace baracuda::attn::tiles

@@ -1,10 +1,12 @@
 // Hopper warpgroup MMA (wgmma.mma_async, sm_90a) for the attention forward
-// (kernels_fwd_sm90.cu): tiles of 16-byte chunks copied by cp.async into the
-// 128-byte swizzled shared-memory layout, the matrix descriptors that
-// describe it, and the three products the kernel issues: S = Q K^T with both
-// operands in shared memory (m64n128k16) and O += P V with P in registers
-// (m64n64k16 / m64n128k16, V read N-major); and the warp-specialisation
-// pieces: mbarriers, TMA tile loads, named barriers and setmaxnreg.
+// (kernels_fwd_sm90.cu) and backward (kernels_bwd_sm90.cu): tiles of
+// 16-byte chunks copied by cp.async into the 128-byte swizzled shared-memory
+// layout, the matrix descriptors that describe it, and the products: S =
+// Q K^T with both operands in shared memory (m64n128k16; the backward's
+// m64n64k16, and with A M-major or B N-major: wgmma_ss) and O += P V with P
+// in registers (m64n64k16 / m64n128k16, V read N-major); the
+// warp-specialisation pieces: mbarriers, TMA tile loads, named barriers and
+// setmaxnreg; and bulk f32 reductions from shared into global memory.
 //
 // Note [Swizzled tiles and descriptors]
 // A tile of R rows by kD halves is stored as kD / 64 column blocks of R
@@ -127,18 +129,21 @@ __device__ __forceinline__ void wgmma_pin(uint32_t (&d)[kN][4]) {
 #define BCD_WG_F32(d) BCD_WG_F8(d, 0), BCD_WG_F8(d, 8), BCD_WG_F8(d, 16), BCD_WG_F8(d, 24)
 #define BCD_WG_F64(d) BCD_WG_F32(d), BCD_WG_F8(d, 32), BCD_WG_F8(d, 40), BCD_WG_F8(d, 48), BCD_WG_F8(d, 56)
 
-// d (64 x 128, f32) = A B (+ d when `accumulate`): A (64 x 16) and B (16 x 128) K-major in shared memory.
+// d (64 x 128, f32) = A B (+ d when `accumulate`): A (64 x 16) and B (16 x 128) in shared memory,
+// K-major or (kTransA, kTransB = 1) M- / N-major.
 #define BCD_WGMMA_SS128(TY)                                                                                   \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                    \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " BCD_WG_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n" \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " BCD_WG_D64                          \
+               ", %64, %65, p, 1, 1, %67, %68;\n}\n"                                                             \
                : BCD_WG_F64(d)                                                                                \
-               : "l"(a), "l"(b), "r"(accumulate))
-// d (64 x 64, f32) = A B (+ d when `accumulate`): A (64 x 16) and B (16 x 64) K-major in shared memory.
+               : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
+// d (64 x 64, f32) = A B (+ d when `accumulate`): A (64 x 16) and B (16 x 64) in shared memory, as above.
 #define BCD_WGMMA_SS64(TY)                                                                                    \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                    \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " BCD_WG_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n" \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " BCD_WG_D32                           \
+               ", %32, %33, p, 1, 1, %35, %36;\n}\n"                                                             \
                : BCD_WG_F32(d)                                                                                \
-               : "l"(a), "l"(b), "r"(accumulate))
+               : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
 // d (64 x N, f32) += A B: A (64 x 16) from registers, B (16 x N) N-major in shared memory.
 #define BCD_WGMMA_RS64(TY)                                                                                     \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                     \
@@ -153,8 +158,9 @@ __device__ __forceinline__ void wgmma_pin(uint32_t (&d)[kN][4]) {
                : BCD_WG_F64(d)                                                                                 \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
 
-/// d (64 x 128) = A B (+ d when `accumulate`), A and B K-major in shared memory (descriptors a, b).
-template <class T>
+/// d (64 x 128) = A B (+ d when `accumulate`), A and B in shared memory
+/// (descriptors a, b): K-major, or M-major (kTransA) and N-major (kTransB).
+template <class T, int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[16][4], uint64_t a, uint64_t b, int accumulate) {
 #ifdef BARACUDA_WGMMA
   if constexpr (std::is_same_v<T, __half>) BCD_WGMMA_SS128("f16");
@@ -162,13 +168,21 @@ __device__ __forceinline__ void wgmma_ss_n128(float (&d)[16][4], uint64_t a, uin
 #endif
 }
 
-/// d (64 x 64) = A B (+ d when `accumulate`), A and B K-major in shared memory (descriptors a, b).
-template <class T>
+/// d (64 x 64) = A B (+ d when `accumulate`), as wgmma_ss_n128.
+template <class T, int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {
 #ifdef BARACUDA_WGMMA
   if constexpr (std::is_same_v<T, __half>) BCD_WGMMA_SS64("f16");
   else BCD_WGMMA_SS64("bf16");
 #endif
+}
+
+/// d (64 x kN) = A B (+ d when `accumulate`), as wgmma_ss_n128, N of 64 or 128.
+template <class T, int kN, int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_ss(float (&d)[kN / 8][4], uint64_t a, uint64_t b, int accumulate) {
+  static_assert(kN == 64 || kN == 128, "wgmma_ss: N of 64 or 128");
+  if constexpr (kN == 64) wgmma_ss_n64<T, kTransA, kTransB>(d, a, b, accumulate);
+  else wgmma_ss_n128<T, kTransA, kTransB>(d, a, b, accumulate);
 }
 
 /// d (64 x kN) += A B, A (64 x 16) a register fragment, B N-major in shared memory (descriptor b).
@@ -288,6 +302,35 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* map, int c0, 
 __device__ __forceinline__ void tma_prefetch(const void* map) {
 #ifdef BARACUDA_WGMMA
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+#endif
+}
+
+/// Adds `bytes` (a multiple of 16) of f32 from shared `src` into global `dst`
+/// (both 16-byte aligned) through the TMA unit, in this thread's bulk group.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src, uint32_t bytes) {
+#ifdef BARACUDA_WGMMA
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(shared_address(src)), "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#ifdef BARACUDA_WGMMA
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+/// Waits until at most kPending of this thread's bulk groups still read their shared-memory source.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+#ifdef BARACUDA_WGMMA
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+/// Waits until at most kPending of this thread's bulk groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+#ifdef BARACUDA_WGMMA
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 #endif
 }
 
