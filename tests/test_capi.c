@@ -166,6 +166,64 @@ int main(void) {
     CHECK(strstr(baracuda_last_error(), "names axis 2 but the input has rank 2") != NULL);
   }
 
+  /* Preferences: the defaults, a backend by name, reproducible plans, bad values named. */
+  {
+    baracuda_preference pref = baracuda_preference_default();
+    CHECK(pref.backend == NULL && pref.deterministic_only == 0 && pref.allow_tf32 == 0 &&
+          pref.max_workspace_bytes == SIZE_MAX && pref.skip_candidates == 0);
+    pref.backend = "host";
+    pref.deterministic_only = 1;
+    baracuda_attr dims = {"dims", 1};
+    baracuda_tensor x = {a, BARACUDA_F32, 2, shape_a, NULL};
+    CHECK(baracuda_plan_create_with(&plan, host, "sum", &x, 1, NULL, 0, &dims, 1, &pref) == BARACUDA_OK);
+    if (plan) {
+      int32_t deterministic = -1;
+      char sku[256];
+      CHECK(baracuda_plan_deterministic(plan, &deterministic) == BARACUDA_OK && deterministic == 1);
+      CHECK(baracuda_plan_sku(plan, sku, sizeof sku) == BARACUDA_OK && strstr(sku, "reduce/sum/f32/host") != NULL);
+      baracuda_plan_destroy(plan);
+    }
+    CHECK(baracuda_plan_deterministic(NULL, NULL) == BARACUDA_ERROR_INVALID_PROBLEM);
+    pref.backend = "warp";
+    CHECK(baracuda_plan_create_with(&plan, host, "sum", &x, 1, NULL, 0, &dims, 1, &pref) ==
+          BARACUDA_ERROR_INVALID_PROBLEM);
+    CHECK(strstr(baracuda_last_error(), "unknown backend 'warp'") != NULL && plan == NULL);
+    pref.backend = NULL;
+    pref.skip_candidates = -1;
+    CHECK(baracuda_plan_create_with(&plan, host, "sum", &x, 1, NULL, 0, &dims, 1, &pref) ==
+          BARACUDA_ERROR_INVALID_PROBLEM);
+    CHECK(strstr(baracuda_last_error(), "skip_candidates must be >= 0, got -1") != NULL);
+    /* On a GPU: the bespoke attention backward's plan says whether its runs repeat bit for bit (on Hopper
+       at head dim 128 the default sums dQ by reductions in any order); asked for, they must. No data is
+       read to make a plan. */
+    if (baracuda_cuda_available()) {
+      baracuda_stream gpu = {NULL, 0};
+      int64_t s_q[4] = {1, 8, 300, 128}, s_lse[3] = {1, 8, 300}, s_none[1] = {0};
+      baracuda_tensor bwd[8] = {{NULL, BARACUDA_BF16, 4, s_q, NULL}, {NULL, BARACUDA_BF16, 4, s_q, NULL},
+                                {NULL, BARACUDA_BF16, 4, s_q, NULL}, {NULL, BARACUDA_BF16, 4, s_q, NULL},
+                                {NULL, BARACUDA_BF16, 4, s_q, NULL}, {NULL, BARACUDA_F32, 3, s_lse, NULL},
+                                {NULL, BARACUDA_BF16, 1, s_none, NULL}, {NULL, BARACUDA_F32, 1, s_none, NULL}};
+      for (int reproducible = 0; reproducible < 2; ++reproducible) {
+        baracuda_preference p = baracuda_preference_default();
+        p.backend = "cuda";
+        p.deterministic_only = reproducible;
+        CHECK(baracuda_plan_create_with(&plan, gpu, "scaled_dot_product_attention_backward", bwd, 8, NULL, 0, NULL,
+                                        0, &p) == BARACUDA_OK);
+        if (plan) {
+          int32_t deterministic = -1;
+          char sku[256];
+          CHECK(baracuda_plan_deterministic(plan, &deterministic) == BARACUDA_OK);
+          CHECK(baracuda_plan_sku(plan, sku, sizeof sku) == BARACUDA_OK);
+          CHECK((strstr(sku, ",deterministic") != NULL) == (deterministic == 1));
+          if (reproducible) CHECK(deterministic == 1 && strstr(sku, "one_pass") == NULL);
+          baracuda_plan_destroy(plan);
+        }
+      }
+    } else {
+      printf("capi: the GPU preference checks are skipped (no CUDA device)\n");
+    }
+  }
+
   /* Errors: unknown op, broadcast mismatch, rank too large. */
   CHECK(baracuda_plan_create(&plan, host, "no_such_op", in, 2, NULL, 0, NULL, 0) == BARACUDA_ERROR_INVALID_PROBLEM);
   CHECK(strstr(baracuda_last_error(), "no_such_op") != NULL);

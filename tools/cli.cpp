@@ -20,10 +20,12 @@ void usage() {
       "usage:\n"
       "  baracuda list [--json]                      every op: family, direction, dtypes, backends\n"
       "  baracuda run OP [--dtype D] [--shape 4096,4096] [--attr name=value]... [--layout L]\n"
-      "               [--backend cuda|host] [--json]  verify against the host reference and time\n"
-      "  baracuda suite [--backend cuda|host] [--elements N] [--filter TEXT] [--json]\n"
+      "               [--backend B] [--deterministic] [--json]  verify against the host reference and time\n"
+      "  baracuda suite [--backend B] [--deterministic] [--elements N] [--filter TEXT] [--json]\n"
       "                                              the standard suite (the main job)\n"
-      "layouts: contiguous strided transposed broadcast inplace shifted");
+      "layouts: contiguous strided transposed broadcast inplace shifted\n"
+      "backends: host cuda cublaslt cudnn cufft cusolver curand cusparse nccl cccl cutlass (default: cuda\n"
+      "          with a GPU, else host); --deterministic: only plans that give the same bits every run");
 }
 
 std::string json_escape(const std::string& s) {
@@ -179,8 +181,16 @@ int cmd_run(int argc, char** argv) {
       }
       spec.layout = *layout;
     } else if (a == "--backend") {
-      auto b = backend_from_name(next());
-      if (b) opt.backend = *b;
+      const std::string name = next();
+      const auto b = backend_from_name(name);
+      if (!b) {
+        std::fprintf(stderr, "--backend: unknown backend '%s'\n", name.c_str());
+        usage();
+        return 2;
+      }
+      opt.backend = *b;
+    } else if (a == "--deterministic") {
+      opt.deterministic_only = true;
     } else if (a == "--json") {
       json = true;
     } else {
@@ -229,10 +239,21 @@ int cmd_suite(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--json") json = true;
     else if (a == "--backend" && i + 1 < argc) {
-      auto b = backend_from_name(argv[++i]);
-      if (b) opt.backend = *b;
-    } else if (a == "--elements" && i + 1 < argc) elements = std::atoll(argv[++i]);
+      const auto b = backend_from_name(argv[++i]);
+      if (!b) {
+        std::fprintf(stderr, "--backend: unknown backend '%s'\n", argv[i]);
+        usage();
+        return 2;
+      }
+      opt.backend = *b;
+    } else if (a == "--deterministic") opt.deterministic_only = true;
+    else if (a == "--elements" && i + 1 < argc) elements = std::atoll(argv[++i]);
     else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
+    else {
+      std::fprintf(stderr, "unknown argument '%s'\n", a.c_str());
+      usage();
+      return 2;
+    }
   }
   const bool gpu = opt.backend != Backend::host_reference;
   const int64_t verify_elements = gpu ? 1 << 16 : 4099;

@@ -508,6 +508,7 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
 
   PlanPreference pref;
   pref.backend = opt.backend;
+  pref.deterministic_only = opt.deterministic_only;
   Stream stream = on_device ? Stream::cuda() : Stream::host();
   auto plan = select(stream, desc, pref);
   // Bespoke kernels and the host reference serve every advertised case; a

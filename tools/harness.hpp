@@ -63,6 +63,7 @@ struct CaseSpec {
 
 struct RunOptions {
   Backend backend = Backend::host_reference;
+  bool deterministic_only = false;  ///< plans must give the same bits every run (PlanPreference)
   bool verify = true;
   bool time = false;
   int warmup = 3;

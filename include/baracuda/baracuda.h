@@ -50,12 +50,33 @@ typedef struct baracuda_stream {
 
 typedef struct baracuda_plan_s* baracuda_plan;
 
+/* What the selected plan must be; baracuda_preference_default() allows
+ * anything (the fields' defaults are given beside them). */
+typedef struct baracuda_preference {
+  const char* backend;         /* NULL: any candidate; else only this backend: "host", "cuda", "cublaslt",
+                                  "cudnn", "cufft", "cusolver", "curand", "cusparse", "nccl", "cccl", "cutlass" */
+  int32_t deterministic_only;  /* 0; nonzero: the plan gives the same bits every run (e.g. the attention
+                                  backward then sums dQ in a fixed order) */
+  int32_t allow_tf32;          /* 0; nonzero: f32 matrix products may multiply in TF32 */
+  size_t max_workspace_bytes;  /* SIZE_MAX: no limit */
+  int32_t skip_candidates;     /* 0; n: skip the first n candidates that accept (the next best) */
+} baracuda_preference;
+baracuda_preference baracuda_preference_default(void);
+
 /* Selects a plan for `op` over tensors shaped like `inputs`/`outputs` (their
  * data pointers are not read). n_outputs = 0 lets the op infer its outputs. */
 baracuda_status baracuda_plan_create(baracuda_plan* plan, baracuda_stream stream, const char* op,
                                      const baracuda_tensor* inputs, int32_t n_inputs,
                                      const baracuda_tensor* outputs, int32_t n_outputs,
                                      const baracuda_attr* attrs, int32_t n_attrs);
+/* baracuda_plan_create under a preference (NULL: baracuda_preference_default()). */
+baracuda_status baracuda_plan_create_with(baracuda_plan* plan, baracuda_stream stream, const char* op,
+                                          const baracuda_tensor* inputs, int32_t n_inputs,
+                                          const baracuda_tensor* outputs, int32_t n_outputs,
+                                          const baracuda_attr* attrs, int32_t n_attrs,
+                                          const baracuda_preference* preference);
+/* Whether the plan's runs give the same bits every time on the same hardware (1) or may not (0). */
+baracuda_status baracuda_plan_deterministic(baracuda_plan plan, int32_t* deterministic);
 void baracuda_plan_destroy(baracuda_plan plan);
 baracuda_status baracuda_plan_workspace_size(baracuda_plan plan, size_t* bytes);
 /* Writes the kernel identity ("elementwise/add/f32/cuda/sm90/...") into buf. */

@@ -1,4 +1,5 @@
 // The C ABI over the C++ plan API.
+#include <cstdint>
 #include <cstring>
 
 #include "baracuda/baracuda.h"
@@ -49,16 +50,53 @@ Status to_views(const baracuda_tensor* ts, int32_t n, const char* role, std::vec
   return Status::ok();
 }
 
+Result<PlanPreference> to_preference(const baracuda_preference* p) {
+  PlanPreference pref;
+  if (!p) return pref;
+  if (p->backend) {
+    pref.backend = backend_from_name(p->backend);
+    if (!pref.backend)
+      return invalid("preference: unknown backend '", p->backend,
+                     "' (host, cuda, cublaslt, cudnn, cufft, cusolver, curand, cusparse, nccl, cccl or cutlass)");
+  }
+  if (p->skip_candidates < 0) return invalid("preference: skip_candidates must be >= 0, got ", p->skip_candidates);
+  pref.deterministic_only = p->deterministic_only != 0;
+  pref.allow_tf32 = p->allow_tf32 != 0;
+  pref.max_workspace_bytes = p->max_workspace_bytes;
+  pref.skip_candidates = p->skip_candidates;
+  return pref;
+}
+
 }  // namespace
 
 extern "C" {
+
+baracuda_preference baracuda_preference_default(void) {
+  baracuda_preference p;
+  p.backend = nullptr;
+  p.deterministic_only = 0;
+  p.allow_tf32 = 0;
+  p.max_workspace_bytes = SIZE_MAX;
+  p.skip_candidates = 0;
+  return p;
+}
 
 baracuda_status baracuda_plan_create(baracuda_plan* plan, baracuda_stream stream, const char* op,
                                      const baracuda_tensor* inputs, int32_t n_inputs,
                                      const baracuda_tensor* outputs, int32_t n_outputs,
                                      const baracuda_attr* attrs, int32_t n_attrs) {
+  return baracuda_plan_create_with(plan, stream, op, inputs, n_inputs, outputs, n_outputs, attrs, n_attrs, nullptr);
+}
+
+baracuda_status baracuda_plan_create_with(baracuda_plan* plan, baracuda_stream stream, const char* op,
+                                          const baracuda_tensor* inputs, int32_t n_inputs,
+                                          const baracuda_tensor* outputs, int32_t n_outputs,
+                                          const baracuda_attr* attrs, int32_t n_attrs,
+                                          const baracuda_preference* preference) {
   if (!plan || !op) return report(invalid("baracuda_plan_create: plan and op must not be NULL"));
   *plan = nullptr;
+  auto pref = to_preference(preference);
+  if (!pref) return report(pref.status());
   std::vector<TensorView> in, out;
   if (Status s = to_views(inputs, n_inputs, "input", in); !s) return report(s);
   if (Status s = to_views(outputs, n_outputs, "output", out); !s) return report(s);
@@ -76,7 +114,7 @@ baracuda_status baracuda_plan_create(baracuda_plan* plan, baracuda_stream stream
     if (!full) return report(full.status());
     desc = std::move(*full);
   }
-  auto selected = select(to_stream(stream), desc);
+  auto selected = select(to_stream(stream), desc, *pref);
   if (!selected) return report(selected.status());
   *plan = new baracuda_plan_s{std::move(*selected)};
   return report(Status::ok());
@@ -87,6 +125,12 @@ void baracuda_plan_destroy(baracuda_plan plan) { delete plan; }
 baracuda_status baracuda_plan_workspace_size(baracuda_plan plan, size_t* bytes) {
   if (!plan || !bytes) return report(invalid("baracuda_plan_workspace_size: NULL argument"));
   *bytes = plan->plan->workspace_size();
+  return report(Status::ok());
+}
+
+baracuda_status baracuda_plan_deterministic(baracuda_plan plan, int32_t* deterministic) {
+  if (!plan || !deterministic) return report(invalid("baracuda_plan_deterministic: NULL argument"));
+  *deterministic = plan->plan->precision_guarantee().deterministic ? 1 : 0;
   return report(Status::ok());
 }
 
