@@ -41,11 +41,12 @@
 // waited for, so each overlaps a store or a barrier.
 // Why 128 keys: the L2 performs reductions at about 1.4-1.5 TB/s of f32
 // payload (H200, ncu: float2 or float4 atomics alike). With 64-key blocks
-// (a 64 x 128 part per 64 keys) the atomics alone took 3.0 ms of a B1 H32
-// S4096 backward that the two passes finish in 2.6; 128 keys halve the
-// payload and the bulk copy replaces 32 atomics a thread. At head dim 64
-// one warpgroup would carry the whole dQ product (a 64-wide part cannot be
-// cut in two in this swizzle), which measured slower than the two passes.
+// (a 64 x 128 part per 64 keys, atomics) the one-pass kernel of a B1 H32
+// S4096 backward took 3.0 ms, the L2 at 75% of its throughput on them,
+// where the two passes take 2.6; 128 keys halve the payload and the bulk
+// copy replaces 32 atomics a thread. At head dim 64 one warpgroup would
+// carry the whole dQ product (half of a 64-wide N-major part is not a
+// canonical layout of this swizzle), which measured slower than two passes.
 // The sums' order, so their last bits, vary run to run.
 #include "attention/backward_tiles.cuh"
 #include "attention/wgmma_sm90.cuh"

@@ -21,6 +21,9 @@
 // - N-major (V as B, transpose 1): rows are K (keys), the 64 halves of a
 //   row are N (dims); 16 keys a step are 2048 bytes on; SBO = 1024 (8 keys
 //   to the next 8), LBO = R * 128 (from dims 0..63 to dims 64..127).
+// - M-major (A transposed, the backward's dS from a stored dS^T): as
+//   N-major with M for N; M of 64 exactly (a 32-wide half of a 128-byte
+//   row is not one of the canonical layouts of this swizzle; not tried).
 // Fragments (PTX ISA, wgmma .m64nNk16): warp w of the warpgroup holds rows
 // 16 w .. 16 w + 15; lane t holds accumulator register 4 i + e (kept here as
 // d[i][e]) at row t / 4 + 8 (e / 2) and column 8 i + 2 (t % 4) + (e % 2); the A fragment from registers is
