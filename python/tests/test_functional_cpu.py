@@ -434,3 +434,22 @@ def test_registry_and_plan_info():
     assert baracuda.infer("fill", [], {"value": 1}, outputs=[("f16", (2,))]) == [("f16", [2])]
     assert isinstance(baracuda.cuda_available(), bool)
     assert baracuda.dtypes[baracuda._C.dtype_code("bfloat16")] == "bf16"
+
+
+def test_set_deterministic_reaches_every_plan():
+    """F.set_deterministic(True) asks every plan chosen afterwards to give the same bits run to run: plan_info
+    reports it, calls still run (the host backend is deterministic), and the flag is part of the plan caches'
+    keys, so plans chosen before it are not reused after it."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    baracuda._C.clear_plan_cache()
+    try:
+        F.set_deterministic(True)
+        assert baracuda._C.get_deterministic()
+        assert baracuda.plan_info("sum", [("f32", (3, 4))], {"dims": 1})["deterministic"]
+        np.testing.assert_allclose(F.sum(x, dim=1), x.sum(1))
+        F.set_deterministic(False)
+        assert not baracuda._C.get_deterministic()
+        np.testing.assert_allclose(F.sum(x, dim=1), x.sum(1))
+        assert baracuda._C.plan_cache_size() == 2  # one plan a setting
+    finally:
+        F.set_deterministic(False)
