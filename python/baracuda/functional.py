@@ -1356,7 +1356,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 def scaled_dot_product_attention_backward(grad_output, query, key, value, out, lse, attn_mask=None, dropout_p=0.0,
                                           is_causal=False, scale=None, enable_gqa=False, *, window=None,
                                           bottom_right=False, softcap=0.0, alibi_slopes=None, seed=0, offset=0):
-    """(grad_query, grad_key, grad_value) from the forward's out and lse (the same options)."""
+    """(grad_query, grad_key, grad_value) from the forward's out and lse (the same options). As torch's, the
+    default may sum grad_query in any order (its last bits vary run to run); set_deterministic(True) fixes it."""
     _check_gqa("scaled_dot_product_attention_backward", query, key, enable_gqa)
     attrs = _attention_attrs("scaled_dot_product_attention_backward", dropout_p, is_causal, scale, window,
                              bottom_right, softcap, seed, offset)
