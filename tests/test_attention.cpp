@@ -801,7 +801,8 @@ TEST(AttentionTiles, HopperBlockOrderVisitsEveryBlockOnce) {
 /// The bespoke sku names the tensor-core kernels where they serve (halves,
 /// head dims that are multiples of 8; on sm_90 at 64 and 128: wgmma) and
 /// nothing for the CUDA-core ones. A forward grid smaller than the device
-/// runs mma.sync.
+/// runs mma.sync. Under a tight workspace limit the Hopper backward runs two
+/// passes rather than being refused.
 TEST(AttentionCuda, SkuNamesTensorCoreKernel) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   PlanPreference pref;
@@ -826,6 +827,20 @@ TEST(AttentionCuda, SkuNamesTensorCoreKernel) {
                     hopper ? (backward && d == 128 ? "wgmma_one_pass" : "wgmma") : tc ? "tensor_cores" : "")
               << op << " " << dtype_name(t) << " d=" << d << " heads=" << heads;
         }
+  // A workspace limit the one-pass backward's dQ sums exceed (two heads of 100 rows: 800 bytes of
+  // dO . O, ~145 KiB of sums) gets the two passes, not a refusal.
+  const Shape x{1, 2, 100, 128}, lse{1, 2, 100};
+  const DType h = DType::bf16;
+  PlanPreference tight = pref;
+  tight.max_workspace_bytes = 4096;
+  auto plan = select(Stream::cuda(), OpDesc{"scaled_dot_product_attention_backward",
+                                            {{h, x}, {h, x}, {h, x}, {h, x}, {h, x}, {DType::f32, lse}, {h, {0}},
+                                             {DType::f32, {0}}}, {}, {}},
+                     tight);
+  ASSERT_TRUE(plan) << plan.status().to_string();
+  EXPECT_LE((*plan)->workspace_size(), size_t(4096));
+  EXPECT_TRUE((*plan)->precision_guarantee().deterministic);
+  if (hopper_wgmma()) EXPECT_EQ(std::string((*plan)->sku().kernel), "wgmma");
 }
 
 TEST(AttentionErrors, BadInputIsNamed) {

@@ -414,7 +414,11 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
   if (!fixed) return fixed.status();
   fixed->deterministic = pref.deterministic_only;
   ProbeViews probe(*full);
-  const Problem problem = bind_views(def, *fixed, OpArgs{probe.inputs, probe.outputs});
+  Problem problem = bind_views(def, *fixed, OpArgs{probe.inputs, probe.outputs});
+  // The one-pass backward's dQ sums need the larger workspace: under a tighter limit the two passes serve.
+  if (backend == Backend::bespoke_cuda && tiles::wgmma_one_pass(problem, device_sm_version(), device_max_smem()) &&
+      tiles::one_pass_workspace(problem) > pref.max_workspace_bytes)
+    fixed->deterministic = problem.deterministic = true;
   std::unique_ptr<const Engine> engine;
   if (backend == Backend::cudnn) {
 #ifdef BARACUDA_HAS_CUDA
