@@ -135,6 +135,25 @@ void print_header(bool json) {
               "max_err");
 }
 
+/// Run options on the default backend (cuda with a GPU, else host).
+RunOptions default_options() {
+  RunOptions opt;
+  opt.backend = cuda_available() ? Backend::bespoke_cuda : Backend::host_reference;
+  return opt;
+}
+
+/// Sets opt.backend from a --backend value; false (after naming it and the usage) when no backend has that name.
+bool set_backend(const std::string& name, RunOptions& opt) {
+  const auto b = backend_from_name(name);
+  if (!b) {
+    std::fprintf(stderr, "--backend: unknown backend '%s'\n", name.c_str());
+    usage();
+    return false;
+  }
+  opt.backend = *b;
+  return true;
+}
+
 int cmd_run(int argc, char** argv) {
   if (argc < 1) {
     usage();
@@ -149,8 +168,7 @@ int cmd_run(int argc, char** argv) {
   spec.op = op;
   spec.dtype = op->dtypes.empty() ? DType::f32 : op->dtypes[0];
   spec.shape = default_shape(*op, 1 << 24);
-  RunOptions opt;
-  opt.backend = cuda_available() ? Backend::bespoke_cuda : Backend::host_reference;
+  RunOptions opt = default_options();
   opt.time = true;
   bool json = false;
   for (int i = 1; i < argc; ++i) {
@@ -181,14 +199,7 @@ int cmd_run(int argc, char** argv) {
       }
       spec.layout = *layout;
     } else if (a == "--backend") {
-      const std::string name = next();
-      const auto b = backend_from_name(name);
-      if (!b) {
-        std::fprintf(stderr, "--backend: unknown backend '%s'\n", name.c_str());
-        usage();
-        return 2;
-      }
-      opt.backend = *b;
+      if (!set_backend(next(), opt)) return 2;
     } else if (a == "--deterministic") {
       opt.deterministic_only = true;
     } else if (a == "--json") {
@@ -230,8 +241,7 @@ int cmd_run(int argc, char** argv) {
 }
 
 int cmd_suite(int argc, char** argv) {
-  RunOptions opt;
-  opt.backend = cuda_available() ? Backend::bespoke_cuda : Backend::host_reference;
+  RunOptions opt = default_options();
   bool json = false;
   std::string filter;
   int64_t elements = -1;
@@ -239,13 +249,7 @@ int cmd_suite(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--json") json = true;
     else if (a == "--backend" && i + 1 < argc) {
-      const auto b = backend_from_name(argv[++i]);
-      if (!b) {
-        std::fprintf(stderr, "--backend: unknown backend '%s'\n", argv[i]);
-        usage();
-        return 2;
-      }
-      opt.backend = *b;
+      if (!set_backend(argv[++i], opt)) return 2;
     } else if (a == "--deterministic") opt.deterministic_only = true;
     else if (a == "--elements" && i + 1 < argc) elements = std::atoll(argv[++i]);
     else if (a == "--filter" && i + 1 < argc) filter = argv[++i];

@@ -236,10 +236,11 @@ struct CudaBackward {
   static Status run(const Problem& problem, const Workspace& w, CUstream_st* stream) {
     using Acc = acc_of<T>;
     if (problem.batch == 0 || problem.heads_q == 0) return Status::ok();
+    constexpr bool kHalf = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
     Problem p = problem;
     p.grad_q_sum = nullptr;
     // One pass where the plan chose it; a workspace too small or off the bulk copy's 16 bytes runs two.
-    if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>)
+    if constexpr (kHalf)
       if (wgmma_one_pass(p, current_sm_version(), current_optin_smem()) && w.bytes >= one_pass_workspace(p) &&
           reinterpret_cast<uintptr_t>(w.data) % 16 == 0)
         p.grad_q_sum = reinterpret_cast<float*>(static_cast<char*>(w.data) + grad_q_sum_offset(p));
@@ -249,7 +250,7 @@ struct CudaBackward {
       attention_row_dots<T><<<rows, kThreads, 0, stream>>>(p, ws);
       BARACUDA_CUDA_TRY(cudaGetLastError());
     }
-    if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+    if constexpr (kHalf) {
       if (p.grad_q_sum) {
         BARACUDA_TRY(attention_backward_wgmma<T>(p, ws, stream));
         if (p.seq_q == 0) return Status::ok();
