@@ -498,6 +498,26 @@ TEST(AttentionCuda, WgmmaProductsAreExact) {
 #endif
 }
 
+/// The one-pass Hopper backward's products from a stored dS^T tile, on small
+/// integers where every sum is exact: dK = dS^T Q reads dS^T K-major, the dQ
+/// parts dS K read it M-major (transposed) and K N-major, through the
+/// kernel's own issue functions; a failure here is a descriptor bug of the
+/// transposed reads, not the score gradient's.
+TEST(AttentionCuda, WgmmaBackwardProductsAreExact) {
+  if (!hopper_wgmma()) GTEST_SKIP() << "no sm_90 device or no sm_90a code";
+#ifdef BARACUDA_HAS_CUDA
+  for (DType t : {DType::bf16, DType::f16}) {
+    auto check = attn::wgmma_backward_self_test(t);
+    ASSERT_TRUE(check) << check.status().to_string();
+    EXPECT_EQ(check->grad_k, 0) << dtype_name(t) << ": dK = dS^T Q (dS^T K-major, Q N-major)";
+    EXPECT_EQ(check->grad_q, 0) << dtype_name(t) << ": dQ = dS K (dS^T M-major, K N-major)";
+  }
+  auto refused = attn::wgmma_backward_self_test(DType::f32);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.status().message().find("f16 or bf16, got f32"), std::string::npos) << refused.status().message();
+#endif
+}
+
 /// One K tile loaded by TMA with the forward's tensor map (128-byte swizzle,
 /// two 64-dim boxes at D 128, rows past the sequence zero-filled) and by the
 /// cp.async path, each against the swizzled image the wgmma descriptors
@@ -840,7 +860,9 @@ TEST(AttentionCuda, SkuNamesTensorCoreKernel) {
   ASSERT_TRUE(plan) << plan.status().to_string();
   EXPECT_LE((*plan)->workspace_size(), size_t(4096));
   EXPECT_TRUE((*plan)->precision_guarantee().deterministic);
-  if (hopper_wgmma()) EXPECT_EQ(std::string((*plan)->sku().kernel), "wgmma");
+  if (hopper_wgmma()) {
+    EXPECT_EQ(std::string((*plan)->sku().kernel), "wgmma");
+  }
 }
 
 TEST(AttentionErrors, BadInputIsNamed) {

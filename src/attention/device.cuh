@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "core/cuda_async.cuh"
 #include "core/cuda_check.hpp"
@@ -116,12 +117,76 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+/// The device buffers of a self-test kernel (wgmma, TMA probes): inputs
+/// copied up, outputs poisoned until written, all freed with the object.
+class ProbeBuffers {
+ public:
+  ProbeBuffers() = default;
+  ProbeBuffers(const ProbeBuffers&) = delete;
+  ProbeBuffers& operator=(const ProbeBuffers&) = delete;
+  ~ProbeBuffers() {
+    for (void* ptr : buffers_) (void)cudaFree(ptr);
+  }
+  /// A device copy of `host`.
+  template <class V>
+  Status upload(V*& device, const std::vector<V>& host) {
+    BARACUDA_TRY(allocate(device, host.size()));
+    BARACUDA_CUDA_TRY(cudaMemcpy(device, host.data(), host.size() * sizeof(V), cudaMemcpyHostToDevice));
+    return Status::ok();
+  }
+  /// `count` elements whose bytes are 0xff (NaN in f32) until the kernel writes them.
+  template <class V>
+  Status poisoned(V*& device, size_t count) {
+    BARACUDA_TRY(allocate(device, count));
+    BARACUDA_CUDA_TRY(cudaMemset(device, 0xff, count * sizeof(V)));
+    return Status::ok();
+  }
+  /// Copies host.size() elements of `device` back.
+  template <class V>
+  static Status download(std::vector<V>& host, const V* device) {
+    BARACUDA_CUDA_TRY(cudaMemcpy(host.data(), device, host.size() * sizeof(V), cudaMemcpyDeviceToHost));
+    return Status::ok();
+  }
+
+ private:
+  template <class V>
+  Status allocate(V*& device, size_t count) {
+    void* ptr = nullptr;
+    BARACUDA_CUDA_TRY(cudaMalloc(&ptr, count * sizeof(V)));
+    buffers_.push_back(ptr);
+    device = static_cast<V*>(ptr);
+    return Status::ok();
+  }
+  std::vector<void*> buffers_;
+};
+
 /// Lets a kernel use `bytes` of dynamic shared memory (above the 48 KiB default).
 template <class Kernel>
 Status allow_smem(Kernel kernel, size_t bytes) {
   if (bytes <= 48 * 1024) return Status::ok();
   BARACUDA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   return Status::ok();
+}
+
+/// Runs a self-test kernel(x, y, z, out1, out2) as one block of 128 threads
+/// with `smem` bytes of dynamic shared memory: the three inputs copied up,
+/// the two f32 outputs poisoned (NaN) until written and copied back.
+template <class T, class Kernel>
+Status run_probe_kernel(Kernel kernel, size_t smem, const std::vector<T>& x, const std::vector<T>& y,
+                        const std::vector<T>& z, std::vector<float>& out1, std::vector<float>& out2) {
+  ProbeBuffers buffers;
+  T *dx = nullptr, *dy = nullptr, *dz = nullptr;
+  float *d1 = nullptr, *d2 = nullptr;
+  BARACUDA_TRY(buffers.upload(dx, x));
+  BARACUDA_TRY(buffers.upload(dy, y));
+  BARACUDA_TRY(buffers.upload(dz, z));
+  BARACUDA_TRY(buffers.poisoned(d1, out1.size()));
+  BARACUDA_TRY(buffers.poisoned(d2, out2.size()));
+  BARACUDA_TRY(allow_smem(kernel, smem));
+  kernel<<<1, 128, smem>>>(dx, dy, dz, d1, d2);
+  BARACUDA_CUDA_TRY(cudaGetLastError());
+  BARACUDA_TRY(ProbeBuffers::download(out1, d1));
+  return ProbeBuffers::download(out2, d2);
 }
 
 }  // namespace baracuda::attn

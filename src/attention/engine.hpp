@@ -43,6 +43,16 @@ struct WgmmaCheck {
 /// Defined only in CUDA builds.
 Result<WgmmaCheck> wgmma_self_test(DType dtype, int head_dim);
 
+/// Largest absolute errors of the one-pass Hopper backward's products from a
+/// stored dS^T tile against exact sums on small integers (0 when right): dK
+/// = dS^T Q (dS^T K-major, Q N-major) and the dQ parts dS K (dS^T read
+/// M-major, K N-major), with the kernel's own issue functions. Runs on the
+/// current device (sm_90, sm_90a code); defined only in CUDA builds.
+struct WgmmaBackwardCheck {
+  double grad_k = 0, grad_q = 0;
+};
+Result<WgmmaBackwardCheck> wgmma_backward_self_test(DType dtype);
+
 /// Bytes of one 128-row K tile (batch 1, head 2, rows 128.. of a [2, 3, 200,
 /// D] tensor; rows past 200 zero) that differ from the 128-byte swizzled
 /// image the wgmma descriptors expect, loaded by TMA with the forward's

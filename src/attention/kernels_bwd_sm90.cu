@@ -51,6 +51,10 @@
 #include "attention/backward_tiles.cuh"
 #include "attention/wgmma_sm90.cuh"
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 namespace baracuda::attn {
 
 namespace {
@@ -287,6 +291,27 @@ __device__ __forceinline__ void store_rows_f32(float* block, const float (&c)[kN
       *reinterpret_cast<float2*>(row + half * 8 * kPitch + 8 * nt) = make_float2(c[nt][2 * half], c[nt][2 * half + 1]);
 }
 
+/// Issues dK (64 keys x 128 dims) += dS^T Q: A a warpgroup's 64 rows of the
+/// stored dS^T tile (K-major: 16 query rows a step, 32 bytes on in its
+/// rows), B the 64-row Q tile read N-major.
+template <class T>
+__device__ __forceinline__ void wgmma_grad_k_issue(float (&dk)[16][4], const T* sDSw, const T* tQ) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_ss<T, 128, 0, 1>(dk, sw128_desc(sDSw + kk * 16, 16), sw128_desc(tQ + kk * 16 * 64, kBwdTile * 128), 1);
+}
+
+/// Issues the dQ part (64 query rows x dims 64 cb..) = dS K over 128 keys: A
+/// the whole stored dS^T tile read M-major (transposed; 16 keys a step), B
+/// column block cb of the 128-key K tile read N-major.
+template <class T>
+__device__ __forceinline__ void wgmma_grad_q_part_issue(float (&dq)[8][4], const T* sDS, const T* sK, int cb) {
+#pragma unroll
+  for (int kk = 0; kk < kOnePassKeys / 16; ++kk)
+    wgmma_ss<T, 64, 1, 1>(dq, sw128_desc(sDS + kk * 16 * 64, kOnePassKeys * 128),
+                          sw128_desc(sK + cb * kOnePassKeys * 64 + kk * 16 * 64, kOnePassKeys * 128), kk > 0);
+}
+
 /// dK and dV of a block of 128 keys (64 a warpgroup) and the dQ parts of
 /// every query tile it meets (warpgroup w: dims 64 w..), added to the f32
 /// sums by bulk reductions; head dim 128.
@@ -361,17 +386,12 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     named_sync(1 + wg, 128);  // this warpgroup's dS^T written
     wgmma_pin(dk);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)  // dK += dS^T Q: 16 rows a step, 32 bytes on in dS^T's rows
-      wgmma_ss<T, kD, 0, 1>(dk, sw128_desc(sDSw + kk * 16, 16), sw128_desc(tQ + kk * 16 * 64, kBwdTile * 128), 1);
+    wgmma_grad_k_issue<T>(dk, sDSw, tQ);  // dK += dS^T Q
     wgmma_commit();
     __syncthreads();  // the other warpgroup's dS^T written, both parts free
     float dq[8][4];
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kOnePassKeys / 16; ++kk)  // dQ part = dS K: 16 keys a step, dS^T's rows kk * 16..
-      wgmma_ss<T, 64, 1, 1>(dq, sw128_desc(sDS + kk * 16 * 64, kOnePassKeys * 128),
-                            sw128_desc(sK + wg * kOnePassKeys * 64 + kk * 16 * 64, kOnePassKeys * 128), kk > 0);
+    wgmma_grad_q_part_issue<T>(dq, sDS, sK, wg);  // dQ part = dS K, dims 64 wg..
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_pin(dv);
@@ -405,6 +425,81 @@ Status launch(const Problem& p, const float* ws, CUstream_st* stream) {
                                 {attention_grad_kv_sm90<T, kD>, smem, kBwdTile});
 }
 
+// ---------------------------------------------------------------- self-test
+
+/// One warpgroup: the one-pass backward's two products from stored dS^T,
+/// with its issue functions, on a dS^T tile [128 keys][64 rows], Q [64][128]
+/// and K [128][128]: dK for each half of the keys ([128][128] out) and the
+/// dQ part for each column block ([64][128] out), in f32.
+template <class T>
+__global__ void __launch_bounds__(128)
+    transposed_probe(const T* ds_t, const T* q, const T* k, float* dk_out, float* dq_out) {
+#ifdef BARACUDA_WGMMA
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sDS = reinterpret_cast<T*>(swizzle_aligned(smem_raw));
+  T* sQ = sDS + kOnePassKeys * 64;
+  T* sK = sQ + kBwdTile * 128;
+  issue_swizzled<64, kOnePassKeys, 128>(sDS, ds_t, 64, 0, kOnePassKeys);
+  issue_swizzled<128, kBwdTile, 128>(sQ, q, 128, 0, kBwdTile);
+  issue_swizzled<128, kOnePassKeys, 128>(sK, k, 128, 0, kOnePassKeys);
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
+  for (int w = 0; w < 2; ++w) {
+    float dk[16][4] = {}, dq[8][4];
+    wgmma_fence();
+    wgmma_grad_k_issue<T>(dk, sDS + 64 * w * 64, sQ);
+    wgmma_grad_q_part_issue<T>(dq, sDS, sK, w);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(dk);
+    wgmma_pin(dq);
+    for (int n = 0; n < 16; ++n)
+      for (int e = 0; e < 4; ++e)
+        dk_out[(64 * w + warp * 16 + g + 8 * (e / 2)) * 128 + 8 * n + 2 * quad + e % 2] = dk[n][e];
+    for (int n = 0; n < 8; ++n)
+      for (int e = 0; e < 4; ++e)
+        dq_out[(warp * 16 + g + 8 * (e / 2)) * 128 + 64 * w + 8 * n + 2 * quad + e % 2] = dq[n][e];
+  }
+#endif
+}
+
+/// Small integers so that every product and sum is exact in f32.
+template <class T>
+Result<WgmmaBackwardCheck> run_transposed_probe() {
+  constexpr int kKeys = kOnePassKeys, kRows = kBwdTile, kD = 128;
+  std::vector<float> fds(kKeys * kRows), fq(kRows * kD), fk(kKeys * kD);
+  for (size_t i = 0; i < fds.size(); ++i) fds[i] = float(int(i * 7 % 5) - 2);
+  for (size_t i = 0; i < fq.size(); ++i) fq[i] = float(int(i * 11 % 5) - 2);
+  for (size_t i = 0; i < fk.size(); ++i) fk[i] = float(int(i * 13 % 3) - 1);
+  auto to_t = [](const std::vector<float>& f) {
+    std::vector<T> t(f.size());
+    for (size_t i = 0; i < f.size(); ++i) t[i] = convert<T>(f[i]);
+    return t;
+  };
+  const std::vector<T> ds_t = to_t(fds), q = to_t(fq), k = to_t(fk);
+  std::vector<float> dk(kKeys * kD), dq(kRows * kD);
+  BARACUDA_TRY(run_probe_kernel(transposed_probe<T>, (ds_t.size() + q.size() + k.size()) * sizeof(T) + 1024, ds_t,
+                                q, k, dk, dq));
+  auto error = [](double got, double want) { return std::isnan(got) ? INFINITY : std::abs(got - want); };
+  WgmmaBackwardCheck check;
+  for (int j = 0; j < kKeys; ++j)  // dK = dS^T Q
+    for (int d = 0; d < kD; ++d) {
+      double want = 0;
+      for (int i = 0; i < kRows; ++i) want += double(fds[j * kRows + i]) * fq[i * kD + d];
+      check.grad_k = std::max(check.grad_k, error(dk[j * kD + d], want));
+    }
+  for (int i = 0; i < kRows; ++i)  // dQ = dS K
+    for (int d = 0; d < kD; ++d) {
+      double want = 0;
+      for (int j = 0; j < kKeys; ++j) want += double(fds[j * kRows + i]) * fk[j * kD + d];
+      check.grad_q = std::max(check.grad_q, error(dq[i * kD + d], want));
+    }
+  return check;
+}
+
 }  // namespace
 
 template <class T>
@@ -413,5 +508,11 @@ Status attention_backward_wgmma(const Problem& p, const float* ws, CUstream_st* 
 }
 template Status attention_backward_wgmma<__half>(const Problem&, const float*, CUstream_st*);
 template Status attention_backward_wgmma<__nv_bfloat16>(const Problem&, const float*, CUstream_st*);
+
+Result<WgmmaBackwardCheck> wgmma_backward_self_test(DType dtype) {
+  if (dtype != DType::f16 && dtype != DType::bf16)
+    return invalid("wgmma_backward_self_test: f16 or bf16, got ", dtype_name(dtype));
+  return dtype == DType::f16 ? run_transposed_probe<__half>() : run_transposed_probe<__nv_bfloat16>();
+}
 
 }  // namespace baracuda::attn

@@ -120,33 +120,9 @@ Result<WgmmaCheck> run_probe() {
   for (size_t i = 0; i < a.size(); ++i) fa[i] = float(int(i * 7 % 5) - 2), a[i] = convert<T>(fa[i]);
   for (size_t i = 0; i < b.size(); ++i) fb[i] = float(int(i * 11 % 5) - 2), b[i] = convert<T>(fb[i]);
   for (size_t i = 0; i < c.size(); ++i) fc[i] = float(int(i * 13 % 3) - 1), c[i] = convert<T>(fc[i]);
-  T *da = nullptr, *db = nullptr, *dc = nullptr;
-  float *ds = nullptr, *dout = nullptr;
   std::vector<float> s(64 * 128), o(64 * kD);
-  const size_t smem = (a.size() + b.size() + c.size()) * sizeof(T) + 1024;
-  auto run = [&]() -> Status {
-    BARACUDA_CUDA_TRY(cudaMalloc(&da, a.size() * sizeof(T)));
-    BARACUDA_CUDA_TRY(cudaMalloc(&db, b.size() * sizeof(T)));
-    BARACUDA_CUDA_TRY(cudaMalloc(&dc, c.size() * sizeof(T)));
-    BARACUDA_CUDA_TRY(cudaMalloc(&ds, s.size() * sizeof(float)));
-    BARACUDA_CUDA_TRY(cudaMalloc(&dout, o.size() * sizeof(float)));
-    BARACUDA_CUDA_TRY(cudaMemcpy(da, a.data(), a.size() * sizeof(T), cudaMemcpyHostToDevice));
-    BARACUDA_CUDA_TRY(cudaMemcpy(db, b.data(), b.size() * sizeof(T), cudaMemcpyHostToDevice));
-    BARACUDA_CUDA_TRY(cudaMemcpy(dc, c.data(), c.size() * sizeof(T), cudaMemcpyHostToDevice));
-    BARACUDA_CUDA_TRY(cudaMemset(ds, 0xff, s.size() * sizeof(float)));  // NaN until written
-    BARACUDA_CUDA_TRY(cudaMemset(dout, 0xff, o.size() * sizeof(float)));
-    BARACUDA_TRY(allow_smem(wgmma_probe<T, kD>, smem));
-    wgmma_probe<T, kD><<<1, 128, smem>>>(da, db, dc, ds, dout);
-    BARACUDA_CUDA_TRY(cudaGetLastError());
-    BARACUDA_CUDA_TRY(cudaMemcpy(s.data(), ds, s.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    BARACUDA_CUDA_TRY(cudaMemcpy(o.data(), dout, o.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    return Status::ok();
-  };
-  const Status st = run();
-  for (void* ptr : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(dc), static_cast<void*>(ds),
-                    static_cast<void*>(dout)})
-    if (ptr) (void)cudaFree(ptr);
-  if (!st.is_ok()) return st;
+  BARACUDA_TRY(run_probe_kernel(wgmma_probe<T, kD>, (a.size() + b.size() + c.size()) * sizeof(T) + 1024, a, b, c,
+                                s, o));
   WgmmaCheck check;
   std::vector<float> prob(64 * 128);
   for (int i = 0; i < 64; ++i)
@@ -215,34 +191,25 @@ Result<TmaCheck> run_tma_probe() {
       std::memcpy(want.data() + swizzled_chunk(128, r, c), &x[size_t(((kBatch * kH + kHead) * kS + row) * kD + c * 8)],
                   16);
     }
+  ProbeBuffers buffers;
   T* dx = nullptr;
   unsigned char *dt = nullptr, *dc = nullptr;
-  auto run = [&]() -> Status {
-    BARACUDA_CUDA_TRY(cudaMalloc(&dx, x.size() * sizeof(T)));
-    BARACUDA_CUDA_TRY(cudaMalloc(&dt, kBytes));
-    BARACUDA_CUDA_TRY(cudaMalloc(&dc, kBytes));
-    BARACUDA_CUDA_TRY(cudaMemcpy(dx, x.data(), x.size() * sizeof(T), cudaMemcpyHostToDevice));
-    BARACUDA_CUDA_TRY(cudaMemset(dt, 0xff, kBytes));
-    BARACUDA_CUDA_TRY(cudaMemset(dc, 0xff, kBytes));
-    Operand o;
-    o.data = reinterpret_cast<char*>(dx);
-    o.batch = kH * kS * kD, o.head = kS * kD, o.seq = kD, o.dim = 1;
-    CUtensorMap map{};
-    if (!make_tensor_map<T>(map, o, kB, kH, kS, kD, 128))
-      return unsupported("tma_self_test: cuTensorMapEncodeTiled refused a contiguous [2, 3, 200, ", kD, "] tensor");
-    const size_t smem = 2 * kBytes + 1024 + 8;
-    BARACUDA_TRY(allow_smem(tma_probe<T, kD>, smem));
-    const T* rows = dx + (kBatch * kH + kHead) * kS * kD;
-    tma_probe<T, kD><<<1, 128, smem>>>(map, rows, kD, kS, int(kRow0), int(kHead), int(kBatch), dt, dc);
-    BARACUDA_CUDA_TRY(cudaGetLastError());
-    BARACUDA_CUDA_TRY(cudaMemcpy(tma.data(), dt, kBytes, cudaMemcpyDeviceToHost));
-    BARACUDA_CUDA_TRY(cudaMemcpy(cp.data(), dc, kBytes, cudaMemcpyDeviceToHost));
-    return Status::ok();
-  };
-  const Status st = run();
-  for (void* ptr : {static_cast<void*>(dx), static_cast<void*>(dt), static_cast<void*>(dc)})
-    if (ptr) (void)cudaFree(ptr);
-  if (!st.is_ok()) return st;
+  BARACUDA_TRY(buffers.upload(dx, x));
+  BARACUDA_TRY(buffers.poisoned(dt, kBytes));
+  BARACUDA_TRY(buffers.poisoned(dc, kBytes));
+  Operand o;
+  o.data = reinterpret_cast<char*>(dx);
+  o.batch = kH * kS * kD, o.head = kS * kD, o.seq = kD, o.dim = 1;
+  CUtensorMap map{};
+  if (!make_tensor_map<T>(map, o, kB, kH, kS, kD, 128))
+    return unsupported("tma_self_test: cuTensorMapEncodeTiled refused a contiguous [2, 3, 200, ", kD, "] tensor");
+  const size_t smem = 2 * kBytes + 1024 + 8;
+  BARACUDA_TRY(allow_smem(tma_probe<T, kD>, smem));
+  const T* rows = dx + (kBatch * kH + kHead) * kS * kD;
+  tma_probe<T, kD><<<1, 128, smem>>>(map, rows, kD, kS, int(kRow0), int(kHead), int(kBatch), dt, dc);
+  BARACUDA_CUDA_TRY(cudaGetLastError());
+  BARACUDA_TRY(ProbeBuffers::download(tma, dt));
+  BARACUDA_TRY(ProbeBuffers::download(cp, dc));
   TmaCheck check;
   for (size_t e = 0; e < kBytes; ++e) check.tma_bytes += tma[e] != want[e], check.cp_async_bytes += cp[e] != want[e];
   return check;
