@@ -149,6 +149,10 @@ __device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&c)[kTiles][
 /// The next query tile (head h, rows from i0) of key head hk's group that
 /// sees a key of [k0, k_last], from (h, i0) on; false when none is left.
 /// `lengths`: a head view of the batch (every head of a batch has its lengths).
+/// The three dK/dV kernels write their double-buffered walk over these tiles
+/// out in full: a shared walk taking the tile's work as a lambda made ptxas
+/// spill (sm_90a, the two-pass wgmma kernel at head dim 128: 36 -> 196 bytes
+/// of spill stores; the one-pass kernel's stack 96 -> 128 bytes).
 inline __device__ bool next_query_tile(const Problem& p, const HeadView& lengths, int64_t hk, int64_t k0,
                                        int64_t k_last, int64_t& h, int64_t& i0) {
   const int64_t len_q = lengths.len_q, len_kv = lengths.len_kv;
