@@ -71,4 +71,16 @@ inline std::vector<std::string> ops_of(OpCategory category) {
 
 inline std::string param_name(const testing::TestParamInfo<std::string>& info) { return info.param; }
 
+/// A family's sweep suite `Ops/Suite.*`: each op name of `names` against the
+/// host reference on the host backend, and on the bespoke CUDA backend where
+/// there is a device (skipped, never passed, without one).
+#define BARACUDA_SWEEP_SUITE(Suite, names)                                                        \
+  class Suite : public testing::TestWithParam<std::string> {};                                   \
+  TEST_P(Suite, HostMatchesReference) { sweep(*find_op(GetParam()), Backend::host_reference); } \
+  TEST_P(Suite, CudaMatchesReference) {                                                          \
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";                                     \
+    sweep(*find_op(GetParam()), Backend::bespoke_cuda);                                          \
+  }                                                                                              \
+  INSTANTIATE_TEST_SUITE_P(Ops, Suite, testing::ValuesIn(names), param_name)
+
 }  // namespace baracuda::testing_support

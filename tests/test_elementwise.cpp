@@ -27,16 +27,7 @@ using namespace baracuda::testing_support;
 namespace {
 
 
-class Elementwise : public testing::TestWithParam<std::string> {};
-
-TEST_P(Elementwise, HostMatchesReference) { sweep(*find_op(GetParam()), Backend::host_reference); }
-
-TEST_P(Elementwise, CudaMatchesReference) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  sweep(*find_op(GetParam()), Backend::bespoke_cuda);
-}
-
-INSTANTIATE_TEST_SUITE_P(Ops, Elementwise, testing::ValuesIn(ops_of(OpCategory::elementwise)), param_name);
+BARACUDA_SWEEP_SUITE(Elementwise, ops_of(OpCategory::elementwise));
 
 // ---------------------------------------------------------------- finite differences
 

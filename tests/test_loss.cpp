@@ -24,13 +24,7 @@ using namespace baracuda::testing_support;
 
 namespace {
 
-class Loss : public testing::TestWithParam<std::string> {};
-TEST_P(Loss, HostMatchesReference) { sweep(*find_op(GetParam()), Backend::host_reference); }
-TEST_P(Loss, CudaMatchesReference) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  sweep(*find_op(GetParam()), Backend::bespoke_cuda);
-}
-INSTANTIATE_TEST_SUITE_P(Ops, Loss, testing::ValuesIn(ops_of(OpCategory::loss)), param_name);
+BARACUDA_SWEEP_SUITE(Loss, ops_of(OpCategory::loss));
 
 /// The fused cross_entropy of long rows on CUDA, against the reference.
 /// Unit-stride rows of 32 KiB on, logits and gradient at the same offsets,

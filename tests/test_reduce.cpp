@@ -27,16 +27,7 @@ using namespace baracuda::testing_support;
 
 namespace {
 
-class Reduce : public testing::TestWithParam<std::string> {};
-
-TEST_P(Reduce, HostMatchesReference) { sweep(*find_op(GetParam()), Backend::host_reference); }
-
-TEST_P(Reduce, CudaMatchesReference) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  sweep(*find_op(GetParam()), Backend::bespoke_cuda);
-}
-
-INSTANTIATE_TEST_SUITE_P(Ops, Reduce, testing::ValuesIn(ops_of(OpCategory::reduce)), param_name);
+BARACUDA_SWEEP_SUITE(Reduce, ops_of(OpCategory::reduce));
 
 /// Runs a reduction on the host over a contiguous f64 input; returns the outputs as doubles.
 std::vector<double> host_reduce(const std::string& op, std::vector<double> x, const Shape& shape, const Attrs& attrs,

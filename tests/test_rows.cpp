@@ -21,21 +21,9 @@ using namespace baracuda::testing_support;
 
 namespace {
 
-class Softmax : public testing::TestWithParam<std::string> {};
-TEST_P(Softmax, HostMatchesReference) { sweep(*find_op(GetParam()), Backend::host_reference); }
-TEST_P(Softmax, CudaMatchesReference) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  sweep(*find_op(GetParam()), Backend::bespoke_cuda);
-}
-INSTANTIATE_TEST_SUITE_P(Ops, Softmax, testing::ValuesIn(ops_of(OpCategory::softmax)), param_name);
+BARACUDA_SWEEP_SUITE(Softmax, ops_of(OpCategory::softmax));
 
-class Norm : public testing::TestWithParam<std::string> {};
-TEST_P(Norm, HostMatchesReference) { sweep(*find_op(GetParam()), Backend::host_reference); }
-TEST_P(Norm, CudaMatchesReference) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  sweep(*find_op(GetParam()), Backend::bespoke_cuda);
-}
-INSTANTIATE_TEST_SUITE_P(Ops, Norm, testing::ValuesIn(ops_of(OpCategory::norm)), param_name);
+BARACUDA_SWEEP_SUITE(Norm, ops_of(OpCategory::norm));
 
 /// Runs each op of `names` on the CUDA backend over `shapes`, in `dtypes`
 /// (empty: every dtype of the op) and every layout (quick runs: `quick_layout`

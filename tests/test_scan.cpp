@@ -30,13 +30,7 @@ namespace {
 /// (an output in [0.5, 2], indices all 0), which they take as given.
 std::vector<std::string> sampled_scans() { return ops_of(OpCategory::scan); }
 
-class Scan : public testing::TestWithParam<std::string> {};
-TEST_P(Scan, HostMatchesReference) { sweep(*find_op(GetParam()), Backend::host_reference); }
-TEST_P(Scan, CudaMatchesReference) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  sweep(*find_op(GetParam()), Backend::bespoke_cuda);
-}
-INSTANTIATE_TEST_SUITE_P(Ops, Scan, testing::ValuesIn(sampled_scans()), param_name);
+BARACUDA_SWEEP_SUITE(Scan, sampled_scans());
 
 /// Rows cut across blocks (the single-pass scan): one and several rows, awkward lengths, both layouts, every op.
 TEST(CudaScan, LongRowsMatchReference) {
