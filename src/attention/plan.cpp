@@ -415,10 +415,13 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
   fixed->deterministic = pref.deterministic_only;
   ProbeViews probe(*full);
   Problem problem = bind_views(def, *fixed, OpArgs{probe.inputs, probe.outputs});
-  // The one-pass backward's dQ sums need the larger workspace: under a tighter limit the two passes serve.
-  if (backend == Backend::bespoke_cuda && tiles::wgmma_one_pass(problem, device_sm_version(), device_max_smem()) &&
-      tiles::one_pass_workspace(problem) > pref.max_workspace_bytes)
+  // The one-pass Hopper backward (dQ summed by bulk f32 reductions, Note [One-pass Hopper backward]);
+  // its dQ sums need the larger workspace: under a tighter limit the two passes serve.
+  bool one_pass = backend == Backend::bespoke_cuda && tiles::wgmma_one_pass(problem, sku.arch, device_max_smem());
+  if (one_pass && tiles::one_pass_workspace(problem) > pref.max_workspace_bytes) {
     fixed->deterministic = problem.deterministic = true;
+    one_pass = false;
+  }
   std::unique_ptr<const Engine> engine;
   if (backend == Backend::cudnn) {
 #ifdef BARACUDA_HAS_CUDA
@@ -447,8 +450,8 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
     if (backend == Backend::bespoke_cuda && (tiles::wgmma_layout(problem, sku.arch, device_sm_count(), device_max_smem()) ||
                                              tiles::wgmma_backward_layout(problem, sku.arch, device_max_smem())))
       sku.kernel = "wgmma";  // the Hopper forward (kernels_fwd_sm90.cu) or backward (kernels_bwd_sm90.cu)
-    if (backend == Backend::bespoke_cuda && tiles::wgmma_one_pass(problem, sku.arch, device_max_smem())) {
-      sku.kernel = "wgmma_one_pass";  // dQ summed by bulk f32 reductions (Note [One-pass Hopper backward])
+    if (one_pass) {
+      sku.kernel = "wgmma_one_pass";
       sku.precision.deterministic = sku.precision.bit_stable_on_same_hardware = false;
     }
   }
