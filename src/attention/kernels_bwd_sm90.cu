@@ -72,11 +72,12 @@ constexpr int sw_tile() {
 /// kRowsA rows, B a swizzled tile of 64 rows (K-major).
 template <class T, int kD, int kRowsA = kBwdTile>
 __device__ __forceinline__ void wgmma_rows_by_rows_issue(float (&d)[8][4], const T* sA, const T* sB) {
+  const uint64_t a = sw128_desc(sA, 16), b = sw128_desc(sB, 16);
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
     const int step = (kk % 4) * 16;  // column block kk / 4, 32 bytes a step within it
-    wgmma_ss_n64<T>(d, sw128_desc(sA + (kk / 4) * kRowsA * 64 + step, 16),
-                    sw128_desc(sB + (kk / 4) * kBwdTile * 64 + step, 16), kk > 0);
+    wgmma_ss_n64<T>(d, desc_plus(a, ((kk / 4) * kRowsA * 64 + step) * sizeof(T)),
+                    desc_plus(b, ((kk / 4) * kBwdTile * 64 + step) * sizeof(T)), kk > 0);
   }
 }
 
@@ -85,8 +86,9 @@ __device__ __forceinline__ void wgmma_rows_by_rows_issue(float (&d)[8][4], const
 /// by kD dims read N-major.
 template <class T, int kD>
 __device__ __forceinline__ void wgmma_rows_issue(float (&d)[kD / 8][4], const uint32_t (&a)[4][4], const T* sB) {
+  const uint64_t b = sw128_desc(sB, kBwdTile * 128);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_rs<T, kD>(d, a[kk], sw128_desc(sB + kk * 16 * 64, kBwdTile * 128));
+  for (int kk = 0; kk < 4; ++kk) wgmma_rs<T, kD>(d, a[kk], desc_plus(b, kk * 16 * 64 * sizeof(T)));
 }
 
 /// A 64 x 64 accumulator as four A fragments of 16 columns.
@@ -296,9 +298,10 @@ __device__ __forceinline__ void store_rows_f32(float* block, const float (&c)[kN
 /// rows), B the 64-row Q tile read N-major.
 template <class T>
 __device__ __forceinline__ void wgmma_grad_k_issue(float (&dk)[16][4], const T* sDSw, const T* tQ) {
+  const uint64_t a = sw128_desc(sDSw, 16), b = sw128_desc(tQ, kBwdTile * 128);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
-    wgmma_ss<T, 128, 0, 1>(dk, sw128_desc(sDSw + kk * 16, 16), sw128_desc(tQ + kk * 16 * 64, kBwdTile * 128), 1);
+    wgmma_ss<T, 128, 0, 1>(dk, desc_plus(a, kk * 16 * sizeof(T)), desc_plus(b, kk * 16 * 64 * sizeof(T)), 1);
 }
 
 /// Issues the dQ part (64 query rows x dims 64 cb..) = dS K over 128 keys: A
@@ -306,10 +309,11 @@ __device__ __forceinline__ void wgmma_grad_k_issue(float (&dk)[16][4], const T* 
 /// column block cb of the 128-key K tile read N-major.
 template <class T>
 __device__ __forceinline__ void wgmma_grad_q_part_issue(float (&dq)[8][4], const T* sDS, const T* sK, int cb) {
+  const uint64_t a = sw128_desc(sDS, kOnePassKeys * 128);
+  const uint64_t b = sw128_desc(sK + cb * kOnePassKeys * 64, kOnePassKeys * 128);
 #pragma unroll
   for (int kk = 0; kk < kOnePassKeys / 16; ++kk)
-    wgmma_ss<T, 64, 1, 1>(dq, sw128_desc(sDS + kk * 16 * 64, kOnePassKeys * 128),
-                          sw128_desc(sK + cb * kOnePassKeys * 64 + kk * 16 * 64, kOnePassKeys * 128), kk > 0);
+    wgmma_ss<T, 64, 1, 1>(dq, desc_plus(a, kk * 16 * 64 * sizeof(T)), desc_plus(b, kk * 16 * 64 * sizeof(T)), kk > 0);
 }
 
 /// dK and dV of a block of 128 keys (64 a warpgroup) and the dQ parts of

@@ -76,6 +76,17 @@ __device__ __forceinline__ uint64_t sw128_desc(const void* start, uint32_t lbo_b
          (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
+/// sw128_desc of the matrix `bytes` (a multiple of 16) on from the one
+/// `desc` describes: the start address is the descriptor's low 14 bits
+/// (address / 16; shared addresses are below 2^18), so a 32-bit add on the
+/// low word carries into no other field. One add a product instead of the
+/// address, masks and shifts again (~10 instructions a wgmma in the
+/// backward's issue loops).
+__device__ __forceinline__ uint64_t desc_plus(uint64_t desc, uint32_t bytes) {
+  const uint32_t low = uint32_t(desc) + (bytes >> 4);
+  return (desc >> 32 << 32) | low;
+}
+
 /// Makes this thread's generic-proxy shared-memory writes (cp.async) visible to wgmma's async proxy.
 __device__ __forceinline__ void fence_proxy_async() {
 #ifdef BARACUDA_WGMMA
@@ -219,12 +230,12 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 8][4], const uint32_t (
 /// swizzled tile of 128 keys; kD / 16 steps.
 template <class T, int kD>
 __device__ __forceinline__ void wgmma_scores_issue(float (&s)[16][4], const T* sQ, int q_rows, const T* sK) {
+  const uint64_t a = sw128_desc(sQ, 16), b = sw128_desc(sK, 16);
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
     const int col = (kk % 4) * 16;  // halves into the 128-byte row of column block kk / 4
-    const uint64_t a = sw128_desc(sQ + (kk / 4) * q_rows * 64 + col, 16);
-    const uint64_t b = sw128_desc(sK + (kk / 4) * 128 * 64 + col, 16);
-    wgmma_ss_n128<T>(s, a, b, kk > 0);
+    wgmma_ss_n128<T>(s, desc_plus(a, uint32_t(((kk / 4) * q_rows * 64 + col) * sizeof(T))),
+                     desc_plus(b, ((kk / 4) * 128 * 64 + col) * sizeof(T)), kk > 0);
   }
 }
 
@@ -245,8 +256,9 @@ __device__ __forceinline__ void pack_probs(uint32_t (&a)[8][4], const float (&s)
 /// pack_probs' fragments, V a swizzled tile of 128 keys by kD dims.
 template <class T, int kD>
 __device__ __forceinline__ void wgmma_values_issue(float (&o)[kD / 8][4], const uint32_t (&a)[8][4], const T* sV) {
+  const uint64_t b = sw128_desc(sV, 128 * 128);
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk) wgmma_rs<T, kD>(o, a[kk], sw128_desc(sV + kk * 16 * 64, 128 * 128));
+  for (int kk = 0; kk < 8; ++kk) wgmma_rs<T, kD>(o, a[kk], desc_plus(b, kk * 16 * 64 * sizeof(T)));
 }
 
 /// S = Q K^T for one warpgroup, waited for (wgmma_scores_issue's operands).
