@@ -19,10 +19,10 @@
 // A warpgroup's accumulators give warp w rows 16 w .. 16 w + 15 in the
 // layout of mma.sync's m16n8 tiles, so the score code is the mma.sync
 // kernels' own (backward_tiles.cuh) and the results are theirs up to the
-// order of the f32 sums inside each product. Two blocks an SM (six 64-row
-// tiles, about 97 KiB at head dim 128); each block's S^T and dP^T are
-// issued together, and the other block's products run while it computes
-// its scores.
+// order of the f32 sums inside each product. Two blocks an SM at head dim
+// 128 (six 64-row tiles, about 97 KiB), three and four at 64 (kv_blocks,
+// q_blocks); each block's S^T and dP^T are issued together, and the other
+// blocks' products run while it computes its scores.
 //
 // Note [One-pass Hopper backward]
 // Where the plan allows runs that are not bitwise reproducible (the default;
@@ -61,6 +61,14 @@ namespace {
 
 constexpr int kBwdTile = 64;  ///< query rows and keys of a tile
 constexpr int kBwdThreads = 128;
+
+/// Blocks an SM of the two passes' kernels (__launch_bounds__). At head dim
+/// 64 the dK/dV kernel takes three (168 registers a thread; 32 bytes of
+/// spills) and the dQ kernel four (128), against two each before (H200,
+/// B4 H32 S4096 bf16: 252 against 220 TFLOP/s, causal 189 against 161; B2
+/// H16 S1024: 170 against 147); a dK/dV kernel of four spills 676 bytes.
+constexpr int kv_blocks(int d) { return d == 64 ? 3 : 2; }
+constexpr int q_blocks(int d) { return d == 64 ? 4 : 2; }
 
 /// Halves of one swizzled 64-row tile.
 template <int kD>
@@ -120,7 +128,7 @@ __device__ __forceinline__ void issue_query_stage(T* sQG, float* sL, float* sR, 
 }
 
 template <class T, int kD>
-__global__ void __launch_bounds__(kBwdThreads, 2)
+__global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
     attention_grad_kv_sm90(const __grid_constant__ Problem p, const float* ws) {
 #ifdef BARACUDA_WGMMA
   constexpr int kTile = sw_tile<kD>(), kDimTiles = kD / 8;
@@ -196,7 +204,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
 }
 
 template <class T, int kD>
-__global__ void __launch_bounds__(kBwdThreads, 2)
+__global__ void __launch_bounds__(kBwdThreads, q_blocks(kD))
     attention_grad_q_sm90(const __grid_constant__ Problem p, const float* ws) {
 #ifdef BARACUDA_WGMMA
   constexpr int kTile = sw_tile<kD>(), kDimTiles = kD / 8;
