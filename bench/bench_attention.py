@@ -82,8 +82,8 @@ def main():
         # The bespoke kernels serve what cuDNN refuses (dropout, softcap, ALiBi, boolean masks, f32/f64...),
         # forced here through the backend preference: on tensor cores for f16/bf16 at head dims 64 and 128,
         # and padded to 128 at D96.
-        # The forward on tensor cores: the warpgroup-MMA kernel on sm_90 (kernels_fwd_sm90.cu) where its
-        # 128-row blocks fill the device, mma.sync elsewhere and for dropout.
+        # The forward on tensor cores: the warpgroup-MMA kernel on sm_90 (kernels_fwd_sm90.cu; other head dims
+        # padded to 64 or 128) where its 128-row blocks reach half the SMs, mma.sync elsewhere.
         m, sl = torch.empty(0, device="cuda", dtype=bf16), torch.empty(0, device="cuda")
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         hopper = torch.cuda.get_device_capability() == (9, 0)
@@ -95,7 +95,9 @@ def main():
             ours = lambda: run_backend("scaled_dot_product_attention", [q, k, v, m, sl], [out, lse], attrs,  # noqa: E731
                                        "cuda")[0]
             theirs = lambda: TF.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
-            fwd_kernel = "wgmma" if hopper and d in (64, 128) and b * h * -(-s // 128) >= sms else "mma.sync"
+            fwd_kernel = "mma.sync"
+            if hopper and 2 * b * h * -(-s // 128) >= sms:
+                fwd_kernel = "wgmma" if d in (64, 128) else "wgmma, padded to 128"
             row(f"bespoke CUDA fwd B{b} H{h} S{s} D{d}{' causal' if causal else ''} ({fwd_kernel})", ours, theirs,
                 4 * b * h * s * s * d // (2 if causal else 1), check=lambda: close(ours(), theirs(), 3e-2))
             del q, k, v, out, lse

@@ -122,11 +122,11 @@ __device__ __forceinline__ BlockWork block_work(const Problem& p, const BlockOrd
 }
 
 /// Whether a warpgroup's output rows leave through its shared-memory
-/// staging tile in 16-byte rows (unit dim stride, 16-byte aligned rows, all
-/// kD dims kept); write_rows' scalar stores serve the rest.
-__device__ __forceinline__ bool staged_out(const Problem& p, int kD) {
+/// staging tile in 16-byte rows (unit dim stride, 16-byte aligned rows);
+/// write_rows' scalar stores serve the rest.
+__device__ __forceinline__ bool staged_out(const Problem& p) {
   return p.out.dim == 1 && p.out.seq % 8 == 0 && p.out.head % 8 == 0 && p.out.batch % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(p.out.data) % 16 == 0 && p.value_dim == kD;
+         reinterpret_cast<uintptr_t>(p.out.data) % 16 == 0;
 }
 
 /// Writes a warpgroup's 64 rows of out (o / l) through `sO` ([64][kD + 8]:
@@ -156,6 +156,7 @@ __device__ __forceinline__ void store_rows_staged(const Problem& p, const HeadVi
   for (int e = tid; e < 64 * kChunks; e += 128) {
     const int r = e / kChunks, c = e % kChunks;
     if (r >= rows) break;
+    if (c * 8 >= p.value_dim) continue;  // a head dim padded to kD (a multiple of 8: tensor_core_layout)
     *reinterpret_cast<uint4*>(out + r * p.out.seq + c * 8) = *reinterpret_cast<const uint4*>(sO + r * kPitch + c * 8);
   }
 }
@@ -233,7 +234,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         const T* q = reinterpret_cast<const T*>(p.q.data) + p.q.at(v.b, v.h, v.tok_q);
         const T* k = reinterpret_cast<const T*>(p.k.data) + p.k.at(v.b, v.hk, v.tok_kv);
         const T* val = reinterpret_cast<const T*>(p.v.data) + p.v.at(v.b, v.hk, v.tok_kv);
-        issue_swizzled<kD, kWgRows, 128>(sQ, q, p.q.seq, w.row0, v.len_q);
+        issue_swizzled<kD, kWgRows, 128>(sQ, q, p.q.seq, w.row0, v.len_q, int(p.head_dim));
         cp_async_commit();
         cp_async_wait<0>();
         fence_proxy_async();
@@ -244,10 +245,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
           const int64_t k0 = w.span_lo + int64_t(t) * kWgKeys;
           T* sK = sKV + 2 * s * kTile;
           mbar_wait(bar(kEmptyK, s), parity);
-          issue_swizzled<kD, kWgKeys, 128>(sK, k, p.k.seq, k0, v.len_kv);
+          issue_swizzled<kD, kWgKeys, 128>(sK, k, p.k.seq, k0, v.len_kv, int(p.head_dim));
           cp_async_commit();
           mbar_wait(bar(kEmptyV, s), parity);
-          issue_swizzled<kD, kWgKeys, 128>(sK + kTile, val, p.v.seq, k0, v.len_kv);
+          issue_swizzled<kD, kWgKeys, 128>(sK + kTile, val, p.v.seq, k0, v.len_kv, int(p.value_dim));
           cp_async_commit();
           cp_async_wait<1>();
           fence_proxy_async();
@@ -270,7 +271,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const T* sQw = sQ + 64 * wg * 64;  // row 64 wg of every column block
   T* sOw = sO + 64 * wg * (kD + 8);
   const ScoreScales scales(p);
-  const bool staged = staged_out(p, kD);
+  const bool staged = staged_out(p);
   if (wg == 1) named_arrive(1, kSchedThreads);  // consumer 0 issues first
   int ring = 0, loads = 0;
   for (int64_t idx = blockIdx.x; idx < blocks; idx += gridDim.x) {

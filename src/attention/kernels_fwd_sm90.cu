@@ -71,9 +71,11 @@ bool make_tensor_map(CUtensorMap& map, const Operand& o, int64_t batch, int64_t 
 template <class T, int kD>
 Status launch_sm90(const Problem& p, CUstream_st* stream) {
   TmaMaps maps{};
-  const bool tma = !p.varlen() && make_tensor_map<T>(maps.q, p.q, p.batch, p.heads_q, p.seq_q, kD, kWgRows) &&
-                   make_tensor_map<T>(maps.k, p.k, p.batch, p.heads_kv, p.seq_kv, kD, kWgKeys) &&
-                   make_tensor_map<T>(maps.v, p.v, p.batch, p.heads_kv, p.seq_kv, kD, kWgKeys);
+  // Maps of the operands' own head dims: a box's columns past them (a head
+  // dim padded to kD) land as zeros.
+  const bool tma = !p.varlen() && make_tensor_map<T>(maps.q, p.q, p.batch, p.heads_q, p.seq_q, p.head_dim, kWgRows) &&
+                   make_tensor_map<T>(maps.k, p.k, p.batch, p.heads_kv, p.seq_kv, p.head_dim, kWgKeys) &&
+                   make_tensor_map<T>(maps.v, p.v, p.batch, p.heads_kv, p.seq_kv, p.value_dim, kWgKeys);
   // Dropout's draws cost the softmax registers: kernels without them serve the rest.
   if (p.dropout_p > 0)
     return tma ? hopper::launch_dropout<T, kD, true>(maps, p, stream) : hopper::launch_dropout<T, kD, false>(maps, p, stream);
@@ -143,13 +145,14 @@ Result<WgmmaCheck> run_probe() {
   return check;
 }
 
-/// One block of 128 threads loads the same 128-row tile of a [b, h, s, kD]
-/// tensor twice, by TMA (tensor map `map`, thread 0) and by cp.async
-/// (issue_swizzled), and writes both shared-memory images out byte for byte.
+/// One block of 128 threads loads the same 128-row tile of a [b, h, s, dims]
+/// tensor (dims <= kD) twice, by TMA (tensor map `map`, thread 0) and by
+/// cp.async (issue_swizzled), into kD columns, and writes both shared-memory
+/// images out byte for byte.
 template <class T, int kD>
 __global__ void __launch_bounds__(128)
     tma_probe(const __grid_constant__ CUtensorMap map, const T* tile_rows, int64_t seq, int64_t len, int row0, int h,
-              int b, unsigned char* tma_out, unsigned char* cp_out) {
+              int b, int dims, unsigned char* tma_out, unsigned char* cp_out) {
 #ifdef BARACUDA_WGMMA
   constexpr int kBytes = 128 * kD * sizeof(T);
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -165,7 +168,7 @@ __global__ void __launch_bounds__(128)
     mbar_expect_tx(bar, kBytes);
     for (int cb = 0; cb < kD / 64; ++cb) tma_load_4d(sTma + cb * 128 * 128, &map, 64 * cb, row0, h, b, bar);
   }
-  issue_swizzled<kD, 128, 128>(reinterpret_cast<T*>(sCp), tile_rows, seq, row0, len);
+  issue_swizzled<kD, 128, 128>(reinterpret_cast<T*>(sCp), tile_rows, seq, row0, len, dims);
   cp_async_commit();
   cp_async_wait<0>();
   mbar_wait(bar, 0);
@@ -174,22 +177,23 @@ __global__ void __launch_bounds__(128)
 #endif
 }
 
-/// Loads the tile of rows 128..255 of head 2, batch 1 of a [2, 3, 200, kD]
-/// tensor (rows 200.. past the end: zeros) both ways and compares each with
-/// the swizzled image computed here.
+/// Loads the tile of rows 128..255 of head 2, batch 1 of a [2, 3, 200, dims]
+/// tensor into kD columns (rows 200.. past the end and columns dims.. past
+/// the head dim: zeros) both ways and compares each with the swizzled image
+/// computed here.
 template <class T, int kD>
-Result<TmaCheck> run_tma_probe() {
+Result<TmaCheck> run_tma_probe(int dims) {
   constexpr int64_t kB = 2, kH = 3, kS = 200, kRow0 = 128, kHead = 2, kBatch = 1;
   constexpr size_t kBytes = 128 * kD * sizeof(T);
-  std::vector<T> x(size_t(kB * kH * kS * kD));
+  std::vector<T> x(size_t(kB * kH * kS * dims));
   for (size_t i = 0; i < x.size(); ++i) x[i] = convert<T>(float(int(i * 7 % 251) - 125));
   std::vector<unsigned char> want(kBytes, 0), tma(kBytes), cp(kBytes);
   for (int r = 0; r < 128; ++r)
-    for (int c = 0; c < kD / 8; ++c) {
+    for (int c = 0; c < dims / 8; ++c) {
       const int64_t row = kRow0 + r;
       if (row >= kS) continue;
-      std::memcpy(want.data() + swizzled_chunk(128, r, c), &x[size_t(((kBatch * kH + kHead) * kS + row) * kD + c * 8)],
-                  16);
+      std::memcpy(want.data() + swizzled_chunk(128, r, c),
+                  &x[size_t(((kBatch * kH + kHead) * kS + row) * dims + c * 8)], 16);
     }
   ProbeBuffers buffers;
   T* dx = nullptr;
@@ -199,14 +203,14 @@ Result<TmaCheck> run_tma_probe() {
   BARACUDA_TRY(buffers.poisoned(dc, kBytes));
   Operand o;
   o.data = reinterpret_cast<char*>(dx);
-  o.batch = kH * kS * kD, o.head = kS * kD, o.seq = kD, o.dim = 1;
+  o.batch = kH * kS * dims, o.head = kS * dims, o.seq = dims, o.dim = 1;
   CUtensorMap map{};
-  if (!make_tensor_map<T>(map, o, kB, kH, kS, kD, 128))
-    return unsupported("tma_self_test: cuTensorMapEncodeTiled refused a contiguous [2, 3, 200, ", kD, "] tensor");
+  if (!make_tensor_map<T>(map, o, kB, kH, kS, dims, 128))
+    return unsupported("tma_self_test: cuTensorMapEncodeTiled refused a contiguous [2, 3, 200, ", dims, "] tensor");
   const size_t smem = 2 * kBytes + 1024 + 8;
   BARACUDA_TRY(allow_smem(tma_probe<T, kD>, smem));
-  const T* rows = dx + (kBatch * kH + kHead) * kS * kD;
-  tma_probe<T, kD><<<1, 128, smem>>>(map, rows, kD, kS, int(kRow0), int(kHead), int(kBatch), dt, dc);
+  const T* rows = dx + (kBatch * kH + kHead) * kS * dims;
+  tma_probe<T, kD><<<1, 128, smem>>>(map, rows, dims, kS, int(kRow0), int(kHead), int(kBatch), dims, dt, dc);
   BARACUDA_CUDA_TRY(cudaGetLastError());
   BARACUDA_TRY(ProbeBuffers::download(tma, dt));
   BARACUDA_TRY(ProbeBuffers::download(cp, dc));
@@ -219,7 +223,7 @@ Result<TmaCheck> run_tma_probe() {
 
 template <class T>
 Status attention_forward_wgmma(const Problem& p, CUstream_st* stream) {
-  return p.head_dim == 64 ? launch_sm90<T, 64>(p, stream) : launch_sm90<T, 128>(p, stream);
+  return tc_head_dim(p.head_dim) == 64 ? launch_sm90<T, 64>(p, stream) : launch_sm90<T, 128>(p, stream);
 }
 template Status attention_forward_wgmma<__half>(const Problem&, CUstream_st*);
 template Status attention_forward_wgmma<__nv_bfloat16>(const Problem&, CUstream_st*);
@@ -232,10 +236,12 @@ Result<WgmmaCheck> wgmma_self_test(DType dtype, int head_dim) {
 }
 
 Result<TmaCheck> tma_self_test(DType dtype, int head_dim) {
-  if ((dtype != DType::f16 && dtype != DType::bf16) || (head_dim != 64 && head_dim != 128))
-    return invalid("tma_self_test: f16/bf16 with head dim 64 or 128, got ", dtype_name(dtype), " and ", head_dim);
-  if (dtype == DType::f16) return head_dim == 64 ? run_tma_probe<__half, 64>() : run_tma_probe<__half, 128>();
-  return head_dim == 64 ? run_tma_probe<__nv_bfloat16, 64>() : run_tma_probe<__nv_bfloat16, 128>();
+  if ((dtype != DType::f16 && dtype != DType::bf16) || head_dim % 8 || head_dim < 8 || head_dim > 128)
+    return invalid("tma_self_test: f16/bf16 with a head dim a multiple of 8 up to 128, got ", dtype_name(dtype),
+                   " and ", head_dim);
+  const bool narrow = tc_head_dim(head_dim) == 64;
+  if (dtype == DType::f16) return narrow ? run_tma_probe<__half, 64>(head_dim) : run_tma_probe<__half, 128>(head_dim);
+  return narrow ? run_tma_probe<__nv_bfloat16, 64>(head_dim) : run_tma_probe<__nv_bfloat16, 128>(head_dim);
 }
 
 }  // namespace baracuda::attn

@@ -109,16 +109,19 @@ BCD_HD void block_at(const Problem& p, const BlockOrder& o, int64_t idx, int64_t
 /// capability `sm` with `sm_count` SMs and `max_smem` bytes of opt-in shared
 /// memory: a forward tensor_core_layout takes, on sm_90 (its sm_90a code runs
 /// nowhere else), in a build with sm_90a code, with fewer than 2^31 blocks
-/// (a 1-d grid). Where it does not pay, the mma.sync kernel serves: grids of
-/// fewer 128-row blocks than SMs (its 64-row blocks fill twice the SMs).
+/// (a 1-d grid); head dims other than 64 and 128 run padded (tc_head_dim:
+/// TMA zero-fills the columns past the operand's, cp.async skips them).
+/// Where it does not pay, the mma.sync kernel serves: grids of fewer 128-row
+/// blocks than half the SMs (H200, bf16 D128: at 64 blocks on 132 SMs both
+/// kernels take the same time, B1 H8 S1024 93 / 96 TFLOP/s; at 128 blocks
+/// the wgmma kernel 3x the mma.sync one's, B1 H4 S4096 causal 305 / 102).
 /// Dropout runs in kernel instances of its own (the plain ones carry no
 /// dropout code).
 inline bool wgmma_layout(const Problem& p, int sm, int sm_count, size_t max_smem) {
 #ifdef BARACUDA_HAS_SM90A
   const int64_t blocks = p.batch * p.heads_q * ((p.seq_q + kWgRows - 1) / kWgRows);
-  return !p.backward && sm == 90 && blocks >= sm_count && blocks < (int64_t(1) << 31) &&
-         (p.head_dim == 64 || p.head_dim == 128) && tensor_core_layout(p, sm) &&
-         wgmma_forward_smem(p.head_dim) <= max_smem;
+  return !p.backward && sm == 90 && 2 * blocks >= sm_count && blocks < (int64_t(1) << 31) &&
+         tensor_core_layout(p, sm) && wgmma_forward_smem(tc_head_dim(p.head_dim)) <= max_smem;
 #else
   (void)p, (void)sm, (void)sm_count, (void)max_smem;
   return false;

@@ -45,12 +45,14 @@ __host__ __device__ inline uint32_t swizzled_chunk(int rows, int r, int c) {
 }
 
 /// Issues the cp.async copy of `kRowsT` rows of kD halves (unit dim stride,
-/// 16-byte rows) into a swizzled tile, rows at or past `len` zero-filled;
+/// 16-byte rows) into a swizzled tile, rows at or past `len` and columns at
+/// or past `cols` (a multiple of 8: a head dim padded to kD) zero-filled;
 /// kThreadsT threads share it, consecutive threads taking consecutive
 /// chunks. A thread keeps one chunk column, rows a multiple of 8 apart, so
 /// its swizzled offset and its source step by constants.
 template <int kD, int kRowsT, int kThreadsT, class T>
-__device__ __forceinline__ void issue_swizzled(T* s, const T* base, int64_t seq, int64_t row0, int64_t len) {
+__device__ __forceinline__ void issue_swizzled(T* s, const T* base, int64_t seq, int64_t row0, int64_t len,
+                                               int cols = kD) {
   constexpr int kPerRow = kD / 8, kRowStep = kThreadsT / kPerRow;
   static_assert(kThreadsT % kPerRow == 0 && kRowStep % 8 == 0 && kRowsT % kRowStep == 0,
                 "a thread's chunks share a column and a swizzle");
@@ -59,7 +61,7 @@ __device__ __forceinline__ void issue_swizzled(T* s, const T* base, int64_t seq,
   const T* src = base + (row0 + r0) * seq + c * 8;
 #pragma unroll
   for (int k = 0; k < kRowsT / kRowStep; ++k) {
-    const bool inside = row0 + r0 + k * kRowStep < len;
+    const bool inside = row0 + r0 + k * kRowStep < len && c * 8 < cols;
     cp_async_16(dst + k * kRowStep * 128, inside ? src + k * kRowStep * seq : base, inside);
   }
 }
