@@ -113,7 +113,7 @@ def main():
             theirs, 4 * b * h * s * s * d, check=lambda: close(ours(), theirs(), 3e-2))
         del q, k, v, out, lse
         for b, h, s, d, causal in ((4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (4, 32, 4096, 64, False),
-                                   (1, 8, 1024, 96, False)):
+                                   (4, 32, 4096, 96, False), (1, 8, 1024, 96, False)):
             attrs = dict(ATTRS, causal=int(causal))
             q, k, v, g = (torch.randn(b, h, s, d, device="cuda", dtype=bf16) for _ in range(4))
             out, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
@@ -124,12 +124,12 @@ def main():
             ours = lambda: run_backend("scaled_dot_product_attention_backward", [g, q, k, v, out, lse, m, sl],  # noqa: E731
                                        grads, attrs, "cuda")
             theirs = lambda: torch.autograd.grad(ref, (qr, kr, vr), g, retain_graph=True)  # noqa: E731
-            # The backward on tensor cores: the warpgroup-MMA kernels on sm_90 at head dims 64 and 128
-            # (kernels_bwd_sm90.cu: at D128 one pass with dQ summed by bulk f32 reductions, two fixed-order
-            # passes when runs must be reproducible, F.set_deterministic), mma.sync elsewhere (padded to 128 at D96).
-            one_pass = hopper and d == 128
-            kernel = ("wgmma, one pass" if one_pass else "wgmma" if hopper else "mma.sync") if d in (64, 128) \
-                else "mma.sync, padded to 128"
+            # The backward on tensor cores: the warpgroup-MMA kernels on sm_90 (kernels_bwd_sm90.cu: at D128,
+            # or padded to it, one pass with dQ summed by bulk f32 reductions, two fixed-order passes when runs
+            # must be reproducible, F.set_deterministic), mma.sync elsewhere (both padded to 128 at D96).
+            one_pass = hopper and d > 64
+            kernel = "wgmma, one pass" if one_pass else "wgmma" if hopper else "mma.sync"
+            kernel += "" if d in (64, 128) else ", padded to 128"
             for reproducible in (False, True) if one_pass else (False,):
                 F.set_deterministic(reproducible)
                 row(f"bespoke CUDA bwd B{b} H{h} S{s} D{d}{' causal' if causal else ''} "

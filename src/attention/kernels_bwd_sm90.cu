@@ -111,8 +111,10 @@ __device__ __forceinline__ void to_fragments(uint32_t (&a)[4][4], const float (&
 template <int kD, int kKeys, int kThreadsT, class T>
 __device__ __forceinline__ void issue_key_block(T* sK, T* sV, const Problem& p, const HeadView& first, int64_t b,
                                                 int64_t hk, int64_t k0) {
-  issue_swizzled<kD, kKeys, kThreadsT>(sK, p.k.ptr<const T>(b, hk, first.tok_kv), p.k.seq, k0, first.len_kv);
-  issue_swizzled<kD, kKeys, kThreadsT>(sV, p.v.ptr<const T>(b, hk, first.tok_kv), p.v.seq, k0, first.len_kv);
+  issue_swizzled<kD, kKeys, kThreadsT>(sK, p.k.ptr<const T>(b, hk, first.tok_kv), p.k.seq, k0, first.len_kv,
+                                       int(p.head_dim));
+  issue_swizzled<kD, kKeys, kThreadsT>(sV, p.v.ptr<const T>(b, hk, first.tok_kv), p.v.seq, k0, first.len_kv,
+                                       int(p.value_dim));
 }
 
 /// Issues the cp.async copies of query tile (h, i0) into a stage: Q, then
@@ -121,9 +123,10 @@ template <int kD, int kThreadsT, class T>
 __device__ __forceinline__ void issue_query_stage(T* sQG, float* sL, float* sR, const Problem& p,
                                                   const HeadView& first, int64_t b, int64_t h, int64_t i0,
                                                   const float* ws) {
-  issue_swizzled<kD, kBwdTile, kThreadsT>(sQG, p.q.ptr<const T>(b, h, first.tok_q), p.q.seq, i0, first.len_q);
+  issue_swizzled<kD, kBwdTile, kThreadsT>(sQG, p.q.ptr<const T>(b, h, first.tok_q), p.q.seq, i0, first.len_q,
+                                          int(p.head_dim));
   issue_swizzled<kD, kBwdTile, kThreadsT>(sQG + sw_tile<kD>(), p.grad_out.ptr<const T>(b, h, first.tok_q),
-                                          p.grad_out.seq, i0, first.len_q);
+                                          p.grad_out.seq, i0, first.len_q, int(p.value_dim));
   stage_row_stats(sL, sR, p, first, h, i0, ws);
 }
 
@@ -199,7 +202,7 @@ __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
     h = next_h, i0 = next_i0, have = next;
   }
   cp_async_wait<0>();
-  write_key_grads<T>(p, first, b, hk, key, dk, dv, quad, kD);
+  write_key_grads<T>(p, first, b, hk, key, dk, dv, quad, int(p.head_dim));
 #endif
 }
 
@@ -222,12 +225,13 @@ __global__ void __launch_bounds__(kBwdThreads, q_blocks(kD))
   int64_t span_lo, span_hi;
   tile_key_span(p, v, row0, row_last, span_lo, span_hi);
   auto load_keys = [&](int s, int64_t k0) {
-    issue_swizzled<kD, kBwdTile, kBwdThreads>(sK[s], k, p.k.seq, k0, v.len_kv);
-    issue_swizzled<kD, kBwdTile, kBwdThreads>(sK[s] + kTile, val, p.v.seq, k0, v.len_kv);
+    issue_swizzled<kD, kBwdTile, kBwdThreads>(sK[s], k, p.k.seq, k0, v.len_kv, int(p.head_dim));
+    issue_swizzled<kD, kBwdTile, kBwdThreads>(sK[s] + kTile, val, p.v.seq, k0, v.len_kv, int(p.value_dim));
   };
-  issue_swizzled<kD, kBwdTile, kBwdThreads>(sQ, p.q.ptr<const T>(v.b, v.h, v.tok_q), p.q.seq, row0, v.len_q);
+  issue_swizzled<kD, kBwdTile, kBwdThreads>(sQ, p.q.ptr<const T>(v.b, v.h, v.tok_q), p.q.seq, row0, v.len_q,
+                                            int(p.head_dim));
   issue_swizzled<kD, kBwdTile, kBwdThreads>(sG, p.grad_out.ptr<const T>(v.b, v.h, v.tok_q), p.grad_out.seq, row0,
-                                            v.len_q);
+                                            v.len_q, int(p.value_dim));
   if (span_lo < span_hi) load_keys(0, span_lo);
   cp_async_commit();
 
@@ -266,7 +270,7 @@ __global__ void __launch_bounds__(kBwdThreads, q_blocks(kD))
     __syncthreads();  // this stage is refilled two tiles on
   }
   cp_async_wait<0>();
-  write_query_grads<T>(p, v, rows.row, dq, quad, kD);
+  write_query_grads<T>(p, v, rows.row, dq, quad, int(p.head_dim));
 #endif
 }
 
@@ -422,7 +426,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
   }
   cp_async_wait<0>();  // K and V, when no tile sees these keys
   if (issues) bulk_wait<0>();
-  write_key_grads<T>(p, first, b, hk, key, dk, dv, quad, kD);
+  write_key_grads<T>(p, first, b, hk, key, dk, dv, quad, int(p.head_dim));
 #endif
 }
 
@@ -516,7 +520,7 @@ Result<WgmmaBackwardCheck> run_transposed_probe() {
 
 template <class T>
 Status attention_backward_wgmma(const Problem& p, const float* ws, CUstream_st* stream) {
-  return p.head_dim == 64 ? launch<T, 64>(p, ws, stream) : launch<T, 128>(p, ws, stream);
+  return tc_head_dim(p.head_dim) == 64 ? launch<T, 64>(p, ws, stream) : launch<T, 128>(p, ws, stream);
 }
 template Status attention_backward_wgmma<__half>(const Problem&, const float*, CUstream_st*);
 template Status attention_backward_wgmma<__nv_bfloat16>(const Problem&, const float*, CUstream_st*);

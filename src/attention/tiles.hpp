@@ -134,13 +134,13 @@ inline bool wgmma_layout(const Problem& p, int sm, int sm_count, size_t max_smem
 /// V), 1024-byte aligned, and two stages of 64 lse and dO . O.
 constexpr size_t wgmma_backward_smem(int64_t d) { return size_t(6 * 64 * d) * 2 + 1024 + 4 * 64 * sizeof(float); }
 
-/// Whether the Hopper backward takes a problem: a backward
-/// tensor_core_layout takes at head dims 64 and 128 exactly (others run
-/// the mma.sync kernels padded), on sm_90 in a build with sm_90a code.
+/// Whether the Hopper backward takes a problem: one a backward
+/// tensor_core_layout takes (head dims other than 64 and 128 padded to them,
+/// tc_head_dim, as the forward's), on sm_90 in a build with sm_90a code.
 inline bool wgmma_backward_layout(const Problem& p, int sm, size_t max_smem) {
 #ifdef BARACUDA_HAS_SM90A
-  return p.backward && sm == 90 && (p.head_dim == 64 || p.head_dim == 128) && tensor_core_layout(p, sm) &&
-         wgmma_backward_smem(p.head_dim) <= max_smem;
+  return p.backward && sm == 90 && tensor_core_layout(p, sm) &&
+         wgmma_backward_smem(tc_head_dim(p.head_dim)) <= max_smem;
 #else
   (void)p, (void)sm, (void)max_smem;
   return false;
@@ -164,11 +164,11 @@ constexpr size_t wgmma_one_pass_smem() {
 
 /// Whether the Hopper backward takes a problem in one pass, dQ summed by
 /// bulk f32 reductions (Note [One-pass Hopper backward]): one at head dim
-/// 128 that wgmma_backward_layout takes, whose run need not be bitwise
+/// 128 (or padded to it) that wgmma_backward_layout takes, whose run need not be bitwise
 /// reproducible (at head dim 64 one warpgroup would carry the whole dQ
 /// product: slower than the two passes).
 inline bool wgmma_one_pass(const Problem& p, int sm, size_t max_smem) {
-  return !p.deterministic && p.head_dim == 128 && wgmma_backward_layout(p, sm, max_smem) &&
+  return !p.deterministic && tc_head_dim(p.head_dim) == 128 && wgmma_backward_layout(p, sm, max_smem) &&
          wgmma_one_pass_smem() <= max_smem;
 }
 
