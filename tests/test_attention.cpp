@@ -406,8 +406,14 @@ TEST(AttentionVarlen, BadOffsetsAreNamed) {
 /// at head dims 64 and 128) and f32, lengths off the 64-row tiles, GQA,
 /// transposed [B, S, H, D] memory, and the score options: causal, a
 /// bottom-right window with softcap, ALiBi with a key-padding mask, dropout.
+/// On a Hopper the halves run twice: on its warpgroup-MMA kernels (the
+/// backward; this grid is too small for the forward's) and, with them set
+/// aside (tiles::set_hopper_kernels), on the mma.sync kernels other archs run.
 TEST(AttentionCuda, MultiTileAgainstReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  struct RestoreHopper {
+    ~RestoreHopper() { attn::tiles::set_hopper_kernels(true); }
+  } restore;
   std::mt19937 rng(21);
   const int64_t b = 2, hq = 4, hkv = 2, sq = 133, skv = 161;
   // [B, S, H, D] memory seen as [B, H, S, D].
@@ -420,36 +426,39 @@ TEST(AttentionCuda, MultiTileAgainstReference) {
                                       Attrs{{"dropout_p", 0.2}, {"seed", 5}, {"offset", 11}},
                                       // whole key tiles with a softcap (the backward's inline capped path), then a short last one
                                       Attrs{{"softcap", 3}, {"scale", 0.4}}};
-  for (int64_t d : {64, 128, 40, 96})  // 40 and 96: padded to 64 and 128 (tc_head_dim)
-    for (size_t o = 0; o < options.size(); ++o)
-      for (DType t : {DType::bf16, DType::f16, DType::f32}) {
-        const auto q = uniform(b * hq * sq * d, rng), k = uniform(b * hkv * skv * d, rng),
-                   v = uniform(b * hkv * skv * d, rng), g = uniform(b * hq * sq * d, rng);
-        const Attrs& attrs = options[o];
-        const bool masked = o == 2;
-        std::vector<Operand> in{{q, {b, hq, sq, d}, t, bshd(hq, sq, d)}, {k, {b, hkv, skv, d}, t, bshd(hkv, skv, d)},
-                                {v, {b, hkv, skv, d}, t, bshd(hkv, skv, d)},
-                                masked ? Operand{pad, {b, 1, 1, skv}, DType::boolean} : Operand{{}, {0}, t},
-                                masked ? Operand{slopes, {hq}, DType::f32} : Operand{{}, {0}, DType::f32}};
-        const std::string what = cat(dtype_name(t), " d=", d, " options ", o);
-        auto host = exec(Backend::host_reference, "scaled_dot_product_attention", in, attrs);
-        auto cuda = exec(Backend::bespoke_cuda, "scaled_dot_product_attention", in, attrs);
-        ASSERT_TRUE(host && cuda) << what;
-        const double tol = t == DType::f32 ? 1e-5 : 2e-2;
-        for (size_t e = 0; e < (*host)[0].size(); ++e) ASSERT_NEAR((*cuda)[0][e], (*host)[0][e], tol) << what << " out " << e;
-        for (size_t e = 0; e < (*host)[1].size(); ++e) ASSERT_NEAR((*cuda)[1][e], (*host)[1][e], 1e-4) << what << " lse " << e;
-        const std::vector<Operand> bwd{{g, {b, hq, sq, d}, t},  in[0], in[1], in[2], {(*host)[0], {b, hq, sq, d}, t},
-                                       {(*host)[1], {b, hq, sq}, DType::f32}, in[3], in[4]};
-        auto gh = exec(Backend::host_reference, "scaled_dot_product_attention_backward", bwd, attrs);
-        auto gc = exec(Backend::bespoke_cuda, "scaled_dot_product_attention_backward", bwd, attrs);
-        ASSERT_TRUE(gh && gc) << what;
-        for (int r = 0; r < 3; ++r) {
-          double scale = 0;
-          for (double x : (*gh)[r]) scale = std::max(scale, std::abs(x));
-          for (size_t e = 0; e < (*gh)[r].size(); ++e)
-            ASSERT_NEAR((*gc)[r][e], (*gh)[r][e], (t == DType::f32 ? 1e-5 : 2e-2) * scale) << what << " grad " << r << " " << e;
+  for (const bool hopper : {true, false})
+    for (int64_t d : {64, 128, 40, 96})  // 40 and 96: padded to 64 and 128 (tc_head_dim)
+      for (size_t o = 0; o < options.size(); ++o)
+        for (DType t : {DType::bf16, DType::f16, DType::f32}) {
+          if (!hopper && (!hopper_wgmma() || t == DType::f32)) continue;  // the second run: halves on a Hopper only
+          attn::tiles::set_hopper_kernels(hopper);
+          const auto q = uniform(b * hq * sq * d, rng), k = uniform(b * hkv * skv * d, rng),
+                     v = uniform(b * hkv * skv * d, rng), g = uniform(b * hq * sq * d, rng);
+          const Attrs& attrs = options[o];
+          const bool masked = o == 2;
+          std::vector<Operand> in{{q, {b, hq, sq, d}, t, bshd(hq, sq, d)}, {k, {b, hkv, skv, d}, t, bshd(hkv, skv, d)},
+                                  {v, {b, hkv, skv, d}, t, bshd(hkv, skv, d)},
+                                  masked ? Operand{pad, {b, 1, 1, skv}, DType::boolean} : Operand{{}, {0}, t},
+                                  masked ? Operand{slopes, {hq}, DType::f32} : Operand{{}, {0}, DType::f32}};
+          const std::string what = cat(dtype_name(t), " d=", d, " options ", o, hopper ? "" : " (mma.sync kernels)");
+          auto host = exec(Backend::host_reference, "scaled_dot_product_attention", in, attrs);
+          auto cuda = exec(Backend::bespoke_cuda, "scaled_dot_product_attention", in, attrs);
+          ASSERT_TRUE(host && cuda) << what;
+          const double tol = t == DType::f32 ? 1e-5 : 2e-2;
+          for (size_t e = 0; e < (*host)[0].size(); ++e) ASSERT_NEAR((*cuda)[0][e], (*host)[0][e], tol) << what << " out " << e;
+          for (size_t e = 0; e < (*host)[1].size(); ++e) ASSERT_NEAR((*cuda)[1][e], (*host)[1][e], 1e-4) << what << " lse " << e;
+          const std::vector<Operand> bwd{{g, {b, hq, sq, d}, t},  in[0], in[1], in[2], {(*host)[0], {b, hq, sq, d}, t},
+                                         {(*host)[1], {b, hq, sq}, DType::f32}, in[3], in[4]};
+          auto gh = exec(Backend::host_reference, "scaled_dot_product_attention_backward", bwd, attrs);
+          auto gc = exec(Backend::bespoke_cuda, "scaled_dot_product_attention_backward", bwd, attrs);
+          ASSERT_TRUE(gh && gc) << what;
+          for (int r = 0; r < 3; ++r) {
+            double scale = 0;
+            for (double x : (*gh)[r]) scale = std::max(scale, std::abs(x));
+            for (size_t e = 0; e < (*gh)[r].size(); ++e)
+              ASSERT_NEAR((*gc)[r][e], (*gh)[r][e], (t == DType::f32 ? 1e-5 : 2e-2) * scale) << what << " grad " << r << " " << e;
+          }
         }
-      }
 }
 
 /// Asked for reproducible runs (PlanPreference::deterministic_only), the
@@ -863,6 +872,16 @@ TEST(AttentionCuda, SkuNamesTensorCoreKernel) {
   if (hopper_wgmma()) {
     EXPECT_EQ(std::string((*plan)->sku().kernel), "wgmma");
   }
+  // The testing hook that sets the Hopper kernels aside (MultiTileAgainstReference's second run)
+  // gives the mma.sync kernels' plan.
+  attn::tiles::set_hopper_kernels(false);
+  auto mma_sync = select(Stream::cuda(), OpDesc{"scaled_dot_product_attention_backward",
+                                                {{h, x}, {h, x}, {h, x}, {h, x}, {h, x}, {DType::f32, lse}, {h, {0}},
+                                                 {DType::f32, {0}}}, {}, {}},
+                         pref);
+  attn::tiles::set_hopper_kernels(true);
+  ASSERT_TRUE(mma_sync) << mma_sync.status().to_string();
+  EXPECT_EQ(std::string((*mma_sync)->sku().kernel), (*mma_sync)->sku().arch >= 80 ? "tensor_cores" : "");
 }
 
 TEST(AttentionErrors, BadInputIsNamed) {

@@ -3,6 +3,7 @@
 // op binds its tensors to attn::Problem; the candidates are cuDNN's fused
 // attention, the bespoke CUDA flash kernels and the host reference.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #ifdef BARACUDA_HAS_CUDA
@@ -20,6 +21,13 @@
 
 namespace baracuda {
 namespace attn {
+
+namespace {
+std::atomic<bool> g_hopper_kernels{true};
+}  // namespace
+void tiles::set_hopper_kernels(bool on) { g_hopper_kernels = on; }
+bool tiles::hopper_kernels() { return g_hopper_kernels; }
+
 namespace {
 
 struct Def {

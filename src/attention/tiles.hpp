@@ -10,6 +10,12 @@
 
 namespace baracuda::attn::tiles {
 
+/// Testing hook, process-wide: with false, sm_90 leaves the Hopper
+/// (warpgroup-MMA) kernels aside and runs the mma.sync ones that every other
+/// arch runs, so that their tests run on a Hopper too. True by default.
+void set_hopper_kernels(bool on);
+bool hopper_kernels();
+
 constexpr int kWarps = 8, kThreads = kWarps * 32;
 constexpr int kMaxDim = 256;          ///< head_dim and value_dim
 constexpr int kRowsPerWarp = 2;       ///< forward and dQ: rows of a warp
@@ -120,7 +126,7 @@ BCD_HD void block_at(const Problem& p, const BlockOrder& o, int64_t idx, int64_t
 inline bool wgmma_layout(const Problem& p, int sm, int sm_count, size_t max_smem) {
 #ifdef BARACUDA_HAS_SM90A
   const int64_t blocks = p.batch * p.heads_q * ((p.seq_q + kWgRows - 1) / kWgRows);
-  return !p.backward && sm == 90 && 2 * blocks >= sm_count && blocks < (int64_t(1) << 31) &&
+  return !p.backward && sm == 90 && hopper_kernels() && 2 * blocks >= sm_count && blocks < (int64_t(1) << 31) &&
          tensor_core_layout(p, sm) && wgmma_forward_smem(tc_head_dim(p.head_dim)) <= max_smem;
 #else
   (void)p, (void)sm, (void)sm_count, (void)max_smem;
@@ -139,7 +145,7 @@ constexpr size_t wgmma_backward_smem(int64_t d) { return size_t(6 * 64 * d) * 2 
 /// tc_head_dim, as the forward's), on sm_90 in a build with sm_90a code.
 inline bool wgmma_backward_layout(const Problem& p, int sm, size_t max_smem) {
 #ifdef BARACUDA_HAS_SM90A
-  return p.backward && sm == 90 && tensor_core_layout(p, sm) &&
+  return p.backward && sm == 90 && hopper_kernels() && tensor_core_layout(p, sm) &&
          wgmma_backward_smem(tc_head_dim(p.head_dim)) <= max_smem;
 #else
   (void)p, (void)sm, (void)max_smem;
