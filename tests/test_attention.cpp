@@ -402,8 +402,8 @@ TEST(AttentionVarlen, BadOffsetsAreNamed) {
 }
 
 /// Bigger than one tile in every direction on the CUDA kernels (the sweep's
-/// sizes stay small for the host reference): halves (the tensor-core kernels
-/// at head dims 64 and 128) and f32, lengths off the 64-row tiles, GQA,
+/// sizes stay small for the host reference): halves (the tensor-core kernels)
+/// and f32, lengths off the 64-row tiles, GQA,
 /// transposed [B, S, H, D] memory, and the score options: causal, a
 /// bottom-right window with softcap, ALiBi with a key-padding mask, dropout.
 /// On a Hopper the halves run twice: on its warpgroup-MMA kernels (the

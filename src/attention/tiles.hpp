@@ -170,9 +170,9 @@ constexpr size_t wgmma_one_pass_smem() {
 
 /// Whether the Hopper backward takes a problem in one pass, dQ summed by
 /// bulk f32 reductions (Note [One-pass Hopper backward]): one at head dim
-/// 128 (or padded to it) that wgmma_backward_layout takes, whose run need not be bitwise
-/// reproducible (at head dim 64 one warpgroup would carry the whole dQ
-/// product: slower than the two passes).
+/// 128 (or padded to it) that wgmma_backward_layout takes, whose run need
+/// not be bitwise reproducible (at head dim 64 one warpgroup would carry the
+/// whole dQ product: slower than the two passes).
 inline bool wgmma_one_pass(const Problem& p, int sm, size_t max_smem) {
   return !p.deterministic && tc_head_dim(p.head_dim) == 128 && wgmma_backward_layout(p, sm, max_smem) &&
          wgmma_one_pass_smem() <= max_smem;
