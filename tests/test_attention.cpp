@@ -57,6 +57,15 @@ bool hopper_wgmma() {
 #endif
 }
 
+/// The bespoke CUDA plan `select` gives for these operands' dtypes and shapes (other preferences as `pref`'s).
+Result<PlanPtr> bespoke_plan(const std::string& op, const std::vector<Operand>& operands, const Attrs& attrs,
+                             PlanPreference pref = {}) {
+  std::vector<TensorSpec> specs;
+  for (const Operand& x : operands) specs.push_back({x.dtype, x.shape});
+  pref.backend = Backend::bespoke_cuda;
+  return select(Stream::cuda(), OpDesc{op, specs, {}, attrs}, pref);
+}
+
 std::vector<double> uniform(int64_t n, std::mt19937& rng, double lo = -1, double hi = 1) {
   std::uniform_real_distribution<double> dist(lo, hi);
   std::vector<double> v(static_cast<size_t>(n));
@@ -629,11 +638,7 @@ TEST(AttentionCuda, LongSequencesAgainstReference) {
           const std::string what = cat(dtype_name(t), " sq=", sq, " skv=", skv, " d=", d, " options ", o);
           const std::vector<Operand> copied = operands(copies);
           if (hopper_wgmma()) {  // the copies reach the wgmma kernel; dropout's one copy does not
-            std::vector<TensorSpec> specs;
-            for (const Operand& x : copied) specs.push_back({x.dtype, x.shape});
-            PlanPreference pref;
-            pref.backend = Backend::bespoke_cuda;
-            auto plan = select(Stream::cuda(), OpDesc{"scaled_dot_product_attention", specs, {}, options[o]}, pref);
+            auto plan = bespoke_plan("scaled_dot_product_attention", copied, options[o]);
             ASSERT_TRUE(plan) << plan.status().to_string();
             EXPECT_EQ(std::string((*plan)->sku().kernel), copies > 1 ? "wgmma" : "tensor_cores") << what;
           }
@@ -706,12 +711,7 @@ TEST(AttentionCuda, BackwardOnHopperPathAgainstReference) {
                                            {(*fwd)[1], {b, hq, sq}, DType::f32},
                                            in[3], in[4]};
             if (hopper_wgmma()) {
-              std::vector<TensorSpec> specs;
-              for (const Operand& x : bwd) specs.push_back({x.dtype, x.shape});
-              PlanPreference on_cuda = pref;
-              on_cuda.backend = Backend::bespoke_cuda;
-              auto plan =
-                  select(Stream::cuda(), OpDesc{"scaled_dot_product_attention_backward", specs, {}, options[o]}, on_cuda);
+              auto plan = bespoke_plan("scaled_dot_product_attention_backward", bwd, options[o], pref);
               ASSERT_TRUE(plan) << plan.status().to_string();
               const bool one_pass = !reproducible && d == 128;  // head dim 64 keeps the two passes
               EXPECT_EQ(std::string((*plan)->sku().kernel), one_pass ? "wgmma_one_pass" : "wgmma") << what;
@@ -780,11 +780,7 @@ TEST(AttentionCuda, DropoutOnHopperPath) {
                                     {{}, {0}, DType::f32}};
       const std::string what = cat(dtype_name(t), " d=", d, " options ", o);
       if (hopper_wgmma()) {
-        PlanPreference pref;
-        pref.backend = Backend::bespoke_cuda;
-        std::vector<TensorSpec> specs;
-        for (const Operand& x : in) specs.push_back({x.dtype, x.shape});
-        auto plan = select(Stream::cuda(), OpDesc{"scaled_dot_product_attention", specs, {}, options[o]}, pref);
+        auto plan = bespoke_plan("scaled_dot_product_attention", in, options[o]);
         ASSERT_TRUE(plan) << plan.status().to_string();
         EXPECT_EQ(std::string((*plan)->sku().kernel), "wgmma") << what;
       }
