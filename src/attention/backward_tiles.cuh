@@ -25,9 +25,11 @@ __device__ __forceinline__ float row_lse2(const Problem& p, const HeadView& v, i
 /// window or causal edge (or every tile with ALiBi, softcap or dropout), and
 /// inlined into the unrolled tile loop it would cost the plain tiles
 /// registers. By value in and out, so that the callers' accumulators stay
-/// in registers.
-inline __device__ __noinline__ float2 grad_score_rule(const Problem& p, const HeadView& v, float raw, float dprob, int64_t i,
-                                               int64_t j, float lse2, float rdot) {
+/// in registers; the head view too: by reference it would live in local
+/// memory, stored there every query tile of the callers' hot loops (the
+/// one-pass kernel's 96-byte stack frame and its stalls on those stores).
+inline __device__ __noinline__ float2 grad_score_rule(const Problem& p, const HeadView v, float raw, float dprob,
+                                                      int64_t i, int64_t j, float lse2, float rdot) {
   float prob = 0, slope = float(p.scale);
   if (i < v.len_q) {
     int64_t lo, hi;

@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(swizzle_aligned(smem_raw));
   T* sV = sK + kTile;
-  T* sQ[2] = {sV + kTile, sV + 3 * kTile};               // stage s: Q, then dO
+  T* const sQ = sV + kTile;  // stage s at sQ + 2 s kTile: Q, then dO (arithmetic: an array would live in local memory)
   float* sL = reinterpret_cast<float*>(sV + 5 * kTile);  // [2][64] lse
   float* sR = sL + 2 * kBwdTile;                         // [2][64] dO . O
   const int64_t b = blockIdx.z, hk = blockIdx.y, k0 = int64_t(blockIdx.x) * kBwdTile;
@@ -150,7 +150,8 @@ __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
 
   // Stage s takes query tile (h, i0): Q, dO, and the rows' lse and dO . O, by cp.async.
   auto load_stage = [&](int s, int64_t h, int64_t i0) {
-    issue_query_stage<kD, kBwdThreads>(sQ[s], sL + s * kBwdTile, sR + s * kBwdTile, p, first, b, h, i0, ws);
+    issue_query_stage<kD, kBwdThreads>(sQ + 2 * s * kTile, sL + s * kBwdTile, sR + s * kBwdTile, p, first, b, h, i0,
+                                       ws);
   };
   int64_t h = hk * p.group(), i0 = 0;
   bool have = next_query_tile(p, first, hk, k0, k_last, h, i0);
@@ -168,8 +169,8 @@ __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
     cp_async_wait<1>();
     fence_proxy_async();  // this thread's copies, visible to wgmma
     __syncthreads();
-    const T* tQ = sQ[stage];
-    const T* tG = sQ[stage] + kTile;
+    const T* tQ = sQ + 2 * stage * kTile;
+    const T* tG = tQ + kTile;
     const HeadView v = group_head_view(p, first, h);
 
     float s[8][4], dp[8][4];
@@ -339,7 +340,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(swizzle_aligned(smem_raw));  // 128 rows
   T* sV = sK + 2 * kTile;                                   // 128 rows
-  T* sQ[2] = {sV + 2 * kTile, sV + 4 * kTile};              // stage s: Q, then dO (64 rows each)
+  T* const sQ = sV + 2 * kTile;  // stage s at sQ + 2 s kTile: Q, then dO (64 rows each)
   T* sDS = sV + 6 * kTile;                                  // dS^T: 128 keys by 64 query rows
   float* sDQ = reinterpret_cast<float*>(sDS + kOnePassKeys * 64);  // [2][64][kPitch] dQ parts
   float* sL = sDQ + kDqTileFloats;                                 // [2][64] lse
@@ -351,7 +352,8 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
   const int64_t k_last = min(k0 + kOnePassKeys, first.len_kv) - 1;
   issue_key_block<kD, kOnePassKeys, kOnePassThreads>(sK, sV, p, first, b, hk, k0);
   auto load_stage = [&](int s, int64_t h, int64_t i0) {
-    issue_query_stage<kD, kOnePassThreads>(sQ[s], sL + s * kBwdTile, sR + s * kBwdTile, p, first, b, h, i0, ws);
+    issue_query_stage<kD, kOnePassThreads>(sQ + 2 * s * kTile, sL + s * kBwdTile, sR + s * kBwdTile, p, first, b, h, i0,
+                                           ws);
   };
   int64_t h = hk * p.group(), i0 = 0;
   bool have = next_query_tile(p, first, hk, k0, k_last, h, i0);
@@ -375,8 +377,8 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     cp_async_wait<1>();
     fence_proxy_async();
     __syncthreads();
-    const T* tQ = sQ[stage];
-    const T* tG = sQ[stage] + kTile;
+    const T* tQ = sQ + 2 * stage * kTile;
+    const T* tG = tQ + kTile;
     const HeadView v = group_head_view(p, first, h);
 
     float s[8][4], dp[8][4];
