@@ -38,7 +38,11 @@
 // the workspace's sums (tiles::kDqPitch), which the dO . O pass zeroes and
 // a last pass writes to dQ in its dtype and strides. Order: dV += P^T dO is
 // issued before dS^T is stored and dK before the other warpgroup's dS^T is
-// waited for, so each overlaps a store or a barrier.
+// waited for, so each overlaps a store or a barrier; the dQ part is waited
+// for at the top of the next tile, after its walk and copies are issued
+// (B4 H32 S4096 bf16: 364 -> 385 TFLOP/s, D96 274 -> 293). Its wait stays
+// outside any branch: ptxas serialises every wgmma of a kernel with a
+// wait on a divergent path (C7518).
 // Why 128 keys: the L2 performs reductions at about 1.4-1.5 TB/s of f32
 // payload (H200, ncu: float2 or float4 atomics alike). With 64-key blocks
 // (a 64 x 128 part per 64 keys, atomics) the one-pass kernel of a B1 H32
@@ -369,14 +373,31 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
   const bool issues = threadIdx.x % 128 == 0;  // the thread that hands the warpgroup's dQ part to the TMA unit
   float* part = sDQ + wg * 64 * kPitch;
   float dk[kDimTiles][4] = {}, dv[kDimTiles][4] = {};
+  // A tile's dQ part is issued last and waited for after the next tile's
+  // walk and copies are issued: `dq` carries it across the loop's back
+  // edge, for the tile (dq_h, dq_i0).
+  float dq[8][4];
+  bool dq_pending = false;
+  int64_t dq_h = h, dq_i0 = 0;
+  auto reduce_dq_part = [&] {  // the part, stored and visible to the async proxy in every thread: add it to the sums
+    if (issues) {
+      bulk_reduce_add_f32(p.grad_q_sum + grad_q_sum_index(p, group_head_view(p, first, dq_h), dq_i0, wg * 64), part,
+                          64 * kPitch * 4);
+      bulk_commit();
+    }
+  };
   for (int stage = 0; have; stage ^= 1) {
     int64_t next_h = h, next_i0 = i0 + kBwdTile;
     const bool next = next_query_tile(p, first, hk, k0, k_last, next_h, next_i0);
     if (next) load_stage(stage ^ 1, next_h, next_i0);  // streams in while this tile is used
     cp_async_commit();
+    wgmma_wait<0>();  // the last tile's dQ part (unconditional: a wait in a branch serialises every wgmma)
+    wgmma_pin(dq);
+    if (dq_pending) store_rows_f32<64, kPitch>(part, dq);
     cp_async_wait<1>();
-    fence_proxy_async();
-    __syncthreads();
+    fence_proxy_async();  // this thread's copies, visible to wgmma; its part, to the bulk copy
+    __syncthreads();  // this stage landed; both parts written, so dS^T is free
+    if (dq_pending) reduce_dq_part();
     const T* tQ = sQ + 2 * stage * kTile;
     const T* tG = tQ + kTile;
     const HeadView v = group_head_view(p, first, h);
@@ -399,34 +420,34 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     wgmma_rows_issue<T, kD>(dv, pa, tG);  // dV += P^T dO, while dS^T is stored
     wgmma_commit();
     store_swizzled<T>(sDSw, dp);  // dS^T: dK reads it K-major, dQ M-major
-    if (issues) bulk_wait_read<0>();  // the last tile's part has left shared memory
+    if (issues) bulk_wait_read<0>();  // the last part has left shared memory
     fence_proxy_async();
-    named_sync(1 + wg, 128);  // this warpgroup's dS^T written
+    named_sync(1 + wg, 128);  // this warpgroup's dS^T written, its part free
     wgmma_pin(dk);
     wgmma_fence();
     wgmma_grad_k_issue<T>(dk, sDSw, tQ);  // dK += dS^T Q
     wgmma_commit();
-    __syncthreads();  // the other warpgroup's dS^T written, both parts free
-    float dq[8][4];
+    __syncthreads();  // the other warpgroup's dS^T written
     wgmma_fence();
     wgmma_grad_q_part_issue<T>(dq, sDS, sK, wg);  // dQ part = dS K, dims 64 wg..
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();  // dV and dK: P^T's registers and this stage's Q and dO are free
     wgmma_pin(dv);
     wgmma_pin(dk);
     wgmma_pin(pa);
-    wgmma_pin(dq);
-    store_rows_f32<64, kPitch>(part, dq);
-    fence_proxy_async();  // the part, visible to the bulk copy
-    named_sync(1 + wg, 128);
-    if (issues) {
-      bulk_reduce_add_f32(p.grad_q_sum + grad_q_sum_index(p, v, i0, wg * 64), part, 64 * kPitch * 4);
-      bulk_commit();
-    }
-    __syncthreads();  // this stage is refilled two tiles on, dS^T rewritten next tile
+    dq_pending = true, dq_h = h, dq_i0 = i0;
+    __syncthreads();  // both warpgroups are done with this stage: the next tile refills it
     h = next_h, i0 = next_i0, have = next;
   }
   cp_async_wait<0>();  // K and V, when no tile sees these keys
+  wgmma_wait<0>();
+  wgmma_pin(dq);
+  if (dq_pending) {
+    store_rows_f32<64, kPitch>(part, dq);
+    fence_proxy_async();
+    named_sync(1 + wg, 128);
+    reduce_dq_part();
+  }
   if (issues) bulk_wait<0>();
   write_key_grads<T>(p, first, b, hk, key, dk, dv, quad, int(p.head_dim));
 #endif
