@@ -42,7 +42,10 @@
 // for at the top of the next tile, after its walk and copies are issued
 // (B4 H32 S4096 bf16: 364 -> 385 TFLOP/s, D96 274 -> 293). Its wait stays
 // outside any branch: ptxas serialises every wgmma of a kernel with a
-// wait on a divergent path (C7518).
+// wait on a divergent path (C7518). Q and dO run in a ring of three
+// stages (tiles::kOnePassStages), so that a tile's dV and dK products are
+// waited for there too, not before the next tile's copies are issued
+// (385 -> 390, D96 293 -> 297: within a run's spread, one barrier fewer).
 // Why 128 keys: the L2 performs reductions at about 1.4-1.5 TB/s of f32
 // payload (H200, ncu: float2 or float4 atomics alike). With 64-key blocks
 // (a 64 x 128 part per 64 keys, atomics) the one-pass kernel of a B1 H32
@@ -219,7 +222,7 @@ __global__ void __launch_bounds__(kBwdThreads, q_blocks(kD))
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(swizzle_aligned(smem_raw));
   T* sG = sQ + kTile;                       // dO
-  T* sK[2] = {sG + kTile, sG + 3 * kTile};  // stage s: K, then V
+  T* const sK = sG + kTile;  // stage s at sK + 2 s kTile: K, then V
   const HeadView v = head_view(p, blockIdx.z, blockIdx.y);
   const int64_t row0 = int64_t(blockIdx.x) * kBwdTile;
   if (!v.valid || row0 >= v.len_q) return;
@@ -230,8 +233,9 @@ __global__ void __launch_bounds__(kBwdThreads, q_blocks(kD))
   int64_t span_lo, span_hi;
   tile_key_span(p, v, row0, row_last, span_lo, span_hi);
   auto load_keys = [&](int s, int64_t k0) {
-    issue_swizzled<kD, kBwdTile, kBwdThreads>(sK[s], k, p.k.seq, k0, v.len_kv, int(p.head_dim));
-    issue_swizzled<kD, kBwdTile, kBwdThreads>(sK[s] + kTile, val, p.v.seq, k0, v.len_kv, int(p.value_dim));
+    issue_swizzled<kD, kBwdTile, kBwdThreads>(sK + 2 * s * kTile, k, p.k.seq, k0, v.len_kv, int(p.head_dim));
+    issue_swizzled<kD, kBwdTile, kBwdThreads>(sK + (2 * s + 1) * kTile, val, p.v.seq, k0, v.len_kv,
+                                              int(p.value_dim));
   };
   issue_swizzled<kD, kBwdTile, kBwdThreads>(sQ, p.q.ptr<const T>(v.b, v.h, v.tok_q), p.q.seq, row0, v.len_q,
                                             int(p.head_dim));
@@ -250,8 +254,8 @@ __global__ void __launch_bounds__(kBwdThreads, q_blocks(kD))
     cp_async_wait<1>();
     fence_proxy_async();
     __syncthreads();
-    const T* tK = sK[stage];
-    const T* tV = sK[stage] + kTile;
+    const T* tK = sK + 2 * stage * kTile;
+    const T* tV = tK + kTile;
     float s[8][4], dp[8][4];
     wgmma_fence();
     wgmma_rows_by_rows_issue<T, kD>(s, sQ, tK);   // S = Q K^T
@@ -345,10 +349,10 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
   T* sK = reinterpret_cast<T*>(swizzle_aligned(smem_raw));  // 128 rows
   T* sV = sK + 2 * kTile;                                   // 128 rows
   T* const sQ = sV + 2 * kTile;  // stage s at sQ + 2 s kTile: Q, then dO (64 rows each)
-  T* sDS = sV + 6 * kTile;                                  // dS^T: 128 keys by 64 query rows
+  T* sDS = sQ + 2 * kOnePassStages * kTile;                        // dS^T: 128 keys by 64 query rows
   float* sDQ = reinterpret_cast<float*>(sDS + kOnePassKeys * 64);  // [2][64][kPitch] dQ parts
-  float* sL = sDQ + kDqTileFloats;                                 // [2][64] lse
-  float* sR = sL + 2 * kBwdTile;                                   // [2][64] dO . O
+  float* sL = sDQ + kDqTileFloats;                                 // [kOnePassStages][64] lse
+  float* sR = sL + kOnePassStages * kBwdTile;                      // [kOnePassStages][64] dO . O
   const int64_t b = blockIdx.z, hk = blockIdx.y, k0 = int64_t(blockIdx.x) * kOnePassKeys;
   const HeadView first = head_view(p, b, hk * p.group());
   if (!first.valid || k0 >= first.len_kv) return;
@@ -377,6 +381,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
   // walk and copies are issued: `dq` carries it across the loop's back
   // edge, for the tile (dq_h, dq_i0).
   float dq[8][4];
+  uint32_t pa[4][4];  // P^T (times dropout) as A fragments: read by dV's wgmma until the next tile's wait
   bool dq_pending = false;
   int64_t dq_h = h, dq_i0 = 0;
   auto reduce_dq_part = [&] {  // the part, stored and visible to the async proxy in every thread: add it to the sums
@@ -386,17 +391,21 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
       bulk_commit();
     }
   };
-  for (int stage = 0; have; stage ^= 1) {
+  for (int stage = 0; have; stage = stage + 1 == kOnePassStages ? 0 : stage + 1) {
     int64_t next_h = h, next_i0 = i0 + kBwdTile;
     const bool next = next_query_tile(p, first, hk, k0, k_last, next_h, next_i0);
-    if (next) load_stage(stage ^ 1, next_h, next_i0);  // streams in while this tile is used
+    // Into the stage two tiles back, whose readers were waited for at the top of the last tile.
+    if (next) load_stage(stage + 1 == kOnePassStages ? 0 : stage + 1, next_h, next_i0);
     cp_async_commit();
-    wgmma_wait<0>();  // the last tile's dQ part (unconditional: a wait in a branch serialises every wgmma)
+    wgmma_wait<0>();  // the last tile's dV, dK and dQ part (unconditional: a wait in a branch serialises every wgmma)
     wgmma_pin(dq);
+    wgmma_pin(dv);
+    wgmma_pin(dk);
+    wgmma_pin(pa);
     if (dq_pending) store_rows_f32<64, kPitch>(part, dq);
     cp_async_wait<1>();
     fence_proxy_async();  // this thread's copies, visible to wgmma; its part, to the bulk copy
-    __syncthreads();  // this stage landed; both parts written, so dS^T is free
+    __syncthreads();  // this stage landed; both parts written, so dS^T (and the last tile's stage) is free
     if (dq_pending) reduce_dq_part();
     const T* tQ = sQ + 2 * stage * kTile;
     const T* tG = tQ + kTile;
@@ -412,7 +421,6 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     wgmma_pin(s);
     wgmma_pin(dp);
     key_fragment_grads(s, dp, p, v, tile_rule, rule, sL + stage * kBwdTile, sR + stage * kBwdTile, i0, 0, key, quad);
-    uint32_t pa[4][4];  // P^T (times dropout) as A fragments
     to_fragments<T>(pa, s);
     wgmma_pin(pa);
     wgmma_pin(dv);
@@ -431,17 +439,15 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     wgmma_fence();
     wgmma_grad_q_part_issue<T>(dq, sDS, sK, wg);  // dQ part = dS K, dims 64 wg..
     wgmma_commit();
-    wgmma_wait<1>();  // dV and dK: P^T's registers and this stage's Q and dO are free
-    wgmma_pin(dv);
-    wgmma_pin(dk);
-    wgmma_pin(pa);
     dq_pending = true, dq_h = h, dq_i0 = i0;
-    __syncthreads();  // both warpgroups are done with this stage: the next tile refills it
     h = next_h, i0 = next_i0, have = next;
   }
   cp_async_wait<0>();  // K and V, when no tile sees these keys
   wgmma_wait<0>();
   wgmma_pin(dq);
+  wgmma_pin(dv);
+  wgmma_pin(dk);
+  wgmma_pin(pa);
   if (dq_pending) {
     store_rows_f32<64, kPitch>(part, dq);
     fence_proxy_async();

@@ -161,11 +161,18 @@ constexpr int64_t kDqPitch = 72;
 constexpr int64_t kDqTileFloats = 2 * 64 * kDqPitch;
 constexpr int64_t dq_padded_rows(int64_t seq) { return (seq + 63) / 64 * 64; }
 
+/// Stages of the one-pass Hopper backward's Q and dO ring: three, so that a
+/// tile's dK and dV products may still read theirs while the next tile's
+/// copies land (Note [One-pass Hopper backward]).
+constexpr int kOnePassStages = 3;
+
 /// The one-pass Hopper backward's shared memory (head dim 128): K and V of
-/// 128 keys, two stages of 64-row Q and dO, dS^T (128 x 64 halves), the two
-/// dQ parts of a tile (f32), the stages' lse and dO . O, the 1024-byte alignment.
+/// 128 keys, the stages of 64-row Q and dO, dS^T (128 x 64 halves), the two
+/// dQ parts of a tile (f32), the stages' lse and dO . O, the 1024-byte
+/// alignment (215 KiB).
 constexpr size_t wgmma_one_pass_smem() {
-  return size_t(8 * 64 * 128) * 2 + 128 * 64 * 2 + size_t(kDqTileFloats) * 4 + 4 * 64 * sizeof(float) + 1024;
+  return size_t(4 + 2 * kOnePassStages) * 64 * 128 * 2 + 128 * 64 * 2 + size_t(kDqTileFloats) * 4 +
+         2 * kOnePassStages * 64 * sizeof(float) + 1024;
 }
 
 /// Whether the Hopper backward takes a problem in one pass, dQ summed by
