@@ -119,7 +119,7 @@ template <class T, int kD>
 __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem p) {
   constexpr int kPitch = kD + 8, kKeyTiles = kTcKeys / 8, kDimTiles = kD / 8, kTile = kTcKeys * kPitch;
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sK[2] = {reinterpret_cast<T*>(smem), reinterpret_cast<T*>(smem) + 2 * kTile};  // stage s: K, then V
+  T* const sK = reinterpret_cast<T*>(smem);  // stage s at sK + 2 s kTile: K, then V (no array: local memory)
   const HeadView v = head_view(p, blockIdx.z, blockIdx.y);
   const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
   if (!v.valid || row0 >= v.len_q) return;
@@ -133,11 +133,11 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
   tile_key_span(p, v, row0, row_last, span_lo, span_hi);
 
   // Q through stage 1's K tile into registers; stage 0 starts loading meanwhile.
-  issue_tile<kD>(sK[1], q, p.q.seq, row0, v.len_q, dims);
+  issue_tile<kD>(sK + 2 * kTile, q, p.q.seq, row0, v.len_q, dims);
   cp_async_commit();
   if (span_lo < span_hi) {
-    issue_tile<kD>(sK[0], k, p.k.seq, span_lo, v.len_kv, dims);
-    issue_tile<kD>(sK[0] + kTile, val, p.v.seq, span_lo, v.len_kv, dims);
+    issue_tile<kD>(sK, k, p.k.seq, span_lo, v.len_kv, dims);
+    issue_tile<kD>(sK + kTile, val, p.v.seq, span_lo, v.len_kv, dims);
   }
   cp_async_commit();
   cp_async_wait<1>();
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
   uint32_t qf[kD / 16][4];  // this warp's 16 rows as A fragments
 #pragma unroll
   for (int kd = 0; kd < kD / 16; ++kd)
-    ldmatrix_x4(qf[kd], sK[1] + (warp * 16 + lane % 16) * kPitch + kd * 16 + (lane / 16) * 8);
+    ldmatrix_x4(qf[kd], sK + 2 * kTile + (warp * 16 + lane % 16) * kPitch + kd * 16 + (lane / 16) * 8);
   __syncthreads();  // stage 1 is free for the next tile
 
   // This thread's rows: g and g + 8 of the warp's 16.
@@ -155,9 +155,9 @@ __global__ void __launch_bounds__(kTcThreads) attention_forward_tc(const Problem
   float o[kDimTiles][4] = {};
   int stage = 0;
   for (int64_t k0 = span_lo; k0 < span_hi; k0 += kTcKeys, stage ^= 1) {
-    await_kv_stage<kD>(sK[stage ^ 1], k, p.k.seq, val, p.v.seq, k0 + kTcKeys, span_hi, v.len_kv, dims);
-    const T* tK = sK[stage];
-    const T* tV = sK[stage] + kTile;
+    await_kv_stage<kD>(sK + 2 * (stage ^ 1) * kTile, k, p.k.seq, val, p.v.seq, k0 + kTcKeys, span_hi, v.len_kv, dims);
+    const T* tK = sK + 2 * stage * kTile;
+    const T* tV = tK + kTile;
     float s[kKeyTiles][4] = {};
 #pragma unroll
     for (int np = 0; np < kKeyTiles / 2; ++np)

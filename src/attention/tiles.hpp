@@ -12,7 +12,8 @@ namespace baracuda::attn::tiles {
 
 /// Testing hook, process-wide: with false, sm_90 leaves the Hopper
 /// (warpgroup-MMA) kernels aside and runs the mma.sync ones that every other
-/// arch runs, so that their tests run on a Hopper too. True by default.
+/// arch runs, so that their tests run on a Hopper too. True by default;
+/// false from the start with BARACUDA_ATTENTION_HOPPER=0 (their benchmarks).
 void set_hopper_kernels(bool on);
 bool hopper_kernels();
 
