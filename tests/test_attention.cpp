@@ -797,6 +797,31 @@ TEST(AttentionCuda, DropoutOnHopperPath) {
     }
 }
 
+/// KeyOffsets (the backward's edge tiles) says what key_range says for every
+/// row and key: causal or not, top-left or bottom-right, windows of every
+/// kind, more queries than keys and fewer.
+TEST(AttentionTiles, KeyOffsetsMatchKeyRange) {
+  std::mt19937 rng(7);
+  const int64_t windows[] = {-1, 0, 1, 5, 64, 1 << 20};
+  int64_t checked = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    attn::Problem p;
+    p.causal = rng() % 2, p.bottom_right = rng() % 2;
+    p.window_left = windows[rng() % 6], p.window_right = windows[rng() % 6];
+    const int64_t len_q = 1 + rng() % 150, len_kv = 1 + rng() % 150;
+    const attn::KeyOffsets range(p, len_q, len_kv);
+    for (int64_t i = 0; i < len_q; ++i) {
+      int64_t lo, hi;
+      attn::key_range(p, i, len_q, len_kv, lo, hi);
+      for (int64_t j = 0; j < len_kv; ++j, ++checked)
+        ASSERT_EQ(range.holds(j - i - range.shift), j >= lo && j < hi)
+            << "causal " << p.causal << " bottom_right " << p.bottom_right << " window " << p.window_left << "/"
+            << p.window_right << " lengths " << len_q << "/" << len_kv << " row " << i << " key " << j;
+    }
+  }
+  EXPECT_GT(checked, 1000000);
+}
+
 /// The Hopper forward's 1-d grid visits every (batch, head, query block)
 /// once; causal problems heaviest first in each section of (batch, head)
 /// pairs, the last section possibly short; the others query blocks fastest.

@@ -137,7 +137,7 @@ __device__ __forceinline__ void issue_query_stage(T* sQG, float* sL, float* sR, 
   stage_row_stats(sL, sR, p, first, h, i0, ws);
 }
 
-template <class T, int kD>
+template <class T, int kD, bool kEdges>
 __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
     attention_grad_kv_sm90(const __grid_constant__ Problem p, const float* ws) {
 #ifdef BARACUDA_WGMMA
@@ -185,11 +185,12 @@ __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
     wgmma_rows_by_rows_issue<T, kD>(s, sK, tQ);  // S^T = K Q^T
     wgmma_rows_by_rows_issue<T, kD>(dp, sV, tG);  // dP^T = V dO^T
     wgmma_commit();
-    const TileRule tile_rule = backward_rule(p, v, i0, min(i0 + kBwdTile, v.len_q) - 1, k0);
+    const TileRule tile_rule = backward_rule<kEdges>(p, v, i0, min(i0 + kBwdTile, v.len_q) - 1, k0);
     wgmma_wait<0>();
     wgmma_pin(s);
     wgmma_pin(dp);
-    key_fragment_grads(s, dp, p, v, tile_rule, rule, sL + stage * kBwdTile, sR + stage * kBwdTile, i0, 0, key, quad);
+    key_fragment_grads<kEdges>(s, dp, p, v, tile_rule, rule, sL + stage * kBwdTile, sR + stage * kBwdTile, i0, 0,
+                               key, quad);
     uint32_t pa[4][4], da[4][4];  // P^T (times dropout) and dS^T as A fragments
     to_fragments<T>(pa, s);
     to_fragments<T>(da, dp);
@@ -214,7 +215,7 @@ __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
 #endif
 }
 
-template <class T, int kD>
+template <class T, int kD, bool kEdges>
 __global__ void __launch_bounds__(kBwdThreads, q_blocks(kD))
     attention_grad_q_sm90(const __grid_constant__ Problem p, const float* ws) {
 #ifdef BARACUDA_WGMMA
@@ -261,11 +262,11 @@ __global__ void __launch_bounds__(kBwdThreads, q_blocks(kD))
     wgmma_rows_by_rows_issue<T, kD>(s, sQ, tK);   // S = Q K^T
     wgmma_rows_by_rows_issue<T, kD>(dp, sG, tV);  // dP = dO V^T
     wgmma_commit();
-    const TileRule tile_rule = backward_rule(p, v, row0, row_last, k0);
+    const TileRule tile_rule = backward_rule<kEdges>(p, v, row0, row_last, k0);
     wgmma_wait<0>();
     wgmma_pin(s);
     wgmma_pin(dp);
-    row_fragment_grads(s, dp, p, v, tile_rule, rule, rows, k0, quad);
+    row_fragment_grads<kEdges>(s, dp, p, v, tile_rule, rule, rows, k0, quad);
     uint32_t da[4][4];  // dS as A fragments
     to_fragments<T>(da, dp);
     wgmma_pin(da);
@@ -340,7 +341,7 @@ __device__ __forceinline__ void wgmma_grad_q_part_issue(float (&dq)[8][4], const
 /// dK and dV of a block of 128 keys (64 a warpgroup) and the dQ parts of
 /// every query tile it meets (warpgroup w: dims 64 w..), added to the f32
 /// sums by bulk reductions; head dim 128.
-template <class T>
+template <class T, bool kEdges>
 __global__ void __launch_bounds__(kOnePassThreads, 1)
     attention_grad_one_pass_sm90(const __grid_constant__ Problem p, const float* ws) {
 #ifdef BARACUDA_WGMMA
@@ -416,11 +417,12 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     wgmma_rows_by_rows_issue<T, kD, kOnePassKeys>(s, sKw, tQ);   // S^T = K Q^T
     wgmma_rows_by_rows_issue<T, kD, kOnePassKeys>(dp, sVw, tG);  // dP^T = V dO^T
     wgmma_commit();
-    const TileRule tile_rule = backward_rule(p, v, i0, min(i0 + kBwdTile, v.len_q) - 1, keys);
+    const TileRule tile_rule = backward_rule<kEdges>(p, v, i0, min(i0 + kBwdTile, v.len_q) - 1, keys);
     wgmma_wait<0>();
     wgmma_pin(s);
     wgmma_pin(dp);
-    key_fragment_grads(s, dp, p, v, tile_rule, rule, sL + stage * kBwdTile, sR + stage * kBwdTile, i0, 0, key, quad);
+    key_fragment_grads<kEdges>(s, dp, p, v, tile_rule, rule, sL + stage * kBwdTile, sR + stage * kBwdTile, i0, 0,
+                               key, quad);
     to_fragments<T>(pa, s);
     wgmma_pin(pa);
     wgmma_pin(dv);
@@ -459,15 +461,15 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
 #endif
 }
 
-template <class T, int kD>
+template <class T, int kD, bool kEdges>
 Status launch(const Problem& p, const float* ws, CUstream_st* stream) {
   if constexpr (kD == 128)
     if (p.grad_q_sum)  // one pass (Note [One-pass Hopper backward]); the caller writes dQ from the sums
       return launch_backward_passes(p, ws, stream, kOnePassThreads, {nullptr, 0, kBwdTile},
-                                    {attention_grad_one_pass_sm90<T>, wgmma_one_pass_smem(), kOnePassKeys});
+                                    {attention_grad_one_pass_sm90<T, kEdges>, wgmma_one_pass_smem(), kOnePassKeys});
   constexpr size_t smem = wgmma_backward_smem(kD);
-  return launch_backward_passes(p, ws, stream, kBwdThreads, {attention_grad_q_sm90<T, kD>, smem, kBwdTile},
-                                {attention_grad_kv_sm90<T, kD>, smem, kBwdTile});
+  return launch_backward_passes(p, ws, stream, kBwdThreads, {attention_grad_q_sm90<T, kD, kEdges>, smem, kBwdTile},
+                                {attention_grad_kv_sm90<T, kD, kEdges>, smem, kBwdTile});
 }
 
 // ---------------------------------------------------------------- self-test
@@ -549,7 +551,9 @@ Result<WgmmaBackwardCheck> run_transposed_probe() {
 
 template <class T>
 Status attention_backward_wgmma(const Problem& p, const float* ws, CUstream_st* stream) {
-  return tc_head_dim(p.head_dim) == 64 ? launch<T, 64>(p, ws, stream) : launch<T, 128>(p, ws, stream);
+  if (inline_edges(p))
+    return tc_head_dim(p.head_dim) == 64 ? launch<T, 64, true>(p, ws, stream) : launch<T, 128, true>(p, ws, stream);
+  return tc_head_dim(p.head_dim) == 64 ? launch<T, 64, false>(p, ws, stream) : launch<T, 128, false>(p, ws, stream);
 }
 template Status attention_backward_wgmma<__half>(const Problem&, const float*, CUstream_st*);
 template Status attention_backward_wgmma<__nv_bfloat16>(const Problem&, const float*, CUstream_st*);

@@ -94,13 +94,13 @@ __device__ __forceinline__ void score_fragments(float (&s)[kN / 8][4], float (&d
 }
 
 
-template <class T, int kD>
+template <class T, int kD, bool kEdges>
 __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_constant__ Problem p, const float* ws) {
   constexpr int kTile = tc_tile<kD>(), kDimTiles = kD / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);                  // [64][kD + 8]
   T* sV = sK + kTile;                                  // [64][kD + 8]
-  T* sQ[2] = {sV + kTile, sV + 3 * kTile};             // stage s: Q, then dO
+  T* const sQ = sV + kTile;  // stage s at sQ + 2 s kTile: Q, then dO (arithmetic: an array would live in local memory)
   float* sL = reinterpret_cast<float*>(sV + 5 * kTile);  // [2][64] lse
   float* sR = sL + 2 * kTcRows;                        // [2][64] dO . O
   const int64_t b = blockIdx.z, hk = blockIdx.y, k0 = int64_t(blockIdx.x) * kTcKeys;
@@ -114,8 +114,9 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
 
   // Stage s takes query tile (h, i0): Q, dO, and the rows' lse and dO . O (stage_row_stats), by cp.async.
   auto load_stage = [&](int s, int64_t h, int64_t i0) {
-    issue_tile<kD>(sQ[s], p.q.ptr<const T>(b, h, first.tok_q), p.q.seq, i0, first.len_q, dims);
-    issue_tile<kD>(sQ[s] + kTile, p.grad_out.ptr<const T>(b, h, first.tok_q), p.grad_out.seq, i0, first.len_q, dims);
+    issue_tile<kD>(sQ + 2 * s * kTile, p.q.ptr<const T>(b, h, first.tok_q), p.q.seq, i0, first.len_q, dims);
+    issue_tile<kD>(sQ + (2 * s + 1) * kTile, p.grad_out.ptr<const T>(b, h, first.tok_q), p.grad_out.seq, i0,
+                   first.len_q, dims);
     stage_row_stats(sL + s * kTcRows, sR + s * kTcRows, p, first, h, i0, ws);
   };
   int64_t h = hk * p.group(), i0 = 0;
@@ -133,13 +134,13 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const T* tQ = sQ[stage];
-    const T* tG = sQ[stage] + kTile;
+    const T* tQ = sQ + 2 * stage * kTile;
+    const T* tG = tQ + kTile;
     const float* tL = sL + stage * kTcRows;
     const float* tR = sR + stage * kTcRows;
     const HeadView v = group_head_view(p, first, h);
 
-    const TileRule tile_rule = backward_rule(p, v, i0, min(i0 + kTcRows, v.len_q) - 1, k0);
+    const TileRule tile_rule = backward_rule<kEdges>(p, v, i0, min(i0 + kTcRows, v.len_q) - 1, k0);
     // The 64 query rows in two halves of 32 (S^T and dP^T of a whole tile
     // beside dK and dV would spill at kD = 128).
 #pragma unroll 1
@@ -148,7 +149,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
       float s[4][4] = {}, dp[4][4] = {};
       score_fragments<T, kD, 32>(s, dp, sK, sV, key_row, tQ, tG, q0, lane);
       // Element (nt, e): key k0 + warp * 16 + lane / 4 + 8 (e / 2), row i0 + q0 + nt * 8 + 2 quad + (e & 1).
-      key_fragment_grads(s, dp, p, v, tile_rule, rule, tL, tR, i0, q0, k0 + warp * 16 + lane / 4, quad);
+      key_fragment_grads<kEdges>(s, dp, p, v, tile_rule, rule, tL, tR, i0, q0, k0 + warp * 16 + lane / 4, quad);
       // dV += (P^T * dropout) dO and dK += dS^T Q over these 32 rows, 16 at a time.
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
@@ -166,13 +167,13 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
   write_key_grads<T>(p, first, b, hk, k0 + warp * 16 + lane / 4, dk, dv, quad, dims);
 }
 
-template <class T, int kD>
+template <class T, int kD, bool kEdges>
 __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_constant__ Problem p, const float* ws) {
   constexpr int kTile = tc_tile<kD>(), kDimTiles = kD / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);                 // [64][kD + 8]
   T* sG = sQ + kTile;                                  // [64][kD + 8] dO
-  T* sK[2] = {sG + kTile, sG + 3 * kTile};             // stage s: K, then V
+  T* const sK = sG + kTile;  // stage s at sK + 2 s kTile: K, then V
   const HeadView v = head_view(p, blockIdx.z, blockIdx.y);
   const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
   if (!v.valid || row0 >= v.len_q) return;
@@ -186,8 +187,8 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
   issue_tile<kD>(sQ, p.q.ptr<const T>(v.b, v.h, v.tok_q), p.q.seq, row0, v.len_q, dims);
   issue_tile<kD>(sG, p.grad_out.ptr<const T>(v.b, v.h, v.tok_q), p.grad_out.seq, row0, v.len_q, dims);
   if (span_lo < span_hi) {
-    issue_tile<kD>(sK[0], k, p.k.seq, span_lo, v.len_kv, dims);
-    issue_tile<kD>(sK[0] + kTile, val, p.v.seq, span_lo, v.len_kv, dims);
+    issue_tile<kD>(sK, k, p.k.seq, span_lo, v.len_kv, dims);
+    issue_tile<kD>(sK + kTile, val, p.v.seq, span_lo, v.len_kv, dims);
   }
   cp_async_commit();
   // Q and dO stay in shared memory (A fragments reread per tile): in
@@ -199,14 +200,14 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
   float dq[kDimTiles][4] = {};
   int stage = 0;
   for (int64_t k0 = span_lo; k0 < span_hi; k0 += kTcKeys, stage ^= 1) {
-    await_kv_stage<kD>(sK[stage ^ 1], k, p.k.seq, val, p.v.seq, k0 + kTcKeys, span_hi, v.len_kv, dims);
-    const T* tK = sK[stage];
-    const T* tV = sK[stage] + kTile;
+    await_kv_stage<kD>(sK + 2 * (stage ^ 1) * kTile, k, p.k.seq, val, p.v.seq, k0 + kTcKeys, span_hi, v.len_kv, dims);
+    const T* tK = sK + 2 * stage * kTile;
+    const T* tV = tK + kTile;
     // S = Q K^T and dP = dO V^T: the warp's 16 rows x 64 keys.
     float s[8][4] = {}, dp[8][4] = {};
     score_fragments<T, kD, kTcKeys>(s, dp, sQ, sG, q_row, tK, tV, 0, lane);
-    const TileRule tile_rule = backward_rule(p, v, row0, row_last, k0);
-    row_fragment_grads(s, dp, p, v, tile_rule, rule, rows, k0, quad);
+    const TileRule tile_rule = backward_rule<kEdges>(p, v, row0, row_last, k0);
+    row_fragment_grads<kEdges>(s, dp, p, v, tile_rule, rule, rows, k0, quad);
     // dQ += dS K over the tile's 64 keys, 16 at a time.
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -220,18 +221,21 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
   write_query_grads<T>(p, v, rows.row, dq, quad, dims);
 }
 
-template <class T, int kD>
+template <class T, int kD, bool kEdges>
 Status launch(const Problem& p, const float* ws, CUstream_st* stream) {
   static_assert(kv_smem<kD>() == tc_backward_smem(kD) && q_smem<kD>() <= kv_smem<kD>(), "the plan checks this much");
-  return launch_backward_passes(p, ws, stream, kTcThreads, {attention_grad_q_tc<T, kD>, q_smem<kD>(), kTcRows},
-                                {attention_grad_kv_tc<T, kD>, kv_smem<kD>(), kTcKeys});
+  return launch_backward_passes(p, ws, stream, kTcThreads,
+                                {attention_grad_q_tc<T, kD, kEdges>, q_smem<kD>(), kTcRows},
+                                {attention_grad_kv_tc<T, kD, kEdges>, kv_smem<kD>(), kTcKeys});
 }
 
 }  // namespace
 
 template <class T>
 Status attention_backward_tc(const Problem& p, const float* ws, CUstream_st* stream) {
-  return tc_head_dim(p.head_dim) == 64 ? launch<T, 64>(p, ws, stream) : launch<T, 128>(p, ws, stream);
+  if (inline_edges(p))
+    return tc_head_dim(p.head_dim) == 64 ? launch<T, 64, true>(p, ws, stream) : launch<T, 128, true>(p, ws, stream);
+  return tc_head_dim(p.head_dim) == 64 ? launch<T, 64, false>(p, ws, stream) : launch<T, 128, false>(p, ws, stream);
 }
 template Status attention_backward_tc<__half>(const Problem&, const float*, CUstream_st*);
 template Status attention_backward_tc<__nv_bfloat16>(const Problem&, const float*, CUstream_st*);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "baracuda/core.hpp"
 #include "core/dtype_traits.hpp"
@@ -95,6 +96,19 @@ BCD_HD void key_range(const Problem& p, int64_t i, int64_t len_q, int64_t len_kv
   if (p.window_left >= 0 && pos - p.window_left > lo) lo = pos - p.window_left;
   if (hi < lo) hi = lo;
 }
+
+/// key_range as offsets: key j < len_kv is in the range of row i < len_q
+/// iff dmin <= j - (i + shift) <= dmax (shift: query_position's), so that a
+/// tile on a causal or window edge tests each score with a subtraction and
+/// two compares (the backward's TileRule::bounds).
+struct KeyOffsets {
+  int64_t shift, dmin, dmax;
+  BCD_HD KeyOffsets(const Problem& p, int64_t len_q, int64_t len_kv)
+      : shift(p.bottom_right ? len_kv - len_q : 0),
+        dmin(p.window_left >= 0 ? -p.window_left : INT64_MIN),
+        dmax(p.causal ? 0 : p.window_right >= 0 ? p.window_right : INT64_MAX) {}
+  BCD_HD bool holds(int64_t offset) const { return offset >= dmin && offset <= dmax; }
+};
 
 // Note [Attention dropout draws]
 // One Philox-4x32 call gives 8 draws of 16 bits, one for each score of a
