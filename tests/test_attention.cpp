@@ -527,7 +527,7 @@ TEST(AttentionCuda, WgmmaBackwardProductsAreExact) {
   for (DType t : {DType::bf16, DType::f16}) {
     auto check = attn::wgmma_backward_self_test(t);
     ASSERT_TRUE(check) << check.status().to_string();
-    EXPECT_EQ(check->grad_k, 0) << dtype_name(t) << ": dK = dS^T Q (dS^T K-major, Q N-major)";
+    EXPECT_EQ(check->grad_k, 0) << dtype_name(t) << ": dK = dS^T Q (dS^T from registers, Q N-major)";
     EXPECT_EQ(check->grad_q, 0) << dtype_name(t) << ": dQ = dS K (dS^T M-major, K N-major)";
   }
   auto refused = attn::wgmma_backward_self_test(DType::f32);

@@ -43,9 +43,9 @@ struct WgmmaCheck {
 /// Defined only in CUDA builds.
 Result<WgmmaCheck> wgmma_self_test(DType dtype, int head_dim);
 
-/// Largest absolute errors of the one-pass Hopper backward's products from a
-/// stored dS^T tile against exact sums on small integers (0 when right): dK
-/// = dS^T Q (dS^T K-major, Q N-major) and the dQ parts dS K (dS^T read
+/// Largest absolute errors of the one-pass Hopper backward's products
+/// against exact sums on small integers (0 when right): dK = dS^T Q (dS^T
+/// in registers, Q N-major) and the dQ parts dS K (a stored dS^T tile read
 /// M-major, K N-major), with the kernel's own issue functions. Runs on the
 /// current device (sm_90, sm_90a code); defined only in CUDA builds.
 struct WgmmaBackwardCheck {

@@ -315,17 +315,6 @@ __device__ __forceinline__ void store_rows_f32(float* block, const float (&c)[kN
       *reinterpret_cast<float2*>(row + half * 8 * kPitch + 8 * nt) = make_float2(c[nt][2 * half], c[nt][2 * half + 1]);
 }
 
-/// Issues dK (64 keys x 128 dims) += dS^T Q: A a warpgroup's 64 rows of the
-/// stored dS^T tile (K-major: 16 query rows a step, 32 bytes on in its
-/// rows), B the 64-row Q tile read N-major.
-template <class T>
-__device__ __forceinline__ void wgmma_grad_k_issue(float (&dk)[16][4], const T* sDSw, const T* tQ) {
-  const uint64_t a = sw128_desc(sDSw, 16), b = sw128_desc(tQ, kBwdTile * 128);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    wgmma_ss<T, 128, 0, 1>(dk, desc_plus(a, kk * 16 * sizeof(T)), desc_plus(b, kk * 16 * 64 * sizeof(T)), 1);
-}
-
 /// Issues the dQ part (64 query rows x dims 64 cb..) = dS K over 128 keys: A
 /// the whole stored dS^T tile read M-major (transposed; 16 keys a step), B
 /// column block cb of the 128-key K tile read N-major.
@@ -382,9 +371,18 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
   // walk and copies are issued: `dq` carries it across the loop's back
   // edge, for the tile (dq_h, dq_i0).
   float dq[8][4];
-  uint32_t pa[4][4];  // P^T (times dropout) as A fragments: read by dV's wgmma until the next tile's wait
+  uint32_t pa[4][4], da[4][4];  // P^T (times dropout) and dS^T as A fragments: read by dV's and dK's wgmmas until
+                                // the next tile's wait
   bool dq_pending = false;
   int64_t dq_h = h, dq_i0 = 0;
+  auto wait_last_tile = [&] {  // its dV, dK and dQ part (unconditional: a wait in a branch serialises every wgmma)
+    wgmma_wait<0>();
+    wgmma_pin(dq);
+    wgmma_pin(dv);
+    wgmma_pin(dk);
+    wgmma_pin(pa);
+    wgmma_pin(da);
+  };
   auto reduce_dq_part = [&] {  // the part, stored and visible to the async proxy in every thread: add it to the sums
     if (issues) {
       bulk_reduce_add_f32(p.grad_q_sum + grad_q_sum_index(p, group_head_view(p, first, dq_h), dq_i0, wg * 64), part,
@@ -398,11 +396,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     // Into the stage two tiles back, whose readers were waited for at the top of the last tile.
     if (next) load_stage(stage + 1 == kOnePassStages ? 0 : stage + 1, next_h, next_i0);
     cp_async_commit();
-    wgmma_wait<0>();  // the last tile's dV, dK and dQ part (unconditional: a wait in a branch serialises every wgmma)
-    wgmma_pin(dq);
-    wgmma_pin(dv);
-    wgmma_pin(dk);
-    wgmma_pin(pa);
+    wait_last_tile();
     if (dq_pending) store_rows_f32<64, kPitch>(part, dq);
     cp_async_wait<1>();
     fence_proxy_async();  // this thread's copies, visible to wgmma; its part, to the bulk copy
@@ -424,20 +418,19 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     key_fragment_grads<kEdges>(s, dp, p, v, tile_rule, rule, sL + stage * kBwdTile, sR + stage * kBwdTile, i0, 0,
                                key, quad);
     to_fragments<T>(pa, s);
+    to_fragments<T>(da, dp);
     wgmma_pin(pa);
+    wgmma_pin(da);
     wgmma_pin(dv);
-    wgmma_fence();
-    wgmma_rows_issue<T, kD>(dv, pa, tG);  // dV += P^T dO, while dS^T is stored
-    wgmma_commit();
-    store_swizzled<T>(sDSw, dp);  // dS^T: dK reads it K-major, dQ M-major
-    if (issues) bulk_wait_read<0>();  // the last part has left shared memory
-    fence_proxy_async();
-    named_sync(1 + wg, 128);  // this warpgroup's dS^T written, its part free
     wgmma_pin(dk);
     wgmma_fence();
-    wgmma_grad_k_issue<T>(dk, sDSw, tQ);  // dK += dS^T Q
+    wgmma_rows_issue<T, kD>(dv, pa, tG);  // dV += P^T dO, while dS^T is stored
+    wgmma_rows_issue<T, kD>(dk, da, tQ);  // dK += dS^T Q, from registers
     wgmma_commit();
-    __syncthreads();  // the other warpgroup's dS^T written
+    store_swizzled<T>(sDSw, dp);  // dS^T for dQ (read M-major)
+    if (issues) bulk_wait_read<0>();  // the last part has left shared memory
+    fence_proxy_async();
+    __syncthreads();  // both warpgroups' dS^T written, both parts free
     wgmma_fence();
     wgmma_grad_q_part_issue<T>(dq, sDS, sK, wg);  // dQ part = dS K, dims 64 wg..
     wgmma_commit();
@@ -445,11 +438,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     h = next_h, i0 = next_i0, have = next;
   }
   cp_async_wait<0>();  // K and V, when no tile sees these keys
-  wgmma_wait<0>();
-  wgmma_pin(dq);
-  wgmma_pin(dv);
-  wgmma_pin(dk);
-  wgmma_pin(pa);
+  wait_last_tile();
   if (dq_pending) {
     store_rows_f32<64, kPitch>(part, dq);
     fence_proxy_async();
@@ -474,10 +463,11 @@ Status launch(const Problem& p, const float* ws, CUstream_st* stream) {
 
 // ---------------------------------------------------------------- self-test
 
-/// One warpgroup: the one-pass backward's two products from stored dS^T,
-/// with its issue functions, on a dS^T tile [128 keys][64 rows], Q [64][128]
-/// and K [128][128]: dK for each half of the keys ([128][128] out) and the
-/// dQ part for each column block ([64][128] out), in f32.
+/// One warpgroup: the one-pass backward's two products, with its issue
+/// functions, on a dS^T tile [128 keys][64 rows], Q [64][128] and K
+/// [128][128]: dK for each half of the keys from dS^T in registers (as the
+/// kernel's accumulator, [128][128] out) and the dQ part for each column
+/// block from dS^T stored ([64][128] out), in f32.
 template <class T>
 __global__ void __launch_bounds__(128)
     transposed_probe(const T* ds_t, const T* q, const T* k, float* dk_out, float* dq_out) {
@@ -495,9 +485,14 @@ __global__ void __launch_bounds__(128)
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
   for (int w = 0; w < 2; ++w) {
-    float dk[16][4] = {}, dq[8][4];
+    float c[8][4], dk[16][4] = {}, dq[8][4];  // c: this thread's dS^T accumulator elements, keys 64 w..
+    for (int n = 0; n < 8; ++n)
+      for (int e = 0; e < 4; ++e)
+        c[n][e] = float(ds_t[(64 * w + warp * 16 + g + 8 * (e / 2)) * kBwdTile + 8 * n + 2 * quad + e % 2]);
+    uint32_t a[4][4];
+    to_fragments<T>(a, c);
     wgmma_fence();
-    wgmma_grad_k_issue<T>(dk, sDS + 64 * w * 64, sQ);
+    wgmma_rows_issue<T, 128>(dk, a, sQ);  // the kernel's dK: dS^T from registers
     wgmma_grad_q_part_issue<T>(dq, sDS, sK, w);
     wgmma_commit();
     wgmma_wait<0>();
