@@ -96,10 +96,10 @@ struct ScoreScales {
         cap_log2(float(p.softcap * 1.4426950408889634)) {}
 };
 
-/// p.softcap > 0 (the plan takes softcaps >= 0, no NaN) as an integer test
-/// of the double's bits, which the uniform datapath takes: a tile's double
-/// compare waited on the FP64 pipe behind the wgmmas (ncu: 4% of the
-/// one-pass backward's stall samples, at that one instruction).
+/// p.softcap > 0 (the plan takes softcaps >= 0, no NaN) as an integer
+/// compare of the double's bits: a tile's double compare waited on the
+/// FP64 pipe behind the wgmmas (ncu: 4% of the one-pass backward's stall
+/// samples, at that one instruction, "math pipe throttle").
 __device__ __forceinline__ bool has_softcap(const Problem& p) { return __double_as_longlong(p.softcap) > 0; }
 
 /// The rule of a tile of a problem with no mask or ALiBi: whole (every key in
