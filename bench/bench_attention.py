@@ -90,7 +90,8 @@ def main():
         m, sl = torch.empty(0, device="cuda", dtype=bf16), torch.empty(0, device="cuda")
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         # BARACUDA_ATTENTION_HOPPER=0 sets the Hopper kernels aside: these rows then time the mma.sync ones.
-        hopper = torch.cuda.get_device_capability() == (9, 0) and os.environ.get("BARACUDA_ATTENTION_HOPPER") != "0"
+        hopper = (torch.cuda.get_device_capability() == (9, 0)
+                  and os.environ.get("BARACUDA_ATTENTION_HOPPER") != "0")
         for b, h, s, d, causal in ((4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (4, 32, 4096, 64, False),
                                    (1, 8, 1024, 128, False), (4, 32, 4096, 96, False)):
             attrs = dict(ATTRS, causal=int(causal))
