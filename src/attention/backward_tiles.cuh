@@ -174,18 +174,21 @@ __device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&c)[kTiles][
   a[3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
-/// The next query tile (head h, rows from i0) of key head hk's group that
-/// sees a key of [k0, k_last], from (h, i0) on; false when none is left.
-/// `lengths`: a head view of the batch (every head of a batch has its lengths).
+/// The next query tile (head h, rows from i0) of a key head's group (query
+/// heads up to h_end: the caller's, once a block, a 64-bit division that
+/// ptxas otherwise left in the walk, a tile at a time) that sees a key of
+/// [k0, k_last], from (h, i0) on; false when none is left. `lengths`: a head
+/// view of the batch (every head of a batch has its lengths).
 /// The three dK/dV kernels write their double-buffered walk over these tiles
 /// out in full: a shared walk taking the tile's work as a lambda made ptxas
 /// spill (sm_90a, the two-pass wgmma kernel at head dim 128: 36 -> 196 bytes
 /// of spill stores; the one-pass kernel's stack 96 -> 128 bytes).
-inline __device__ bool next_query_tile(const Problem& p, const HeadView& lengths, int64_t hk, int64_t k0,
+inline __device__ bool next_query_tile(const Problem& p, const HeadView& lengths, int64_t h_end, int64_t k0,
                                        int64_t k_last, int64_t& h, int64_t& i0) {
   const int64_t len_q = lengths.len_q, len_kv = lengths.len_kv;
-  for (; h < (hk + 1) * p.group(); ++h, i0 = 0) {
+  for (; h < h_end; ++h, i0 = 0) {
     for (; i0 < len_q; i0 += kTcRows) {
+      if (!inline_edges(p)) return true;  // every row sees every key: no key ranges to work out, a tile at a time
       int64_t lo_first, hi_first, lo_last, hi_last;
       key_range(p, i0, len_q, len_kv, lo_first, hi_first);
       key_range(p, min(i0 + kTcRows, len_q) - 1, len_q, len_kv, lo_last, hi_last);
@@ -304,6 +307,25 @@ __device__ __forceinline__ void row_fragment_grads(float (&s)[kN][4], float (&dp
                                   rows.lse2[e / 2], rows.rdot[e / 2]).x;
 }
 
+/// Stores an accumulator's two neighbouring dims (d, d + 1) of one row:
+/// one 4-byte store where the head dim is contiguous and the row starts
+/// 4-byte aligned (d is even), else two. Two-byte stores with 64-bit
+/// address arithmetic each were 6.5% of the one-pass backward's stall
+/// samples (ncu, B1 H32 S4096 D128), all in its last lines.
+template <class T>
+__device__ __forceinline__ void store_dim_pair(T* row, int64_t dim_stride, bool paired, int d, float a, float b) {
+  if (paired) {
+    *reinterpret_cast<uint32_t*>(row + d) = pack2<T>(a, b);
+  } else {
+    row[d * dim_stride] = convert<T>(a);
+    row[(d + 1) * dim_stride] = convert<T>(b);
+  }
+}
+/// Whether every row of an operand takes store_dim_pair's 4-byte stores.
+__device__ __forceinline__ bool pairs_fit(const Operand& o) {
+  return o.dim == 1 && ((reinterpret_cast<uintptr_t>(o.data) % 4) | ((o.batch | o.head | o.seq) & 1)) == 0;
+}
+
 /// Writes a warp's dK and dV fragments (keys `key` and key + 8 of key head
 /// hk, dims 8 dt + 2 quad and the next, those below `dims`: a padded head
 /// dim, tc_head_dim, writes only its own).
@@ -317,14 +339,13 @@ __device__ __forceinline__ void write_key_grads(const Problem& p, const HeadView
     if (j >= first.len_kv) continue;
     T* gk = p.grad_k.ptr<T>(b, hk, first.tok_kv + j);
     T* gv = p.grad_v.ptr<T>(b, hk, first.tok_kv + j);
+    const bool k_pairs = pairs_fit(p.grad_k), v_pairs = pairs_fit(p.grad_v);
 #pragma unroll
     for (int dt = 0; dt < kDimTiles; ++dt) {
       const int d = dt * 8 + 2 * quad;
       if (d >= dims) break;
-      gk[d * p.grad_k.dim] = convert<T>(dk[dt][2 * r]);
-      gk[(d + 1) * p.grad_k.dim] = convert<T>(dk[dt][2 * r + 1]);
-      gv[d * p.grad_v.dim] = convert<T>(dv[dt][2 * r]);
-      gv[(d + 1) * p.grad_v.dim] = convert<T>(dv[dt][2 * r + 1]);
+      store_dim_pair(gk, p.grad_k.dim, k_pairs, d, dk[dt][2 * r], dk[dt][2 * r + 1]);
+      store_dim_pair(gv, p.grad_v.dim, v_pairs, d, dv[dt][2 * r], dv[dt][2 * r + 1]);
     }
   }
 }
@@ -337,12 +358,12 @@ __device__ __forceinline__ void write_query_grads(const Problem& p, const HeadVi
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= v.len_q) continue;
     T* out = p.grad_q.ptr<T>(v.b, v.h, v.tok_q + row[r]);
+    const bool pairs = pairs_fit(p.grad_q);
 #pragma unroll
     for (int dt = 0; dt < kDimTiles; ++dt) {
       const int d = dt * 8 + 2 * quad;
       if (d >= dims) break;
-      out[d * p.grad_q.dim] = convert<T>(dq[dt][2 * r]);
-      out[(d + 1) * p.grad_q.dim] = convert<T>(dq[dt][2 * r + 1]);
+      store_dim_pair(out, p.grad_q.dim, pairs, d, dq[dt][2 * r], dq[dt][2 * r + 1]);
     }
   }
 }

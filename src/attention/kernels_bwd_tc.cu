@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
     stage_row_stats(sL + s * kTcRows, sR + s * kTcRows, p, first, h, i0, ws);
   };
   int64_t h = hk * p.group(), i0 = 0;
-  bool have = next_query_tile(p, first, hk, k0, k_last, h, i0);
+  bool have = next_query_tile(p, first, (hk + 1) * p.group(), k0, k_last, h, i0);
   if (have) load_stage(0, h, i0);
   cp_async_commit();
 
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
   const int key_row = warp * 16 + lane % 16;  // this lane's ldmatrix row of the warp's 16 keys
   for (int stage = 0; have; stage ^= 1) {
     int64_t next_h = h, next_i0 = i0 + kTcRows;
-    const bool next = next_query_tile(p, first, hk, k0, k_last, next_h, next_i0);
+    const bool next = next_query_tile(p, first, (hk + 1) * p.group(), k0, k_last, next_h, next_i0);
     if (next) load_stage(stage ^ 1, next_h, next_i0);  // streams in while this tile is used
     cp_async_commit();
     cp_async_wait<1>();
