@@ -266,7 +266,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
   // ---------------------------------------------------------------- consumers
   setmaxnreg_inc<consumer_regs(kTma)>();
-  const int wg = threadIdx.x / 128 - 1, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, quad = lane % 4;
+  // wg and a tile's ring slots through a shuffle: ptxas then knows them warp-uniform and keeps the wgmma
+  // descriptors they feed in uniform registers (else R2UR moves before every wgmma).
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0) - 1, warp = threadIdx.x / 32 % 4,
+            lane = threadIdx.x % 32, quad = lane % 4;
   const int own = 1 + wg, other = 2 - wg;  // named barriers of the issue turns
   const T* sQw = sQ + 64 * wg * 64;  // row 64 wg of every column block
   T* sOw = sO + 64 * wg * (kD + 8);
@@ -318,7 +321,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         if constexpr (kDropout) apply_keep_bits(s, kept, dropout_scale<float>(p));
       };
       auto step = [&](auto rule, int t) {
-        const int g = ring + t, st = g % kStages, sp = (g - 1) % kStages;
+        const int g = __shfl_sync(0xffffffffu, ring + t, 0), st = g % kStages, sp = (g - 1) % kStages;
         mbar_wait(bar(kFullK, st), (g / kStages) & 1);
         mbar_wait(bar(kFullV, sp), ((g - 1) / kStages) & 1);
         named_sync(own, kSchedThreads);
