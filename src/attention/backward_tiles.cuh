@@ -10,14 +10,6 @@
 
 namespace baracuda::attn {
 
-/// A row's lse in log2 units, +inf for a row past the sequence or one that
-/// saw no key, so that exp2(score - lse) is 0 there.
-__device__ __forceinline__ float row_lse2(const Problem& p, const HeadView& v, int64_t i) {
-  if (i >= v.len_q) return INFINITY;
-  const float l = *p.lse.ptr<const float>(v.b, v.h, v.tok_q + i);
-  return l == -INFINITY ? INFINITY : l * kLog2e;
-}
-
 /// dS of row i against key j from the raw products q.k and dO.v under the
 /// whole score rule and dropout (x), and the probability times dropout's
 /// factor (y: the weight dV takes). lse2: the row's lse in log2 units; rdot:
@@ -208,40 +200,38 @@ __device__ __forceinline__ HeadView group_head_view(const Problem& p, const Head
   return v;
 }
 
-/// Issues the copies of the lse and dO . O of query rows [i0, i0 + 64) of
-/// head h (`lengths`: a head view of its batch) into sL and sR by 4-byte
-/// cp.async, in the caller's commit group: no thread waits on a load here.
-/// Rows past the sequence get lse -inf and dO . O 0 (lse2_of: no weight).
-inline __device__ void stage_row_stats(float* sL, float* sR, const Problem& p, const HeadView& lengths, int64_t h,
-                                       int64_t i0, const float* ws) {
+/// Issues the copies of the statistics (RowStats) of query rows [i0, i0 +
+/// 64) of head h (`lengths`: a head view of its batch) into sS, planar (64
+/// lse in log2 units, then 64 dO . O: interleaved, the tile's 16-byte loads
+/// of two rows made ptxas spill in the one pass), by 4-byte cp.async in the
+/// caller's commit group: no thread waits on a load here. Rows past the
+/// sequence get lse2 +inf and dO . O 0: no weight.
+inline __device__ void stage_row_stats(float* sS, const Problem& p, const HeadView& lengths, int64_t h, int64_t i0,
+                                       const RowStats* ws) {
   const int t = threadIdx.x;
   if (t >= kTcRows) return;
   const int64_t i = i0 + t;
   if (i < lengths.len_q) {
-    cp_async_4(sL + t, p.lse.ptr<const float>(lengths.b, h, lengths.tok_q + i));
-    cp_async_4(sR + t, ws + (lengths.b * p.heads_q + h) * p.seq_q + i);  // row_index
+    const RowStats* row = ws + (lengths.b * p.heads_q + h) * p.seq_q + i;  // row_index
+    cp_async_4(sS + t, &row->x);
+    cp_async_4(sS + kTcRows + t, &row->y);
   } else {
-    sL[t] = -INFINITY, sR[t] = 0.f;
+    sS[t] = INFINITY, sS[kTcRows + t] = 0.f;
   }
 }
 
-/// A staged lse (stage_row_stats) in log2 units, +inf for a row that saw no
-/// key (or past the sequence), so that exp2(score - lse) is 0 there.
-__device__ __forceinline__ float lse2_of(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
-
 /// The dK/dV pass's fragments (keys as rows: element (nt, e) is key `key` +
 /// 8 (e / 2) against query row i0 + c0 + 8 nt + 2 quad + (e % 2); tL and tR
-/// the tile's rows' lse and dO . O, stage_row_stats'): dp becomes dS^T and s
+/// the tile's rows' statistics, stage_row_stats'): dp becomes dS^T and s
 /// P^T times dropout's factor, by `rule` (backward_rule<kEdges>).
 template <bool kEdges, int kN>
 __device__ __forceinline__ void key_fragment_grads(float (&s)[kN][4], float (&dp)[kN][4], const Problem& p,
                                                    const HeadView& v, TileRule rule, const WholeTileRule& w,
-                                                   const float* tL, const float* tR, int64_t i0, int c0, int64_t key,
-                                                   int quad) {
+                                                   const float* tS, int64_t i0, int c0, int64_t key, int quad) {
   if (rule != TileRule::full) {
     auto lse_rdot = [&](int nt, int e) {
       const int r = c0 + nt * 8 + 2 * quad + (e & 1);
-      return make_float2(lse2_of(tL[r]), tR[r]);
+      return make_float2(tS[r], tS[kTcRows + r]);
     };
     auto visible = [&, r0 = i0 + c0 + 2 * quad](int nt, int e) {  // row r0 + 8 nt + e % 2, key key + 8 (e / 2)
       if constexpr (!kEdges) return true;
@@ -259,22 +249,22 @@ __device__ __forceinline__ void key_fragment_grads(float (&s)[kN][4], float (&dp
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = c0 + nt * 8 + 2 * quad + (e & 1);
-      const float2 g = grad_score_rule(p, v, s[nt][e], dp[nt][e], i0 + r, key + 8 * (e / 2), lse2_of(tL[r]), tR[r]);
+      const float2 g = grad_score_rule(p, v, s[nt][e], dp[nt][e], i0 + r, key + 8 * (e / 2), tS[r], tS[kTcRows + r]);
       dp[nt][e] = g.x, s[nt][e] = g.y;
     }
 }
 
 /// A dQ-pass thread's two query rows (row0 + lane / 4 + 8 r of its warp's
-/// 16 from `row0`), their lse in log2 units (row_lse2) and dO . O.
+/// 16 from `row0`), their lse in log2 units and dO . O (RowStats).
 struct GradRows {
   int64_t row[2];
   float lse2[2], rdot[2];
-  __device__ GradRows(const Problem& p, const HeadView& v, int64_t row0, const float* ws) {
+  __device__ GradRows(const Problem& p, const HeadView& v, int64_t row0, const RowStats* ws) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       row[r] = row0 + threadIdx.x % 32 / 4 + 8 * r;
-      lse2[r] = row_lse2(p, v, row[r]);
-      rdot[r] = row[r] < v.len_q ? ws[row_index(p, v, row[r])] : 0.f;
+      const RowStats stats = row[r] < v.len_q ? ws[row_index(p, v, row[r])] : make_float2(INFINITY, 0.f);
+      lse2[r] = stats.x, rdot[r] = stats.y;
     }
   }
 };
@@ -371,13 +361,13 @@ __device__ __forceinline__ void write_query_grads(const Problem& p, const HeadVi
 /// One of the backward's two passes: its kernel (null: not run), dynamic
 /// shared memory, and the query rows (dQ) or keys (dK/dV) of a block.
 struct BackwardPass {
-  void (*kernel)(const Problem, const float*);
+  void (*kernel)(const Problem, const RowStats*);
   size_t smem;
   int tile;
 };
 
 /// Launches the dQ pass over (query tiles, query heads, batch) and the dK/dV pass over (key tiles, key heads, batch).
-inline Status launch_backward_passes(const Problem& p, const float* ws, CUstream_st* stream, int threads,
+inline Status launch_backward_passes(const Problem& p, const RowStats* ws, CUstream_st* stream, int threads,
                                      const BackwardPass& dq, const BackwardPass& dkv) {
   for (const bool keys : {false, true}) {
     const BackwardPass& pass = keys ? dkv : dq;

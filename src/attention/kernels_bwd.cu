@@ -17,10 +17,12 @@ namespace {
 template <class T>
 using Lse = acc_of<T>;
 
-/// ws[b, h, i] = dO_i . O_i, one warp per row; the row's f32 dQ sums zeroed
-/// where the one-pass backward keeps them (p.grad_q_sum).
-template <class T>
-__global__ void __launch_bounds__(kThreads) attention_row_dots(const Problem p, acc_of<T>* ws) {
+/// ws[b, h, i] = dO_i . O_i, one warp per row (with kStats, for the
+/// tensor-core kernels: RowStats, the row's lse in log2 units beside it);
+/// the row's f32 dQ sums zeroed where the one-pass backward keeps them
+/// (p.grad_q_sum).
+template <class T, bool kStats>
+__global__ void __launch_bounds__(kThreads) attention_row_dots(const Problem p, void* ws) {
   using Acc = acc_of<T>;
   const HeadView v = head_view(p, blockIdx.z, blockIdx.y);
   const int64_t i = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -31,7 +33,14 @@ __global__ void __launch_bounds__(kThreads) attention_row_dots(const Problem p, 
   Acc s = 0;
   for (int64_t d = lane; d < p.value_dim; d += 32) s += convert<Acc>(g[d * p.grad_out.dim]) * convert<Acc>(o[d * p.out.dim]);
   s = warp_sum(s);
-  if (lane == 0) ws[row_index(p, v, i)] = s;
+  if (lane == 0) {
+    if constexpr (kStats) {
+      const float lse = *p.lse.ptr<const float>(v.b, v.h, v.tok_q + i);
+      static_cast<RowStats*>(ws)[row_index(p, v, i)] = make_float2(lse == -INFINITY ? INFINITY : lse * kLog2e, s);
+    } else {
+      static_cast<Acc*>(ws)[row_index(p, v, i)] = s;
+    }
+  }
   if (p.grad_q_sum)
     for (int64_t d = lane; d < p.head_dim; d += 32) p.grad_q_sum[grad_q_sum_index(p, v, i, d)] = 0.f;
 }
@@ -244,25 +253,29 @@ struct CudaBackward {
       if (wgmma_one_pass(p, current_sm_version(), current_optin_smem()) && w.bytes >= one_pass_workspace(p) &&
           reinterpret_cast<uintptr_t>(w.data) % 16 == 0)
         p.grad_q_sum = reinterpret_cast<float*>(static_cast<char*>(w.data) + grad_q_sum_offset(p));
-    Acc* ws = static_cast<Acc*>(w.data);
     const dim3 rows(unsigned((p.seq_q + kWarps - 1) / kWarps), unsigned(p.heads_q), unsigned(p.batch));
-    if (p.seq_q > 0) {
-      attention_row_dots<T><<<rows, kThreads, 0, stream>>>(p, ws);
-      BARACUDA_CUDA_TRY(cudaGetLastError());
-    }
     if constexpr (kHalf) {
-      if (p.grad_q_sum) {
-        BARACUDA_TRY(attention_backward_wgmma<T>(p, ws, stream));
-        if (p.seq_q == 0) return Status::ok();
-        attention_grad_q_from_sums<T><<<rows, kThreads, 0, stream>>>(p);
-        BARACUDA_CUDA_TRY(cudaGetLastError());
+      const bool wgmma = p.grad_q_sum || wgmma_backward_layout(p, current_sm_version(), current_optin_smem());
+      if (wgmma || (tensor_core_layout(p, current_sm_version()) &&
+                    tc_backward_smem(tc_head_dim(p.head_dim)) <= current_optin_smem())) {
+        const auto* stats = static_cast<const RowStats*>(w.data);
+        if (p.seq_q > 0) {
+          attention_row_dots<T, true><<<rows, kThreads, 0, stream>>>(p, w.data);
+          BARACUDA_CUDA_TRY(cudaGetLastError());
+        }
+        if (!wgmma) return attention_backward_tc<T>(p, stats, stream);
+        BARACUDA_TRY(attention_backward_wgmma<T>(p, stats, stream));
+        if (p.grad_q_sum && p.seq_q > 0) {
+          attention_grad_q_from_sums<T><<<rows, kThreads, 0, stream>>>(p);
+          BARACUDA_CUDA_TRY(cudaGetLastError());
+        }
         return Status::ok();
       }
-      if (wgmma_backward_layout(p, current_sm_version(), current_optin_smem()))
-        return attention_backward_wgmma<T>(p, ws, stream);
-      if (tensor_core_layout(p, current_sm_version()) &&
-          tc_backward_smem(tc_head_dim(p.head_dim)) <= current_optin_smem())
-        return attention_backward_tc<T>(p, ws, stream);
+    }
+    const Acc* ws = static_cast<const Acc*>(w.data);
+    if (p.seq_q > 0) {
+      attention_row_dots<T, false><<<rows, kThreads, 0, stream>>>(p, w.data);
+      BARACUDA_CUDA_TRY(cudaGetLastError());
     }
     if (p.seq_q > 0) {
       const size_t smem = grad_q_smem(p.head_dim, p.value_dim, sizeof(Acc));

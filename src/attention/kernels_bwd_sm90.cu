@@ -125,29 +125,28 @@ __device__ __forceinline__ void issue_key_block(T* sK, T* sV, const Problem& p, 
 }
 
 /// Issues the cp.async copies of query tile (h, i0) into a stage: Q, then
-/// dO (sQG, two 64-row tiles), and the rows' lse and dO . O (stage_row_stats).
+/// dO (sQG, two 64-row tiles), and the rows' statistics (stage_row_stats).
 template <int kD, int kThreadsT, class T>
-__device__ __forceinline__ void issue_query_stage(T* sQG, float* sL, float* sR, const Problem& p,
+__device__ __forceinline__ void issue_query_stage(T* sQG, float* sS, const Problem& p,
                                                   const HeadView& first, int64_t b, int64_t h, int64_t i0,
-                                                  const float* ws) {
+                                                  const RowStats* ws) {
   issue_swizzled<kD, kBwdTile, kThreadsT>(sQG, p.q.ptr<const T>(b, h, first.tok_q), p.q.seq, i0, first.len_q,
                                           int(p.head_dim));
   issue_swizzled<kD, kBwdTile, kThreadsT>(sQG + sw_tile<kD>(), p.grad_out.ptr<const T>(b, h, first.tok_q),
                                           p.grad_out.seq, i0, first.len_q, int(p.value_dim));
-  stage_row_stats(sL, sR, p, first, h, i0, ws);
+  stage_row_stats(sS, p, first, h, i0, ws);
 }
 
 template <class T, int kD, bool kEdges>
 __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
-    attention_grad_kv_sm90(const __grid_constant__ Problem p, const float* ws) {
+    attention_grad_kv_sm90(const __grid_constant__ Problem p, const RowStats* ws) {
 #ifdef BARACUDA_WGMMA
   constexpr int kTile = sw_tile<kD>(), kDimTiles = kD / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(swizzle_aligned(smem_raw));
   T* sV = sK + kTile;
   T* const sQ = sV + kTile;  // stage s at sQ + 2 s kTile: Q, then dO (arithmetic: an array would live in local memory)
-  float* sL = reinterpret_cast<float*>(sV + 5 * kTile);  // [2][64] lse
-  float* sR = sL + 2 * kBwdTile;                         // [2][64] dO . O
+  float* sS = reinterpret_cast<float*>(sV + 5 * kTile);  // [2][2][64] rows' statistics (stage_row_stats)
   const int64_t b = blockIdx.z, hk = blockIdx.y, k0 = int64_t(blockIdx.x) * kBwdTile;
   const HeadView first = head_view(p, b, hk * p.group());
   if (!first.valid || k0 >= first.len_kv) return;
@@ -155,9 +154,9 @@ __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
   const int64_t k_last = min(k0 + kBwdTile, first.len_kv) - 1;
   issue_key_block<kD, kBwdTile, kBwdThreads>(sK, sV, p, first, b, hk, k0);
 
-  // Stage s takes query tile (h, i0): Q, dO, and the rows' lse and dO . O, by cp.async.
+  // Stage s takes query tile (h, i0): Q, dO, and the rows' statistics, by cp.async.
   auto load_stage = [&](int s, int64_t h, int64_t i0) {
-    issue_query_stage<kD, kBwdThreads>(sQ + 2 * s * kTile, sL + s * kBwdTile, sR + s * kBwdTile, p, first, b, h, i0,
+    issue_query_stage<kD, kBwdThreads>(sQ + 2 * s * kTile, sS + 2 * s * kBwdTile, p, first, b, h, i0,
                                        ws);
   };
   int64_t h = hk * p.group(), i0 = 0;
@@ -189,7 +188,7 @@ __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
     wgmma_wait<0>();
     wgmma_pin(s);
     wgmma_pin(dp);
-    key_fragment_grads<kEdges>(s, dp, p, v, tile_rule, rule, sL + stage * kBwdTile, sR + stage * kBwdTile, i0, 0,
+    key_fragment_grads<kEdges>(s, dp, p, v, tile_rule, rule, sS + 2 * stage * kBwdTile, i0, 0,
                                key, quad);
     uint32_t pa[4][4], da[4][4];  // P^T (times dropout) and dS^T as A fragments
     to_fragments<T>(pa, s);
@@ -217,7 +216,7 @@ __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
 
 template <class T, int kD, bool kEdges>
 __global__ void __launch_bounds__(kBwdThreads, q_blocks(kD))
-    attention_grad_q_sm90(const __grid_constant__ Problem p, const float* ws) {
+    attention_grad_q_sm90(const __grid_constant__ Problem p, const RowStats* ws) {
 #ifdef BARACUDA_WGMMA
   constexpr int kTile = sw_tile<kD>(), kDimTiles = kD / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -332,7 +331,7 @@ __device__ __forceinline__ void wgmma_grad_q_part_issue(float (&dq)[8][4], const
 /// sums by bulk reductions; head dim 128.
 template <class T, bool kEdges>
 __global__ void __launch_bounds__(kOnePassThreads, 1)
-    attention_grad_one_pass_sm90(const __grid_constant__ Problem p, const float* ws) {
+    attention_grad_one_pass_sm90(const __grid_constant__ Problem p, const RowStats* ws) {
 #ifdef BARACUDA_WGMMA
   constexpr int kD = 128, kTile = sw_tile<kD>(), kDimTiles = kD / 8, kPitch = int(kDqPitch);
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -341,8 +340,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
   T* const sQ = sV + 2 * kTile;  // stage s at sQ + 2 s kTile: Q, then dO (64 rows each)
   T* sDS = sQ + 2 * kOnePassStages * kTile;                        // dS^T: 128 keys by 64 query rows
   float* sDQ = reinterpret_cast<float*>(sDS + kOnePassKeys * 64);  // [2][64][kPitch] dQ parts
-  float* sL = sDQ + kDqTileFloats;                                 // [kOnePassStages][64] lse
-  float* sR = sL + kOnePassStages * kBwdTile;                      // [kOnePassStages][64] dO . O
+  float* sS = sDQ + kDqTileFloats;  // [kOnePassStages][2][64] rows' statistics (stage_row_stats)
   const int64_t b = blockIdx.z, hk = blockIdx.y, k0 = int64_t(blockIdx.x) * kOnePassKeys;
   const HeadView first = head_view(p, b, hk * p.group());
   if (!first.valid || k0 >= first.len_kv) return;
@@ -353,7 +351,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
   const int64_t k_last = min(k0 + kOnePassKeys, first.len_kv) - 1;
   issue_key_block<kD, kOnePassKeys, kOnePassThreads>(sK, sV, p, first, b, hk, k0);
   auto load_stage = [&](int s, int64_t h, int64_t i0) {
-    issue_query_stage<kD, kOnePassThreads>(sQ + 2 * s * kTile, sL + s * kBwdTile, sR + s * kBwdTile, p, first, b, h, i0,
+    issue_query_stage<kD, kOnePassThreads>(sQ + 2 * s * kTile, sS + 2 * s * kBwdTile, p, first, b, h, i0,
                                            ws);
   };
   const int64_t h_end = (hk + 1) * p.group();
@@ -420,7 +418,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     wgmma_wait<0>();
     wgmma_pin(s);
     wgmma_pin(dp);
-    key_fragment_grads<kEdges>(s, dp, p, v, tile_rule, rule, sL + stage * kBwdTile, sR + stage * kBwdTile, i0, 0,
+    key_fragment_grads<kEdges>(s, dp, p, v, tile_rule, rule, sS + 2 * stage * kBwdTile, i0, 0,
                                key, quad);
     to_fragments<T>(pa, s);
     to_fragments<T>(da, dp);
@@ -459,7 +457,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
 }
 
 template <class T, int kD, bool kEdges>
-Status launch(const Problem& p, const float* ws, CUstream_st* stream) {
+Status launch(const Problem& p, const RowStats* ws, CUstream_st* stream) {
   if constexpr (kD == 128)
     if (p.grad_q_sum)  // one pass (Note [One-pass Hopper backward]); the caller writes dQ from the sums
       return launch_backward_passes(p, ws, stream, kOnePassThreads, {nullptr, 0, kBwdTile},
@@ -553,13 +551,13 @@ Result<WgmmaBackwardCheck> run_transposed_probe() {
 }  // namespace
 
 template <class T>
-Status attention_backward_wgmma(const Problem& p, const float* ws, CUstream_st* stream) {
+Status attention_backward_wgmma(const Problem& p, const RowStats* ws, CUstream_st* stream) {
   if (inline_edges(p))
     return tc_head_dim(p.head_dim) == 64 ? launch<T, 64, true>(p, ws, stream) : launch<T, 128, true>(p, ws, stream);
   return tc_head_dim(p.head_dim) == 64 ? launch<T, 64, false>(p, ws, stream) : launch<T, 128, false>(p, ws, stream);
 }
-template Status attention_backward_wgmma<__half>(const Problem&, const float*, CUstream_st*);
-template Status attention_backward_wgmma<__nv_bfloat16>(const Problem&, const float*, CUstream_st*);
+template Status attention_backward_wgmma<__half>(const Problem&, const RowStats*, CUstream_st*);
+template Status attention_backward_wgmma<__nv_bfloat16>(const Problem&, const RowStats*, CUstream_st*);
 
 Result<WgmmaBackwardCheck> wgmma_backward_self_test(DType dtype) {
   if (dtype != DType::f16 && dtype != DType::bf16)

@@ -95,14 +95,13 @@ __device__ __forceinline__ void score_fragments(float (&s)[kN / 8][4], float (&d
 
 
 template <class T, int kD, bool kEdges>
-__global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_constant__ Problem p, const float* ws) {
+__global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_constant__ Problem p, const RowStats* ws) {
   constexpr int kTile = tc_tile<kD>(), kDimTiles = kD / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);                  // [64][kD + 8]
   T* sV = sK + kTile;                                  // [64][kD + 8]
   T* const sQ = sV + kTile;  // stage s at sQ + 2 s kTile: Q, then dO (arithmetic: an array would live in local memory)
-  float* sL = reinterpret_cast<float*>(sV + 5 * kTile);  // [2][64] lse
-  float* sR = sL + 2 * kTcRows;                        // [2][64] dO . O
+  float* sS = reinterpret_cast<float*>(sV + 5 * kTile);  // [2][2][64] rows' statistics (stage_row_stats)
   const int64_t b = blockIdx.z, hk = blockIdx.y, k0 = int64_t(blockIdx.x) * kTcKeys;
   const HeadView first = head_view(p, b, hk * p.group());
   if (!first.valid || k0 >= first.len_kv) return;
@@ -112,12 +111,12 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
   issue_tile<kD>(sK, p.k.ptr<const T>(b, hk, first.tok_kv), p.k.seq, k0, first.len_kv, dims);
   issue_tile<kD>(sV, p.v.ptr<const T>(b, hk, first.tok_kv), p.v.seq, k0, first.len_kv, dims);
 
-  // Stage s takes query tile (h, i0): Q, dO, and the rows' lse and dO . O (stage_row_stats), by cp.async.
+  // Stage s takes query tile (h, i0): Q, dO, and the rows' statistics (stage_row_stats), by cp.async.
   auto load_stage = [&](int s, int64_t h, int64_t i0) {
     issue_tile<kD>(sQ + 2 * s * kTile, p.q.ptr<const T>(b, h, first.tok_q), p.q.seq, i0, first.len_q, dims);
     issue_tile<kD>(sQ + (2 * s + 1) * kTile, p.grad_out.ptr<const T>(b, h, first.tok_q), p.grad_out.seq, i0,
                    first.len_q, dims);
-    stage_row_stats(sL + s * kTcRows, sR + s * kTcRows, p, first, h, i0, ws);
+    stage_row_stats(sS + 2 * s * kTcRows, p, first, h, i0, ws);
   };
   int64_t h = hk * p.group(), i0 = 0;
   bool have = next_query_tile(p, first, (hk + 1) * p.group(), k0, k_last, h, i0);
@@ -136,8 +135,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
     __syncthreads();
     const T* tQ = sQ + 2 * stage * kTile;
     const T* tG = tQ + kTile;
-    const float* tL = sL + stage * kTcRows;
-    const float* tR = sR + stage * kTcRows;
+    const float* tS = sS + 2 * stage * kTcRows;
     const HeadView v = group_head_view(p, first, h);
 
     const TileRule tile_rule = backward_rule<kEdges>(p, v, i0, min(i0 + kTcRows, v.len_q) - 1, k0);
@@ -149,7 +147,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
       float s[4][4] = {}, dp[4][4] = {};
       score_fragments<T, kD, 32>(s, dp, sK, sV, key_row, tQ, tG, q0, lane);
       // Element (nt, e): key k0 + warp * 16 + lane / 4 + 8 (e / 2), row i0 + q0 + nt * 8 + 2 quad + (e & 1).
-      key_fragment_grads<kEdges>(s, dp, p, v, tile_rule, rule, tL, tR, i0, q0, k0 + warp * 16 + lane / 4, quad);
+      key_fragment_grads<kEdges>(s, dp, p, v, tile_rule, rule, tS, i0, q0, k0 + warp * 16 + lane / 4, quad);
       // dV += (P^T * dropout) dO and dK += dS^T Q over these 32 rows, 16 at a time.
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
@@ -168,7 +166,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_kv_tc(const __grid_
 }
 
 template <class T, int kD, bool kEdges>
-__global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_constant__ Problem p, const float* ws) {
+__global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_constant__ Problem p, const RowStats* ws) {
   constexpr int kTile = tc_tile<kD>(), kDimTiles = kD / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);                 // [64][kD + 8]
@@ -222,7 +220,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
 }
 
 template <class T, int kD, bool kEdges>
-Status launch(const Problem& p, const float* ws, CUstream_st* stream) {
+Status launch(const Problem& p, const RowStats* ws, CUstream_st* stream) {
   static_assert(kv_smem<kD>() == tc_backward_smem(kD) && q_smem<kD>() <= kv_smem<kD>(), "the plan checks this much");
   return launch_backward_passes(p, ws, stream, kTcThreads,
                                 {attention_grad_q_tc<T, kD, kEdges>, q_smem<kD>(), kTcRows},
@@ -232,12 +230,12 @@ Status launch(const Problem& p, const float* ws, CUstream_st* stream) {
 }  // namespace
 
 template <class T>
-Status attention_backward_tc(const Problem& p, const float* ws, CUstream_st* stream) {
+Status attention_backward_tc(const Problem& p, const RowStats* ws, CUstream_st* stream) {
   if (inline_edges(p))
     return tc_head_dim(p.head_dim) == 64 ? launch<T, 64, true>(p, ws, stream) : launch<T, 128, true>(p, ws, stream);
   return tc_head_dim(p.head_dim) == 64 ? launch<T, 64, false>(p, ws, stream) : launch<T, 128, false>(p, ws, stream);
 }
-template Status attention_backward_tc<__half>(const Problem&, const float*, CUstream_st*);
-template Status attention_backward_tc<__nv_bfloat16>(const Problem&, const float*, CUstream_st*);
+template Status attention_backward_tc<__half>(const Problem&, const RowStats*, CUstream_st*);
+template Status attention_backward_tc<__nv_bfloat16>(const Problem&, const RowStats*, CUstream_st*);
 
 }  // namespace baracuda::attn

@@ -350,8 +350,10 @@ AttentionTable& cuda_attention() {
 size_t cuda_attention_workspace(const Problem& p, int sm, size_t max_smem) {
   if (!p.backward) return 0;
   if (tiles::wgmma_one_pass(p, sm, max_smem)) return tiles::one_pass_workspace(p);
-  const size_t acc = p.dtype == DType::f64 ? sizeof(double) : sizeof(float);
-  return size_t(p.batch * p.heads_q * p.seq_q) * acc;  // dO . O of every row
+  // dO . O of every row; the half types' tensor-core kernels take the lse in log2 units beside it (RowStats).
+  const bool half = p.dtype == DType::f16 || p.dtype == DType::bf16;
+  const size_t row_bytes = p.dtype == DType::f64 ? sizeof(double) : half ? 2 * sizeof(float) : sizeof(float);
+  return size_t(p.batch * p.heads_q * p.seq_q) * row_bytes;
 }
 
 namespace {

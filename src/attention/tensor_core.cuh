@@ -312,14 +312,20 @@ __device__ __forceinline__ void write_rows(const Problem& p, const HeadView& v, 
 template <class T>
 Status attention_forward_wgmma(const Problem& p, CUstream_st* stream);
 
+/// A query row's statistics for the tensor-core backwards, written by the
+/// dO . O pass (row_index order): x its lse in log2 units (+inf for a row
+/// that saw no key, so that exp2(score - x) is 0), y its dO . O. One 8-byte
+/// copy a row, and no conversion a tile.
+using RowStats = float2;
+
 /// The backward on tensor cores (kernels_bwd_tc.cu) for a problem
-/// tensor_core_layout takes, after the per-row dO . O in `ws`.
+/// tensor_core_layout takes, after the per-row statistics in `ws`.
 template <class T>
-Status attention_backward_tc(const Problem& p, const float* ws, CUstream_st* stream);
+Status attention_backward_tc(const Problem& p, const RowStats* ws, CUstream_st* stream);
 
 /// The backward on Hopper's warpgroup MMA (kernels_bwd_sm90.cu) for a
-/// problem wgmma_backward_layout takes, after the per-row dO . O in `ws`.
+/// problem wgmma_backward_layout takes, after the per-row statistics in `ws`.
 template <class T>
-Status attention_backward_wgmma(const Problem& p, const float* ws, CUstream_st* stream);
+Status attention_backward_wgmma(const Problem& p, const RowStats* ws, CUstream_st* stream);
 
 }  // namespace baracuda::attn

@@ -187,11 +187,12 @@ inline bool wgmma_one_pass(const Problem& p, int sm, size_t max_smem) {
 }
 
 /// Where the one-pass backward's f32 dQ sums start in the workspace: after
-/// the per-row dO . O (f32 for the half types it serves), 256-byte aligned.
+/// the per-row statistics (RowStats: lse and dO . O, two floats),
+/// 256-byte aligned.
 constexpr size_t grad_q_sum_offset(const Problem& p) {
-  return (size_t(p.batch * p.heads_q * p.seq_q) * sizeof(float) + 255) / 256 * 256;
+  return (size_t(p.batch * p.heads_q * p.seq_q) * 2 * sizeof(float) + 255) / 256 * 256;
 }
-/// Workspace bytes of the one-pass backward: the dO . O, then the dQ sums.
+/// Workspace bytes of the one-pass backward: the rows' statistics, then the dQ sums.
 constexpr size_t one_pass_workspace(const Problem& p) {
   return grad_q_sum_offset(p) + size_t(p.batch * p.heads_q * dq_padded_rows(p.seq_q) / 64 * kDqTileFloats) * sizeof(float);
 }
