@@ -64,11 +64,13 @@ inline std::pair<std::vector<int64_t>, int64_t> offsets(const Shape& shape, cons
 /// output j is laid out with output_strides[j] when given (else row-major)
 /// and every output is returned as f64 in row-major order. CUDA with
 /// `graph_replays` > 0: the run is captured into a CUDA graph on a stream of
-/// its own and the graph launched that many times instead.
+/// its own and the graph launched that many times instead. The workspace
+/// starts `workspace_offset` bytes into its allocation (alignment tests).
 inline Result<std::vector<std::vector<double>>> exec(Backend backend, const std::string& op, const std::vector<Operand>& inputs,
                                               const Attrs& attrs = {}, const PlanPreference& base = {},
                                               const std::vector<Shape>& output_strides = {},
-                                              [[maybe_unused]] int graph_replays = 0) {  // (host-only builds)
+                                              [[maybe_unused]] int graph_replays = 0,  // (host-only builds)
+                                              size_t workspace_offset = 0) {
   const bool device = backend != Backend::host_reference;
   std::vector<TensorSpec> specs;
   for (const auto& o : inputs) specs.push_back({o.dtype, o.shape});
@@ -116,14 +118,15 @@ inline Result<std::vector<std::vector<double>>> exec(Backend backend, const std:
     out.push_back(*v);
   }
   const size_t first_out = memory.size() - outs.size();
-  Memory ws = Memory::host((*plan)->workspace_size());
+  Memory ws_memory = Memory::host((*plan)->workspace_size() + workspace_offset);
 #ifdef BARACUDA_HAS_CUDA
   if (device && (*plan)->workspace_size()) {
-    auto m = Memory::device((*plan)->workspace_size());
+    auto m = Memory::device((*plan)->workspace_size() + workspace_offset);
     if (!m) return m.status();
-    ws = std::move(*m);
+    ws_memory = std::move(*m);
   }
 #endif
+  const Workspace ws{static_cast<char*>(ws_memory.data()) + workspace_offset, (*plan)->workspace_size()};
   OpArgs args{in, out};
   BARACUDA_TRY((*plan)->can_implement(args));
 #ifdef BARACUDA_HAS_CUDA
@@ -144,7 +147,7 @@ inline Result<std::vector<std::vector<double>>> exec(Backend backend, const std:
     if (auto e = cudaStreamCreate(&g.stream); e != cudaSuccess) return failed("cudaStreamCreate", e);
     if (auto e = cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeGlobal); e != cudaSuccess)
       return failed("cudaStreamBeginCapture", e);
-    const Status ran = (*plan)->run(Stream::cuda(g.stream), Workspace{ws.data(), ws.bytes()}, args);
+    const Status ran = (*plan)->run(Stream::cuda(g.stream), ws, args);
     const cudaError_t captured = cudaStreamEndCapture(g.stream, &g.graph);
     BARACUDA_TRY(ran);
     if (captured != cudaSuccess) return failed("cudaStreamEndCapture", captured);
@@ -155,7 +158,7 @@ inline Result<std::vector<std::vector<double>>> exec(Backend backend, const std:
     if (auto e = cudaStreamSynchronize(g.stream); e != cudaSuccess) return failed("graph replay", e);
   } else
 #endif
-    BARACUDA_TRY((*plan)->run(device ? Stream::cuda() : Stream::host(), Workspace{ws.data(), ws.bytes()}, args));
+    BARACUDA_TRY((*plan)->run(device ? Stream::cuda() : Stream::host(), ws, args));
   std::vector<std::vector<double>> result;
   for (size_t j = 0; j < outs.size(); ++j) {
     const Memory& m = memory[first_out + j];

@@ -500,6 +500,41 @@ TEST(AttentionCuda, BackwardIsDeterministic) {
   }
 }
 
+/// The backward keeps 8-byte row statistics in its workspace: a workspace 4
+/// bytes off is refused by name, before any kernel; one 8 bytes off (not
+/// the 16 the one-pass Hopper backward's bulk reductions need, so that
+/// path steps aside for the two passes) gives the same gradients.
+TEST(AttentionCuda, BackwardWorkspaceAlignment) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(11);
+  const int64_t b = 1, h = 4, s = 200, d = 128;
+  const Shape qs{b, h, s, d};
+  for (DType t : {DType::bf16, DType::f32}) {
+    const std::vector<Operand> in{{uniform(b * h * s * d, rng), qs, t},
+                                  {uniform(b * h * s * d, rng), qs, t},
+                                  {uniform(b * h * s * d, rng), qs, t},
+                                  {uniform(b * h * s * d, rng), qs, t},
+                                  {uniform(b * h * s * d, rng), qs, t},
+                                  {uniform(b * h * s, rng, 3, 6), {b, h, s}, DType::f32},
+                                  {{}, {0}, t},
+                                  {{}, {0}, DType::f32}};
+    const std::string op = "scaled_dot_product_attention_backward";
+    auto off4 = exec(Backend::bespoke_cuda, op, in, {}, {}, {}, 0, 4);
+    ASSERT_FALSE(off4) << dtype_name(t);
+    EXPECT_EQ(off4.status().kind(), ErrorKind::misaligned_operand) << off4.status().to_string();
+    EXPECT_NE(off4.status().message().find("workspace must be 8-byte aligned"), std::string::npos)
+        << off4.status().to_string();
+    auto aligned = exec(Backend::bespoke_cuda, op, in);
+    auto off8 = exec(Backend::bespoke_cuda, op, in, {}, {}, {}, 0, 8);
+    ASSERT_TRUE(aligned) << aligned.status().to_string();
+    ASSERT_TRUE(off8) << off8.status().to_string();
+    for (int r = 0; r < 3; ++r)
+      for (size_t e = 0; e < (*aligned)[r].size(); ++e)
+        ASSERT_NEAR((*off8)[r][e], (*aligned)[r][e], 2e-2 * (1 + std::abs((*aligned)[r][e])))
+            << dtype_name(t) << " grad " << r << " " << e;
+  }
+}
+
 /// The Hopper warpgroup-MMA products alone, on small integers where every
 /// sum is exact: a failure here is a descriptor, swizzle or fragment bug,
 /// not the softmax's.

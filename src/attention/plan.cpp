@@ -321,6 +321,10 @@ class AttentionPlan final : public FamilyPlan {
     auto p = check_and_bind(args);
     if (!p) return p.status();
     BARACUDA_TRY(check_workspace(def_.name, workspace, workspace_));
+    // The backwards keep 8-byte row statistics (f64 dO . O, or f32 lse and dO . O pairs) there.
+    if (workspace_ > 0 && reinterpret_cast<uintptr_t>(workspace.data) % 8 != 0)
+      return Status::error(ErrorKind::misaligned_operand,
+                           cat(def_.name, ": workspace must be 8-byte aligned, got address ", workspace.data));
     return engine_->run(*p, workspace, stream.cuda_stream()).with_context(def_.name);
   }
 
