@@ -314,8 +314,8 @@ Status attention_forward_wgmma(const Problem& p, CUstream_st* stream);
 
 /// A query row's statistics for the tensor-core backwards, written by the
 /// dO . O pass (row_index order): x its lse in log2 units (+inf for a row
-/// that saw no key, so that exp2(score - x) is 0), y its dO . O. One 8-byte
-/// copy a row, and no conversion a tile.
+/// that saw no key, so that exp2(score - x) is 0), y its dO . O: converted
+/// once a row here instead of once a tile in every key block.
 using RowStats = float2;
 
 /// The backward on tensor cores (kernels_bwd_tc.cu) for a problem
