@@ -10,19 +10,19 @@
 
 namespace baracuda::attn {
 
-/// dS of row i against key j from the raw products q.k and dO.v under the
-/// whole score rule and dropout (x), and the probability times dropout's
-/// factor (y: the weight dV takes). lse2: the row's lse in log2 units; rdot:
-/// its dO . O. Out of line: the tiles that need it are the few on a mask,
-/// window or causal edge (or every tile with ALiBi, softcap or dropout), and
-/// inlined into the unrolled tile loop it would cost the plain tiles
-/// registers. By value in and out, so that the callers' accumulators stay
+/// dS / scale of row i against key j from the raw products q.k and dO.v
+/// under the whole score rule and dropout (x; Note [The scale at the end]),
+/// and the probability times dropout's factor (y: the weight dV takes).
+/// lse2: the row's lse in log2 units; rdot: its dO . O. Out of line: the
+/// tiles that need it are the few on a mask, window or causal edge (or
+/// every tile with ALiBi, softcap or dropout), and inlined into the unrolled
+/// tile loop it would cost the plain tiles registers. By value in and out, so that the callers' accumulators stay
 /// in registers; the head view too: by reference it would live in local
 /// memory, stored there every query tile of the callers' hot loops (the
 /// one-pass kernel's 96-byte stack frame and its stalls on those stores).
 inline __device__ __noinline__ float2 grad_score_rule(const Problem& p, const HeadView v, float raw, float dprob,
                                                       int64_t i, int64_t j, float lse2, float rdot) {
-  float prob = 0, slope = float(p.scale);
+  float prob = 0, slope = 1;
   if (i < v.len_q) {
     int64_t lo, hi;
     key_range(p, i, v.len_q, v.len_kv, lo, hi);
@@ -30,7 +30,10 @@ inline __device__ __noinline__ float2 grad_score_rule(const Problem& p, const He
       float capped;
       const float s = score<float>(p, v, raw, i, j, capped);
       prob = fast_exp2(s * kLog2e - lse2);
-      slope = score_slope<float>(p, capped);
+      if (p.softcap > 0) {  // score_slope without its scale
+        const float t = capped / float(p.softcap);
+        slope = 1.f - t * t;
+      }
     }
   }
   if (prob == 0) return make_float2(0.f, 0.f);
@@ -39,11 +42,11 @@ inline __device__ __noinline__ float2 grad_score_rule(const Problem& p, const He
 }
 
 /// The constants of the scores on whole tiles (tile_whole): the forward's
-/// (ScoreScales), the scale itself and dropout's factor on a kept probability.
+/// (ScoreScales) and dropout's factor on a kept probability.
 struct WholeTileRule : ScoreScales {
-  float scale, kept_scale;
+  float kept_scale;
   __device__ explicit WholeTileRule(const Problem& p)
-      : ScoreScales(p), scale(float(p.scale)), kept_scale(p.dropout_p > 0 ? dropout_scale<float>(p) : 1.f) {}
+      : ScoreScales(p), kept_scale(p.dropout_p > 0 ? dropout_scale<float>(p) : 1.f) {}
 };
 
 /// Whether a problem's backward kernels take the edges of its key ranges
@@ -94,21 +97,28 @@ __device__ __forceinline__ uint32_t dropout_bits_keys(const Problem& p, const He
   return bits;
 }
 
-/// dS (x) and P times dropout's factor z (y) on a whole tile (tile_whole):
-/// the scale alone, or with kCapped the softcap too (score = cap tanh(scale
-/// raw / cap), d score / d raw = scale (1 - tanh^2)), inline where
-/// grad_score_rule would pay a call and the key-range test per element.
-/// dS = P (z dP - dO.O) d score / d raw.
+/// dS / scale (x) and P times dropout's factor z (y) on a whole tile
+/// (tile_whole): the scale alone, or with kCapped the softcap too (score =
+/// cap tanh(scale raw / cap), d score / d raw = scale (1 - tanh^2)), inline
+/// where grad_score_rule would pay a call and the key-range test per
+/// element. dS = P (z dP - dO.O) d score / d raw.
+///
+/// Note [The scale at the end]
+/// Every dS of the tensor-core backwards leaves out the scale, a factor of
+/// d score / d raw common to all of them: dK = scale sum dS^T Q and dQ =
+/// scale sum dS K take it once, as their f32 sums are written
+/// (write_key_grads, write_query_grads, the one pass's last dQ pass), not
+/// once a score (32 multiplies a thread and tile).
 template <bool kCapped>
 __device__ __forceinline__ float2 grad_score_whole(float raw, float dprob, const WholeTileRule& w, float lse2,
                                                    float rdot, float z) {
   if constexpr (kCapped) {
     const float t = fast_tanh(raw * w.scale_over_cap);  // as the forward (tile_scores)
     const float prob = fast_exp2(t * w.cap_log2 - lse2);
-    return make_float2(prob * (z * dprob - rdot) * (w.scale * (1.f - t * t)), prob * z);
+    return make_float2(prob * (z * dprob - rdot) * (1.f - t * t), prob * z);
   } else {
     const float prob = fast_exp2(raw * w.scale_log2 - lse2);
-    return make_float2(prob * (z * dprob - rdot) * w.scale, prob * z);
+    return make_float2(prob * (z * dprob - rdot), prob * z);
   }
 }
 
@@ -330,11 +340,12 @@ __device__ __forceinline__ void write_key_grads(const Problem& p, const HeadView
     T* gk = p.grad_k.ptr<T>(b, hk, first.tok_kv + j);
     T* gv = p.grad_v.ptr<T>(b, hk, first.tok_kv + j);
     const bool k_pairs = pairs_fit(p.grad_k), v_pairs = pairs_fit(p.grad_v);
+    const float scale = float(p.scale);  // Note [The scale at the end]
 #pragma unroll
     for (int dt = 0; dt < kDimTiles; ++dt) {
       const int d = dt * 8 + 2 * quad;
       if (d >= dims) break;
-      store_dim_pair(gk, p.grad_k.dim, k_pairs, d, dk[dt][2 * r], dk[dt][2 * r + 1]);
+      store_dim_pair(gk, p.grad_k.dim, k_pairs, d, dk[dt][2 * r] * scale, dk[dt][2 * r + 1] * scale);
       store_dim_pair(gv, p.grad_v.dim, v_pairs, d, dv[dt][2 * r], dv[dt][2 * r + 1]);
     }
   }
@@ -349,11 +360,12 @@ __device__ __forceinline__ void write_query_grads(const Problem& p, const HeadVi
     if (row[r] >= v.len_q) continue;
     T* out = p.grad_q.ptr<T>(v.b, v.h, v.tok_q + row[r]);
     const bool pairs = pairs_fit(p.grad_q);
+    const float scale = float(p.scale);  // Note [The scale at the end]
 #pragma unroll
     for (int dt = 0; dt < kDimTiles; ++dt) {
       const int d = dt * 8 + 2 * quad;
       if (d >= dims) break;
-      store_dim_pair(out, p.grad_q.dim, pairs, d, dq[dt][2 * r], dq[dt][2 * r + 1]);
+      store_dim_pair(out, p.grad_q.dim, pairs, d, dq[dt][2 * r] * scale, dq[dt][2 * r + 1] * scale);
     }
   }
 }

@@ -52,8 +52,9 @@ __global__ void __launch_bounds__(kThreads) attention_grad_q_from_sums(const Pro
   const int64_t i = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (!v.valid || i >= v.len_q) return;
   T* out = p.grad_q.ptr<T>(v.b, v.h, v.tok_q + i);
+  const float scale = float(p.scale);  // the one pass's dS leave it out (Note [The scale at the end])
   for (int64_t d = threadIdx.x % 32; d < p.head_dim; d += 32)
-    out[d * p.grad_q.dim] = convert<T>(p.grad_q_sum[grad_q_sum_index(p, v, i, d)]);
+    out[d * p.grad_q.dim] = convert<T>(p.grad_q_sum[grad_q_sum_index(p, v, i, d)] * scale);
 }
 
 /// dQ for kRows query rows of one head: lanes over the keys of a tile.
