@@ -1082,17 +1082,12 @@ def baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
 _ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 
 
-def _no_bias(input):
-    adapter, a, (dtype, _) = _operand(input)
-    return adapter.empty(dtype, (0,), a)
-
-
 def linear(input, weight, bias=None, *, activation=None, out=None):
     """torch.nn.functional.linear, with an optional fused activation epilogue:
     None, 'relu', 'gelu' (exact), 'gelu_tanh' or 'silu'."""
     if activation not in _ACTIVATIONS:
         raise ValueError(f"linear: activation must be one of {sorted(k for k in _ACTIVATIONS if k)}, got {activation!r}")
-    return _call("linear", (input, weight, _no_bias(input) if bias is None else bias),
+    return _call("linear", (input, weight, _absent(input) if bias is None else bias),
                  {"activation": _ACTIVATIONS[activation]}, out)
 
 
@@ -1210,8 +1205,8 @@ def _lce_attrs(reduction, ignore_index, label_smoothing, chunk_rows, f32_weight_
 
 
 def _lce_operands(input, weight, target, bias, class_weight=None):
-    return (input, weight, target, _no_bias(input) if bias is None else bias,
-            _no_bias(input) if class_weight is None else class_weight)
+    return (input, weight, target, _absent(input) if bias is None else bias,
+            _absent(input) if class_weight is None else class_weight)
 
 
 _LCE_AUTOGRAD = None
