@@ -16,10 +16,11 @@ namespace baracuda::attn {
 /// lse2: the row's lse in log2 units; rdot: its dO . O. Out of line: the
 /// tiles that need it are the few on a mask, window or causal edge (or
 /// every tile with ALiBi, softcap or dropout), and inlined into the unrolled
-/// tile loop it would cost the plain tiles registers. By value in and out, so that the callers' accumulators stay
-/// in registers; the head view too: by reference it would live in local
-/// memory, stored there every query tile of the callers' hot loops (the
-/// one-pass kernel's 96-byte stack frame and its stalls on those stores).
+/// tile loop it would cost the plain tiles registers. By value in and out,
+/// so that the callers' accumulators stay in registers; the head view too:
+/// by reference it would live in local memory, stored there every query
+/// tile of the callers' hot loops (the one-pass kernel's 96-byte stack
+/// frame and its stalls on those stores).
 inline __device__ __noinline__ float2 grad_score_rule(const Problem& p, const HeadView v, float raw, float dprob,
                                                       int64_t i, int64_t j, float lse2, float rdot) {
   float prob = 0, slope = 1;
@@ -30,10 +31,7 @@ inline __device__ __noinline__ float2 grad_score_rule(const Problem& p, const He
       float capped;
       const float s = score<float>(p, v, raw, i, j, capped);
       prob = fast_exp2(s * kLog2e - lse2);
-      if (p.softcap > 0) {  // score_slope without its scale
-        const float t = capped / float(p.softcap);
-        slope = 1.f - t * t;
-      }
+      slope = softcap_slope<float>(p, capped);
     }
   }
   if (prob == 0) return make_float2(0.f, 0.f);
@@ -108,7 +106,9 @@ __device__ __forceinline__ uint32_t dropout_bits_keys(const Problem& p, const He
 /// d score / d raw common to all of them: dK = scale sum dS^T Q and dQ =
 /// scale sum dS K take it once, as their f32 sums are written
 /// (write_key_grads, write_query_grads, the one pass's last dQ pass), not
-/// once a score (32 multiplies a thread and tile).
+/// once a score (32 multiplies a thread and tile), as FlashAttention-2
+/// does. A dS stored as f16 (for dQ's product) is then 1 / scale larger
+/// than the scaled one: the same range FlashAttention-2 gives it.
 template <bool kCapped>
 __device__ __forceinline__ float2 grad_score_whole(float raw, float dprob, const WholeTileRule& w, float lse2,
                                                    float rdot, float z) {

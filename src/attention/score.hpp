@@ -76,14 +76,22 @@ BCD_HD Acc score(const Problem& p, const HeadView& v, Acc dot, int64_t i, int64_
   return s;
 }
 
+/// d score / d raw product over the scale: softcap's 1 - tanh^2 (1 without
+/// softcap); the tensor-core backwards apply the scale at the end (Note
+/// [The scale at the end]).
+template <class Acc>
+BCD_HD Acc softcap_slope(const Problem& p, Acc capped) {
+  if (p.softcap > 0) {
+    const Acc t = capped / Acc(p.softcap);
+    return Acc(1) - t * t;
+  }
+  return Acc(1);
+}
+
 /// d score / d raw product for the backward (scale and softcap).
 template <class Acc>
 BCD_HD Acc score_slope(const Problem& p, Acc capped) {
-  if (p.softcap > 0) {
-    const Acc t = capped / Acc(p.softcap);
-    return Acc(p.scale) * (Acc(1) - t * t);
-  }
-  return Acc(p.scale);
+  return p.softcap > 0 ? Acc(p.scale) * softcap_slope<Acc>(p, capped) : Acc(p.scale);
 }
 
 /// Dropout's scale on a kept probability: 2^16 / (2^16 - threshold), 1 / (1 - p)
