@@ -129,6 +129,25 @@ def main():
                 kc[ids, slots] = kn[:, 0]
                 vc[ids, slots] = kn[:, 0]
             rows.append(("torch cuda bf16 B64: two index_put (ref.)", timed(torch_append, sync)))
+            # A batched product through cuBLASLt; the CLI's host_us (`baracuda run bmm`) is the plan's run
+            # alone, so what these rows add to it is the binding's.
+            a3 = torch.randn(2, 8, 8, device="cuda", dtype=torch.bfloat16)
+            o3 = torch.empty_like(a3)
+            rows.append(("torch cuda bf16 [2,8,8]: F.bmm(a, a)", timed(lambda: F.bmm(a3, a3), sync)))
+            rows.append(("torch cuda bf16 [2,8,8]: F.bmm(a, a, out=o)", timed(lambda: F.bmm(a3, a3, out=o3), sync)))
+            rows.append(("torch cuda bf16 [2,8,8]: torch.bmm(a, a) (ref.)", timed(lambda: torch.bmm(a3, a3), sync)))
+            rows.append(("torch cuda bf16 [2,8,8]: torch.bmm(a, a, out=o) (ref.)",
+                         timed(lambda: torch.bmm(a3, a3, out=o3), sync)))
+            # What the fast path asks torch for (Note [Functional fast path]), one item a row.
+            raw_stream = torch._C._cuda_getCurrentRawStream
+            for name, fn in (("a.new_empty(shape)", lambda: a3.new_empty((2, 8, 8))),
+                             ("torch.empty(shape, dtype, device)",
+                              lambda: torch.empty((2, 8, 8), dtype=torch.bfloat16, device=a3.device)),
+                             ("_cuda_getCurrentRawStream(0)", lambda: raw_stream(0)),
+                             ("a.data_ptr()", a3.data_ptr), ("a.stride()", a3.stride), ("a.shape", lambda: a3.shape),
+                             ("a.dtype", lambda: a3.dtype), ("a.is_neg()", a3.is_neg), ("a.is_cuda", lambda: a3.is_cuda),
+                             ("a.get_device()", a3.get_device)):
+                rows.append((f"torch cuda, one item: {name}", timed(fn)))
         else:
             print("(no CUDA device: torch CUDA rows skipped)")
     else:

@@ -21,6 +21,7 @@ void usage() {
       "  baracuda list [--json]                      every op: family, direction, dtypes, backends\n"
       "  baracuda run OP [--dtype D] [--shape 4096,4096] [--attr name=value]... [--layout L]\n"
       "               [--backend B] [--deterministic] [--json]  verify against the host reference and time\n"
+      "                                              (ms: device time a run; host_us: the caller's time a run)\n"
       "  baracuda suite [--backend B] [--deterministic] [--elements N] [--filter TEXT] [--json]\n"
       "                                              the standard suite (the main job)\n"
       "layouts: contiguous strided transposed broadcast inplace shifted\n"
@@ -107,11 +108,11 @@ void print_row(const Row& r, double copy_gbps, bool json, bool& first) {
   double bw = gbps(r.timed);
   if (json) {
     std::printf("%s  {\"op\": \"%s\", \"dtype\": \"%s\", \"shape\": \"%s\", \"layout\": \"%s\", \"status\": \"%s\", "
-                "\"max_abs_error\": %.3g, \"ms\": %.5f, \"gb_per_s\": %.1f, \"copy_fraction\": %.3f, \"sku\": \"%s\", "
+                "\"max_abs_error\": %.3g, \"ms\": %.5f, \"host_us\": %.2f, \"gb_per_s\": %.1f, \"copy_fraction\": %.3f, \"sku\": \"%s\", "
                 "\"message\": \"%s\"}",
                 first ? "" : ",\n", r.spec.op->name.c_str(), dtype_name(r.spec.dtype),
                 shape_str(r.spec.shape).c_str(), layout_name(r.spec.layout), status, r.verify.max_abs_error,
-                r.timed.milliseconds, bw, copy_gbps > 0 ? bw * 1e9 / copy_gbps : 0.0,
+                r.timed.milliseconds, r.timed.host_microseconds, bw, copy_gbps > 0 ? bw * 1e9 / copy_gbps : 0.0,
                 json_escape(r.timed.sku.empty() ? r.verify.sku : r.timed.sku).c_str(),
                 json_escape(r.verify.message).c_str());
     first = false;
@@ -120,8 +121,8 @@ void print_row(const Row& r, double copy_gbps, bool json, bool& first) {
   std::string attrs;
   for (const auto& [k, v] : r.spec.attrs.values())
     attrs += (attrs.empty() ? "" : ",") + k + "=" + (k == "dtype" ? dtype_name(DType(int(v))) : std::to_string(v));
-  std::printf("%-22s %-9s %-14s %-5s %10.4f %9.1f %6.1f%%  %-10.3g %s%s%s\n", r.spec.op->name.c_str(),
-              dtype_name(r.spec.dtype), attrs.c_str(), status, r.timed.milliseconds, bw,
+  std::printf("%-22s %-9s %-14s %-5s %10.4f %8.2f %9.1f %6.1f%%  %-10.3g %s%s%s\n", r.spec.op->name.c_str(),
+              dtype_name(r.spec.dtype), attrs.c_str(), status, r.timed.milliseconds, r.timed.host_microseconds, bw,
               copy_gbps > 0 ? 100.0 * bw * 1e9 / copy_gbps : 0.0, r.verify.max_abs_error,
               r.verify.passed || r.verify.skipped ? "" : " ", r.verify.passed ? "" : r.verify.message.c_str(), "");
 }
@@ -131,7 +132,7 @@ void print_header(bool json) {
     std::printf("[\n");
     return;
   }
-  std::printf("%-22s %-9s %-14s %-5s %10s %9s %7s  %-10s\n", "op", "dtype", "attrs", "check", "ms", "GB/s", "copy%",
+  std::printf("%-22s %-9s %-14s %-5s %10s %8s %9s %7s  %-10s\n", "op", "dtype", "attrs", "check", "ms", "host_us", "GB/s", "copy%",
               "max_err");
 }
 

@@ -624,6 +624,17 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
       }
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
+      constexpr int kBatch = 64;  // runs per batch: well inside the launch queue
+      double best = 0;
+      for (int batch = 0; batch < 5; ++batch) {
+        cudaStreamSynchronize(stream.cuda_stream());
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < kBatch; ++i) (void)(*plan)->run(stream, ws, args);
+        const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        best = batch == 0 ? us : std::min(best, us);
+      }
+      cudaStreamSynchronize(stream.cuda_stream());
+      out.host_microseconds = best / kBatch;
     }
 #endif
     if (!on_device) {

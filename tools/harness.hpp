@@ -84,6 +84,10 @@ struct CaseOutcome {
   int64_t elements = 0;            ///< iteration elements
   double bytes = 0;                ///< minimum bytes moved (inputs read once, outputs written once)
   double milliseconds = 0;         ///< median run time when timed
+  /// Calling thread's time per run when timed on a device: the best of a few
+  /// batches of runs issued back to back (fewer than the launch queue holds,
+  /// so the device's pace does not enter): what a small op costs its caller.
+  double host_microseconds = 0;
   uint64_t seed = 0;               ///< the inputs' seed (wrong-element messages name it)
 };
 

@@ -88,18 +88,19 @@ _TORCH_NAME = {}  # torch.dtype -> baracuda name, filled as dtypes are seen
 _TORCH_DTYPE = {}  # baracuda name -> torch.dtype, filled as outputs are allocated
 
 
-def _torch_raw_stream(device):
-    """The current torch stream's cudaStream_t: torch's raw getter (what
-    Triton uses; ~0.3 us) or, if a torch lacks it, the public ~10 us path."""
+def torch_stream_getter():
+    """torch's current-stream getter, CUDA device id -> cudaStream_t as int:
+    its raw one (what Triton uses; ~0.1 us) or, if a torch lacks it, the
+    public ~10 us path. The fast path calls what this returns, once a call."""
     import torch
-    global _torch_raw_stream
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is None:
-        def _torch_raw_stream(device):
+        def raw(device):
             return torch.cuda.current_stream(device).cuda_stream
-    else:
-        _torch_raw_stream = raw
-    return _torch_raw_stream(device)
+    return raw
+
+
+_stream_getter = None
 
 
 def torch_dtype_name(dtype):
@@ -112,7 +113,10 @@ def torch_dtype_name(dtype):
 
 def torch_stream(device):
     """The current torch stream of CUDA device `device`, a cudaStream_t as int."""
-    return _torch_raw_stream(device)
+    global _stream_getter
+    if _stream_getter is None:
+        _stream_getter = torch_stream_getter()
+    return _stream_getter(device)
 
 
 class _Torch:
@@ -154,7 +158,7 @@ class _Torch:
     def stream(like):
         if not like.is_cuda:
             return 0
-        return _torch_raw_stream(like.get_device())
+        return torch_stream(like.get_device())
 
 
 class _Cupy:

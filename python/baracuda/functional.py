@@ -74,7 +74,7 @@ def _call_python(op, args, attrs, out=None, out_specs=None):
 
 
 _C._set_call_hooks(_call_python, _interop.is_torch_type, _interop.torch_dtype_name, _interop.TORCH.empty,
-                   _interop.TORCH.scalar, _interop.torch_stream)
+                   _interop.TORCH.scalar, _interop.torch_stream_getter)
 _call = _C.call
 
 

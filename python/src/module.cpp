@@ -505,46 +505,6 @@ void execute(const OpInfo& info, const OpDesc& desc, PlanCache::PlanRef plan, co
   check(status);
 }
 
-void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& outputs, const nb::dict& attrs,
-         uintptr_t stream, const nb::object& dtypes, const std::optional<std::string>& backend,
-         const nb::object& workspace) {
-  const OpInfo& info = op_info(op);
-  const size_t n_in = nb::len(inputs), n_out = nb::len(outputs);
-  if (n_in != info.input_names.size() || n_out != info.output_names.size())
-    throw nb::type_error(cat(op, ": expected ", info.input_names.size(), " inputs and ", info.output_names.size(),
-                             " outputs, got ", n_in, " and ", n_out).c_str());
-  if (!dtypes.is_none() && nb::len(dtypes) != n_in + n_out)
-    throw nb::type_error(cat(op, ": 'dtypes' must have one entry (a dtype name or None) per input and output, got ",
-                             nb::len(dtypes)).c_str());
-  auto override_of = [&](size_t i) -> nb::object { return dtypes.is_none() ? nb::none() : dtypes[i]; };
-
-  OpDesc desc{op, {}, {}, to_attrs(info, attrs)};
-  Placement placement;
-  std::vector<InArray> in_keep;
-  std::vector<OutArray> out_keep;
-  std::vector<TensorView> in_views, out_views;
-  in_keep.reserve(n_in), out_keep.reserve(n_out);
-  for (size_t i = 0; i < n_in; ++i)
-    in_views.push_back(import_operand(info, inputs[i], info.input_names[i], override_of(i), placement, in_keep));
-  for (size_t j = 0; j < n_out; ++j)
-    out_views.push_back(
-        import_operand(info, outputs[j], info.output_names[j], override_of(n_in + j), placement, out_keep));
-  for (const auto& v : in_views) desc.inputs.push_back({v.dtype, v.shape_vec()});
-  for (const auto& v : out_views) desc.outputs.push_back({v.dtype, v.shape_vec()});
-
-  PlanPreference pref;
-  pref.backend = backend_arg(backend);
-  pref.allow_tf32 = allow_tf32.load();
-  pref.deterministic_only = deterministic_only.load();
-  const Stream s = placement.cuda ? Stream::cuda(reinterpret_cast<CUstream_st*>(stream)) : Stream::host();
-  PlanCache::PlanRef plan;
-  {
-    DeviceGuard guard(placement.cuda, placement.device);
-    plan = plan_cache().get(PlanCache::key(desc, placement, pref), s, desc, pref);
-  }
-  execute(info, desc, std::move(plan), in_views, out_views, placement, pref, stream, workspace);
-}
-
 // ---------------------------------------------------------------- call: the functional wrappers' path
 
 // Note [Functional fast path]: every baracuda.functional wrapper ends in
@@ -572,7 +532,8 @@ struct CallHooks {
   nb::object torch_dtype;    ///< torch.dtype -> baracuda dtype name (UnsupportedError when none)
   nb::object torch_empty;    ///< (dtype name, shape, like) -> tensor on like's device
   nb::object torch_scalar;   ///< (value, like) -> 0-d tensor of like's dtype and device
-  nb::object torch_stream;   ///< CUDA device id -> torch's current cudaStream_t there, as int
+  nb::object torch_stream_getter;  ///< () -> torch_stream (called on the first torch CUDA call)
+  nb::object torch_stream;         ///< CUDA device id -> torch's current cudaStream_t there, as int
   nb::dict types;            ///< type -> True (torch) or False (the Python path), as types are seen
   nb::dict dtypes;           ///< torch.dtype -> DType code
 };
@@ -580,6 +541,14 @@ struct CallHooks {
 CallHooks& hooks() {
   static CallHooks* h = new CallHooks();  // leaked: Python objects must not be released after finalisation
   return *h;
+}
+
+/// torch's current stream on CUDA device `device`, through the getter the
+/// hook gives (torch's own builtin: no Python frame of ours a call).
+uintptr_t torch_current_stream(int device) {
+  CallHooks& h = hooks();
+  if (!h.torch_stream.is_valid()) h.torch_stream = h.torch_stream_getter();
+  return nb::cast<uintptr_t>(h.torch_stream(device));
 }
 
 /// An interned attribute name, created once.
@@ -986,7 +955,7 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
   if (!ref) throw Fallback{};  // only Python scalars: numpy decides their dtypes
   const Operand reference = *ref;
   const uintptr_t ref_stream = reference.kind == Kind::torch && reference.device_type == nb::device::cuda::value
-                                   ? nb::cast<uintptr_t>(hooks().torch_stream(reference.device_id))
+                                   ? torch_current_stream(reference.device_id)
                                    : 0;
   for (Operand& o : ins)
     if (o.kind == Kind::scalar) o = materialise(o.obj, reference, ref_stream);
@@ -1007,7 +976,7 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
   const uintptr_t stream = reference.kind != Kind::torch || !placement.cuda ? 0
                            : ref_stream && placement.device == reference.device_id
                                ? ref_stream
-                               : nb::cast<uintptr_t>(hooks().torch_stream(placement.device));
+                               : torch_current_stream(placement.device);
   if (!entry) {
     auto fresh = std::make_shared<CallEntry>();
     fresh->desc = {info.name, {}, {}, to_attrs(info, attrs)};
@@ -1057,6 +1026,73 @@ nb::object call(nb::handle op, nb::handle args, const nb::dict& attrs, nb::handl
   } catch (const Fallback&) {
     return hooks().fallback(op, args, attrs, out, out_specs);
   }
+}
+
+/// `obj`'s view as the fast path reads it, where `obj` is a numpy array or
+/// torch tensor that path takes: no DLPack export (torch's costs microseconds
+/// a tensor). None for anything else, which `run` imports through DLPack.
+std::optional<Operand> direct_operand(nb::handle obj, bool writable) {
+  if (!hooks().fallback.is_valid()) return std::nullopt;  // baracuda.functional not imported: no torch hooks
+  try {
+    Operand o;
+    o.obj = nb::borrow(obj);
+    o.kind = classify(obj);
+    if (o.kind != Kind::numpy && o.kind != Kind::torch) return std::nullopt;
+    view_of(o, writable);
+    return o;
+  } catch (const Fallback&) {
+    return std::nullopt;
+  }
+}
+
+void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& outputs, const nb::dict& attrs,
+         uintptr_t stream, const nb::object& dtypes, const std::optional<std::string>& backend,
+         const nb::object& workspace) {
+  const OpInfo& info = op_info(op);
+  const size_t n_in = nb::len(inputs), n_out = nb::len(outputs);
+  if (n_in != info.input_names.size() || n_out != info.output_names.size())
+    throw nb::type_error(cat(op, ": expected ", info.input_names.size(), " inputs and ", info.output_names.size(),
+                             " outputs, got ", n_in, " and ", n_out).c_str());
+  if (!dtypes.is_none() && nb::len(dtypes) != n_in + n_out)
+    throw nb::type_error(cat(op, ": 'dtypes' must have one entry (a dtype name or None) per input and output, got ",
+                             nb::len(dtypes)).c_str());
+  auto override_of = [&](size_t i) -> nb::object { return dtypes.is_none() ? nb::none() : dtypes[i]; };
+
+  OpDesc desc{op, {}, {}, to_attrs(info, attrs)};
+  Placement placement;
+  std::vector<InArray> in_keep;
+  std::vector<OutArray> out_keep;
+  std::vector<TensorView> in_views, out_views;
+  in_keep.reserve(n_in), out_keep.reserve(n_out);
+  std::vector<Operand> direct;  ///< holds the operands read directly for the call
+  direct.reserve(n_in + n_out);
+  auto view = [&](nb::handle obj, const std::string& name, nb::handle dtype, bool writable, auto& keep) {
+    if (dtype.is_none()) {
+      if (std::optional<Operand> o = direct_operand(obj, writable)) {
+        placement.add(info, name, o->device_type, o->device_id);
+        direct.push_back(std::move(*o));
+        return direct.back().view;
+      }
+    }
+    return import_operand(info, obj, name, dtype, placement, keep);
+  };
+  for (size_t i = 0; i < n_in; ++i) in_views.push_back(view(inputs[i], info.input_names[i], override_of(i), false, in_keep));
+  for (size_t j = 0; j < n_out; ++j)
+    out_views.push_back(view(outputs[j], info.output_names[j], override_of(n_in + j), true, out_keep));
+  for (const auto& v : in_views) desc.inputs.push_back({v.dtype, v.shape_vec()});
+  for (const auto& v : out_views) desc.outputs.push_back({v.dtype, v.shape_vec()});
+
+  PlanPreference pref;
+  pref.backend = backend_arg(backend);
+  pref.allow_tf32 = allow_tf32.load();
+  pref.deterministic_only = deterministic_only.load();
+  const Stream s = placement.cuda ? Stream::cuda(reinterpret_cast<CUstream_st*>(stream)) : Stream::host();
+  PlanCache::PlanRef plan;
+  {
+    DeviceGuard guard(placement.cuda, placement.device);
+    plan = plan_cache().get(PlanCache::key(desc, placement, pref), s, desc, pref);
+  }
+  execute(info, desc, std::move(plan), in_views, out_views, placement, pref, stream, workspace);
 }
 
 std::vector<Spec> infer_specs(const std::string& op, const std::vector<Spec>& inputs, const nb::dict& attrs,
@@ -1159,13 +1195,14 @@ NB_MODULE(_baracuda, m) {
         "dtype of the first non-bool array), writing into `out` or into outputs allocated like that array "
         "(specs inferred, or given by `out_specs`). Returns the output or a tuple of outputs.");
   m.def("_set_call_hooks", [](nb::object fallback, nb::object is_torch_type, nb::object torch_dtype,
-                              nb::object torch_empty, nb::object torch_scalar, nb::object torch_stream) {
+                              nb::object torch_empty, nb::object torch_scalar, nb::object torch_stream_getter) {
     CallHooks& h = hooks();
     h.fallback = std::move(fallback), h.is_torch_type = std::move(is_torch_type);
     h.torch_dtype = std::move(torch_dtype), h.torch_empty = std::move(torch_empty);
-    h.torch_scalar = std::move(torch_scalar), h.torch_stream = std::move(torch_stream);
+    h.torch_scalar = std::move(torch_scalar), h.torch_stream_getter = std::move(torch_stream_getter);
+    h.torch_stream = nb::object();
     h.types.clear(), h.dtypes.clear();
-  }, "fallback"_a, "is_torch_type"_a, "torch_dtype"_a, "torch_empty"_a, "torch_scalar"_a, "torch_stream"_a,
+  }, "fallback"_a, "is_torch_type"_a, "torch_dtype"_a, "torch_empty"_a, "torch_scalar"_a, "torch_stream_getter"_a,
         "The Python callables `call` uses (set by baracuda.functional).");
   m.def("set_allow_tf32", [](bool allow) { allow_tf32.store(allow); },
         "Whether f32 GEMMs may multiply in TF32 (torch.backends.cuda.matmul.allow_tf32); off by default.");

@@ -221,10 +221,10 @@ def fake_torch():
         return F._call_python(*args)
 
     _C._set_call_hooks(python_path, _interop.is_torch_type, _interop.torch_dtype_name, empty, scalar,
-                       _interop.torch_stream)
+                       _interop.torch_stream_getter)
     yield fallback
     _C._set_call_hooks(F._call_python, _interop.is_torch_type, _interop.torch_dtype_name, _interop.TORCH.empty,
-                       _interop.TORCH.scalar, _interop.torch_stream)
+                       _interop.TORCH.scalar, _interop.torch_stream_getter)
 
 
 def test_torch_reader(fake_torch):
@@ -262,6 +262,32 @@ def test_torch_neg_view_takes_python_path(fake_torch):
     assert fake_torch == ["neg"]
     np.testing.assert_array_equal(F.neg(FakeTensor(x, conj=True)).a, -x)  # a real tensor's conj bit is never set
     assert fake_torch == ["neg"]
+
+
+def test_run_reads_numpy_and_torch_directly(fake_torch):
+    """`run` reads numpy arrays and torch tensors as the fast path does (the stand-in has no __dlpack__, so a
+    DLPack import of it would fail); what that reader does not take still goes through DLPack, which words the
+    errors; a dtype override always does."""
+    x, y = arr((3, 4)), arr((4, 3)).T
+    out = np.full((3, 4), np.nan, np.float32)
+    baracuda.run("add", [x, y], [out])
+    np.testing.assert_array_equal(out, x + y)
+    fo = FakeTensor(np.full((4, 3), np.nan, np.float32))
+    baracuda.run("mul", [FakeTensor(x.T), y.T], [fo])  # a transposed stand-in beside a numpy operand
+    np.testing.assert_array_equal(fo.a, x.T * y.T)
+    with pytest.raises(TypeError, match="'input' must be an array"):  # the negative bit: not read directly
+        baracuda.run("add", [FakeTensor(x, neg=True), y], [out])
+    ro = np.empty((3, 4), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(TypeError, match="'out' must be a writable array"):
+        baracuda.run("add", [x, y], [ro])
+    with pytest.raises(ValueError, match="operand 'other' has size 5"):
+        baracuda.run("add", [x, arr((3, 5))], [out])
+    h = np.full((3, 4), 0x3F80, np.uint16)  # bf16 ones, through DLPack with the override
+    o16 = np.zeros((3, 4), np.uint16)
+    baracuda.run("add", [h, h], [o16], dtypes=["bf16", "bf16", "bf16"])
+    np.testing.assert_array_equal(o16, np.full((3, 4), 0x4000, np.uint16))  # bf16 2.0
+    assert fake_torch == []
 
 
 @gpu

@@ -223,7 +223,7 @@ Status check_args(std::string_view op, const OpArgs& args, const OpDesc& desc, s
       return invalid(op, ": '", name, "' has rank ", v.rank, ", the maximum is ", kMaxRank);
     if (v.dtype != spec.dtype)
       return invalid(op, ": '", name, "' dtype ", dtype_name(v.dtype), " != descriptor dtype ", dtype_name(spec.dtype));
-    if (v.shape_vec() != spec.shape)
+    if (!std::equal(v.shape.begin(), v.shape.begin() + v.rank, spec.shape.begin(), spec.shape.end()))
       return invalid(op, ": '", name, "' shape ", shape_str(v.shape_vec()), " != descriptor shape ",
                      shape_str(spec.shape));
     if (!v.data && v.numel() > 0) return invalid(op, ": '", name, "' has null data and ", v.numel(), " elements");
