@@ -111,18 +111,20 @@ struct KeyOffsets {
 };
 
 // Note [Attention dropout draws]
-// One Philox-4x32 call gives 8 draws of 16 bits, one for each score of a
+// One Philox-4x32-7 call (seven rounds, as FlashAttention-2 draws its dropout:
+// the fewest Salmon et al. 2011 rate Crush-resistant; ten, their default, adds
+// a margin at 3/7 more work) gives 8 draws of 16 bits, one for each score of a
 // group: rows {i, i + 8} x keys {j, j + 1, j + 8, j + 9} with i and j the
 // group's first row and key (bit 3 of i, bits 0 and 3 of j clear). The
-// tensor-core kernels hold a whole group per thread in the forward and the
-// dQ pass (rows g, g + 8 x keys 2 quad, +1 of two 8-key tiles: one call per
-// 8 scores) and half of two groups in the dK/dV pass (one call per 4); the
-// draw is a pure function of (seed, offset, b, h, i, j) wherever it is made.
-// A score is kept when its draw is at or above round(p 2^16), and a kept
-// probability is scaled by 2^16 / (2^16 - that threshold): 1 / (1 - p) to
-// 16 bits, so the expected weight stays exact (p's rounding moves the drop
-// rate by at most 2^-17). Positions are within the sequence (packed
-// sequences draw as if dense).
+// tensor-core kernels hold a whole group per thread in the forward and the dQ
+// pass (rows g, g + 8 x keys 2 quad, +1 of two 8-key tiles: one call per 8
+// scores) and half of two groups in the dK/dV pass (one call per 4); the draw
+// is a pure function of (seed, offset, b, h, i, j) wherever it is made. A score
+// is kept when its draw is at or above round(p 2^16), and a kept probability is
+// scaled by 2^16 / (2^16 - that threshold): 1 / (1 - p) to 16 bits, so the
+// expected weight stays exact (p's rounding moves the drop rate by at most
+// 2^-17). Positions are within the sequence (packed sequences draw as if
+// dense).
 
 /// The group's threshold: a draw below it drops the score.
 BCD_HD uint32_t dropout_threshold(float p) {
@@ -130,10 +132,13 @@ BCD_HD uint32_t dropout_threshold(float p) {
   return t >= 65535.f ? 65535u : uint32_t(t);
 }
 
+inline constexpr int kDropoutPhiloxRounds = 7;
+
 /// The 8 draws of the group holding score (i, j) of head (b, h).
 BCD_HD PhiloxWords dropout_draws(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
   const uint64_t head = p.offset + uint64_t(b) * uint64_t(p.heads_q) + uint64_t(h);
-  return philox(p.seed, uint32_t(j & ~int64_t(9)), uint32_t(i & ~int64_t(8)), uint32_t(head), uint32_t(head >> 32));
+  return philox<kDropoutPhiloxRounds>(p.seed, uint32_t(j & ~int64_t(9)), uint32_t(i & ~int64_t(8)), uint32_t(head),
+                                      uint32_t(head >> 32));
 }
 
 /// The draw of a group's score whose row has bit 3 `row_hi` and whose key
