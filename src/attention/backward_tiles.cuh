@@ -72,26 +72,35 @@ __device__ __forceinline__ TileRule backward_rule(const Problem& p, const HeadVi
 }
 
 /// Dropout keep bits of a dK/dV-pass fragment (bit 4 nt + e: row r + 8 nt +
-/// (e % 2), key key + 8 (e / 2)): for each row parity, tiles nt and nt + 1
-/// (nt even) hold half a dropout group, one Philox call per 4 scores. r % 16
-/// < 7 and key % 16 < 8 (the row and key with bit 3 clear).
+/// (e % 2), key key + 8 (e / 2)). The lanes of keys key and key ^ 1 (lane ^ 4,
+/// the same rows) need the same two groups of tiles nt, nt + 1 (nt even), of
+/// rows of parity 0 and 1, half of each: a lane makes the call of the rows of
+/// its key's parity and hands the other lane the halves its key takes, so one
+/// Philox call covers 8 scores, as in the forward. The whole warp calls this
+/// together; r % 16 < 7 and key % 16 < 8 (bit 3 clear in the row and key).
 template <int kN>
 __device__ __forceinline__ uint32_t dropout_bits_keys(const Problem& p, const HeadView& v, int64_t r, int64_t key) {
   static_assert(kN % 2 == 0 && kN * 4 <= 32, "whole groups, one bit a score");
   const uint32_t threshold = dropout_threshold(p.dropout_p);
+  const int own = int(key & 1);  // the row parity this lane draws for; its key takes the high halves when odd
+  // __byte_perm selectors packing the low (0x5410) or high (0x7632) halves of two words as lo | hi << 16.
+  const uint32_t keep = own ? 0x7632u : 0x5410u, give = own ? 0x5410u : 0x7632u;
   uint32_t bits = 0;
 #pragma unroll
-  for (int nt = 0; nt < kN; nt += 2)
+  for (int nt = 0; nt < kN; nt += 2) {
+    const PhiloxWords w = dropout_draws(p, v.b, v.h, r + nt * 8 + own, key);
 #pragma unroll
-    for (int parity = 0; parity < 2; ++parity) {
-      const int64_t i = r + nt * 8 + parity;
-      const PhiloxWords w = dropout_draws(p, v.b, v.h, i, key);
+    for (int d = 0; d < 2; ++d) {  // row + 8 d: words 2 d (key) and 2 d + 1 (key + 8)
+      const uint32_t mine = __byte_perm(w.v[2 * d], w.v[2 * d + 1], keep);
+      const uint32_t other = __shfl_xor_sync(0xffffffffu, __byte_perm(w.v[2 * d], w.v[2 * d + 1], give), 4);
 #pragma unroll
-      for (int d = 0; d < 2; ++d)
-#pragma unroll
-        for (int kh = 0; kh < 2; ++kh)
-          bits |= uint32_t(group_draw(w, d, kh, key & 1) >= threshold) << (4 * (nt + d) + 2 * kh + parity);
+      for (int kh = 0; kh < 2; ++kh) {
+        const int bit = 4 * (nt + d) + 2 * kh;
+        bits |= uint32_t(((mine >> (16 * kh)) & 0xffffu) >= threshold) << (bit + own);
+        bits |= uint32_t(((other >> (16 * kh)) & 0xffffu) >= threshold) << (bit + (own ^ 1));
+      }
     }
+  }
   return bits;
 }
 

@@ -118,13 +118,13 @@ struct KeyOffsets {
 // group's first row and key (bit 3 of i, bits 0 and 3 of j clear). The
 // tensor-core kernels hold a whole group per thread in the forward and the dQ
 // pass (rows g, g + 8 x keys 2 quad, +1 of two 8-key tiles: one call per 8
-// scores) and half of two groups in the dK/dV pass (one call per 4); the draw
-// is a pure function of (seed, offset, b, h, i, j) wherever it is made. A score
-// is kept when its draw is at or above round(p 2^16), and a kept probability is
-// scaled by 2^16 / (2^16 - that threshold): 1 / (1 - p) to 16 bits, so the
-// expected weight stays exact (p's rounding moves the drop rate by at most
-// 2^-17). Positions are within the sequence (packed sequences draw as if
-// dense).
+// scores) and half of two groups in the dK/dV pass (two lanes share their two
+// groups' calls: one per 8 again, dropout_bits_keys); the draw is a pure
+// function of (seed, offset, b, h, i, j) wherever it is made. A score is kept
+// when its draw is at or above round(p 2^16), and a kept probability is scaled
+// by 2^16 / (2^16 - that threshold): 1 / (1 - p) to 16 bits, so the expected
+// weight stays exact (p's rounding moves the drop rate by at most 2^-17).
+// Positions are within the sequence (packed sequences draw as if dense).
 
 /// The group's threshold: a draw below it drops the score.
 BCD_HD uint32_t dropout_threshold(float p) {
