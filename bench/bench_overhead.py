@@ -119,9 +119,9 @@ def main():
             lens = torch.randint(0, 1000, (64,), device="cuda", dtype=torch.int32)
             rows.append(("torch cuda bf16 B64: F.kv_append",
                          timed(lambda: F.kv_append(kn, kn, kc, vc, lens, table), sync)))
+            stream = torch.cuda.current_stream().cuda_stream  # looked up once: the public getter costs ~8 us
             rows.append(("torch cuda bf16 B64: _C.run('kv_append', ...)",
-                         timed(lambda: baracuda.run("kv_append", [kn, kn, table, lens], [kc, vc],
-                                                      stream=torch.cuda.current_stream().cuda_stream), sync)))
+                         timed(lambda: baracuda.run("kv_append", [kn, kn, table, lens], [kc, vc], stream=stream), sync)))
             ids = table.gather(1, (lens.long() // 16)[:, None]).squeeze(1).long()
             slots = lens.long() % 16
 
@@ -138,6 +138,19 @@ def main():
             rows.append(("torch cuda bf16 [2,8,8]: torch.bmm(a, a) (ref.)", timed(lambda: torch.bmm(a3, a3), sync)))
             rows.append(("torch cuda bf16 [2,8,8]: torch.bmm(a, a, out=o) (ref.)",
                          timed(lambda: torch.bmm(a3, a3, out=o3), sync)))
+            # Empty operands: every path checks them and launches nothing, so these rows are the fixed cost.
+            e1, e2, e3 = (torch.empty(0, device="cuda") for _ in range(3))
+            m0, m0o = torch.empty(0, 8, 8, device="cuda", dtype=torch.bfloat16), torch.empty(0, 8, 8, device="cuda",
+                                                                                         dtype=torch.bfloat16)
+            rows.append(("torch cuda empty: F.add(e, e, out=e) (no launch)", timed(lambda: F.add(e1, e2, out=e3), sync)))
+            rows.append(("torch cuda empty: torch.add(e, e, out=e) (ref.)", timed(lambda: torch.add(e1, e2, out=e3), sync)))
+            rows.append(("torch cuda empty: F.bmm(m, m, out=o) (no launch)", timed(lambda: F.bmm(m0, m0, out=m0o), sync)))
+            rows.append(("torch cuda empty: torch.bmm(m, m, out=o) (ref.)",
+                         timed(lambda: torch.bmm(m0, m0, out=m0o), sync)))
+            rows.append(("torch cuda f32[4]: baracuda.run('add', ...)",
+                         timed(lambda: baracuda.run("add", [a, b], [c], stream=stream), sync)))
+            rows.append(("torch cuda: a bare launch from Python, torch.cuda._sleep(0) (ref.)",
+                         timed(lambda: torch.cuda._sleep(0), sync)))
             # What the fast path asks torch for (Note [Functional fast path]), one item a row.
             raw_stream = torch._C._cuda_getCurrentRawStream
             for name, fn in (("a.new_empty(shape)", lambda: a3.new_empty((2, 8, 8))),
