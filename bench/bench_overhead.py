@@ -121,7 +121,8 @@ def main():
                          timed(lambda: F.kv_append(kn, kn, kc, vc, lens, table), sync)))
             stream = torch.cuda.current_stream().cuda_stream  # looked up once: the public getter costs ~8 us
             rows.append(("torch cuda bf16 B64: _C.run('kv_append', ...)",
-                         timed(lambda: baracuda.run("kv_append", [kn, kn, table, lens], [kc, vc], stream=stream), sync)))
+                         timed(lambda: baracuda.run("kv_append", [kn, kn, table, lens], [kc, vc], stream=stream),
+                               sync)))
             ids = table.gather(1, (lens.long() // 16)[:, None]).squeeze(1).long()
             slots = lens.long() % 16
 
@@ -140,11 +141,13 @@ def main():
                          timed(lambda: torch.bmm(a3, a3, out=o3), sync)))
             # Empty operands: every path checks them and launches nothing, so these rows are the fixed cost.
             e1, e2, e3 = (torch.empty(0, device="cuda") for _ in range(3))
-            m0, m0o = torch.empty(0, 8, 8, device="cuda", dtype=torch.bfloat16), torch.empty(0, 8, 8, device="cuda",
-                                                                                         dtype=torch.bfloat16)
-            rows.append(("torch cuda empty: F.add(e, e, out=e) (no launch)", timed(lambda: F.add(e1, e2, out=e3), sync)))
-            rows.append(("torch cuda empty: torch.add(e, e, out=e) (ref.)", timed(lambda: torch.add(e1, e2, out=e3), sync)))
-            rows.append(("torch cuda empty: F.bmm(m, m, out=o) (no launch)", timed(lambda: F.bmm(m0, m0, out=m0o), sync)))
+            m0, m0o = (torch.empty(0, 8, 8, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            rows.append(("torch cuda empty: F.add(e, e, out=e) (no launch)",
+                         timed(lambda: F.add(e1, e2, out=e3), sync)))
+            rows.append(("torch cuda empty: torch.add(e, e, out=e) (ref.)",
+                         timed(lambda: torch.add(e1, e2, out=e3), sync)))
+            rows.append(("torch cuda empty: F.bmm(m, m, out=o) (no launch)",
+                         timed(lambda: F.bmm(m0, m0, out=m0o), sync)))
             rows.append(("torch cuda empty: torch.bmm(m, m, out=o) (ref.)",
                          timed(lambda: torch.bmm(m0, m0, out=m0o), sync)))
             rows.append(("torch cuda f32[4]: baracuda.run('add', ...)",
@@ -158,7 +161,8 @@ def main():
                               lambda: torch.empty((2, 8, 8), dtype=torch.bfloat16, device=a3.device)),
                              ("_cuda_getCurrentRawStream(0)", lambda: raw_stream(0)),
                              ("a.data_ptr()", a3.data_ptr), ("a.stride()", a3.stride), ("a.shape", lambda: a3.shape),
-                             ("a.dtype", lambda: a3.dtype), ("a.is_neg()", a3.is_neg), ("a.is_cuda", lambda: a3.is_cuda),
+                             ("a.dtype", lambda: a3.dtype), ("a.is_neg()", a3.is_neg),
+                             ("a.is_cuda", lambda: a3.is_cuda),
                              ("a.get_device()", a3.get_device)):
                 rows.append((f"torch cuda, one item: {name}", timed(fn)))
         else:

@@ -108,8 +108,8 @@ void print_row(const Row& r, double copy_gbps, bool json, bool& first) {
   double bw = gbps(r.timed);
   if (json) {
     std::printf("%s  {\"op\": \"%s\", \"dtype\": \"%s\", \"shape\": \"%s\", \"layout\": \"%s\", \"status\": \"%s\", "
-                "\"max_abs_error\": %.3g, \"ms\": %.5f, \"host_us\": %.2f, \"gb_per_s\": %.1f, \"copy_fraction\": %.3f, \"sku\": \"%s\", "
-                "\"message\": \"%s\"}",
+                "\"max_abs_error\": %.3g, \"ms\": %.5f, \"host_us\": %.2f, \"gb_per_s\": %.1f, \"copy_fraction\": %.3f, "
+                "\"sku\": \"%s\", \"message\": \"%s\"}",
                 first ? "" : ",\n", r.spec.op->name.c_str(), dtype_name(r.spec.dtype),
                 shape_str(r.spec.shape).c_str(), layout_name(r.spec.layout), status, r.verify.max_abs_error,
                 r.timed.milliseconds, r.timed.host_microseconds, bw, copy_gbps > 0 ? bw * 1e9 / copy_gbps : 0.0,
@@ -132,7 +132,8 @@ void print_header(bool json) {
     std::printf("[\n");
     return;
   }
-  std::printf("%-22s %-9s %-14s %-5s %10s %8s %9s %7s  %-10s\n", "op", "dtype", "attrs", "check", "ms", "host_us", "GB/s", "copy%",
+  std::printf("%-22s %-9s %-14s %-5s %10s %8s %9s %7s  %-10s\n", "op", "dtype", "attrs", "check", "ms", "host_us", "GB/s",
+              "copy%",
               "max_err");
 }
 

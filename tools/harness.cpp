@@ -624,9 +624,9 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
       }
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
-      constexpr int kBatch = 64;  // runs per batch: well inside the launch queue
+      constexpr int kBatch = 32;  // runs per batch: well inside the launch queue
       double best = 0;
-      for (int batch = 0; batch < 5; ++batch) {
+      for (int batch = 0; batch < 3; ++batch) {
         cudaStreamSynchronize(stream.cuda_stream());
         const auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < kBatch; ++i) (void)(*plan)->run(stream, ws, args);

@@ -1076,7 +1076,8 @@ void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& 
     }
     return import_operand(info, obj, name, dtype, placement, keep);
   };
-  for (size_t i = 0; i < n_in; ++i) in_views.push_back(view(inputs[i], info.input_names[i], override_of(i), false, in_keep));
+  for (size_t i = 0; i < n_in; ++i)
+    in_views.push_back(view(inputs[i], info.input_names[i], override_of(i), false, in_keep));
   for (size_t j = 0; j < n_out; ++j)
     out_views.push_back(view(outputs[j], info.output_names[j], override_of(n_in + j), true, out_keep));
   for (const auto& v : in_views) desc.inputs.push_back({v.dtype, v.shape_vec()});
