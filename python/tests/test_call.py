@@ -290,6 +290,19 @@ def test_run_reads_numpy_and_torch_directly(fake_torch):
     assert fake_torch == []
 
 
+@pytest.mark.parametrize("view", ["plain", "reversed", "transposed", "broadcast", "0-d", "empty"])
+def test_run_direct_reader_agrees_with_dlpack(view):
+    """`run` on numpy views read directly gives what the DLPack import (forced by a dtype override) gives."""
+    base = arr((6, 8))
+    x = {"plain": base, "reversed": base[::-1, ::-2], "transposed": base.T,
+         "broadcast": np.broadcast_to(base[:1], (6, 8)), "0-d": np.array(0.5, np.float32), "empty": base[:0]}[view]
+    direct, imported = (np.full(x.shape, np.nan, np.float32) for _ in range(2))
+    baracuda.run("exp", [x], [direct])
+    baracuda.run("exp", [x], [imported], dtypes=["f32", "f32"])
+    np.testing.assert_array_equal(direct, imported)
+    np.testing.assert_allclose(direct, np.exp(x), rtol=1e-6)
+
+
 @gpu
 def test_cuda_scalars_are_cached_per_stream():
     """Python numbers beside CUDA tensors (Note [Cached torch scalars]): right values on every dtype, on a second
