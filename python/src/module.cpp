@@ -1181,9 +1181,10 @@ NB_MODULE(_baracuda, m) {
         "(ops such as 'fill' and 'where_backward' take them).");
   m.def("run", &run, "op"_a, "inputs"_a, "outputs"_a, "attrs"_a = nb::dict(), "stream"_a = 0,
         "dtypes"_a = nb::none(), "backend"_a = nb::none(), "workspace"_a = nb::none(),
-        "Runs op on DLPack arrays, writing outputs in place. All operands on the host (host backend) or all on "
-        "one GPU (on `stream`, a cudaStream_t as int). `dtypes` optionally overrides each operand's exported "
-        "dtype (same element size). The GIL is released while the kernel runs.");
+        "Runs op on arrays, writing outputs in place: numpy arrays and torch tensors read directly, other DLPack "
+        "producers imported. All operands on the host (host backend) or all on one GPU (on `stream`, a "
+        "cudaStream_t as int). `dtypes` optionally overrides each operand's exported dtype (same element size; "
+        "such operands go through DLPack). The GIL is released while the kernel runs.");
   m.def("plan_info", &plan_info, "op"_a, "inputs"_a, "attrs"_a = nb::dict(), "outputs"_a = nb::none(),
         "device"_a = "cpu", "backend"_a = nb::none(),
         "The plan `select` picks for these specs on 'cpu' or 'cuda': sku, backend, workspace_size, precision.");
