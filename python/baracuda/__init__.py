@@ -5,7 +5,8 @@
     dx = F.gelu_backward(dy, x, approximate="tanh")
 
 Low level: `ops()` lists the registry, `infer` gives output specs, `run`
-executes any op on DLPack arrays, `plan_info` names the kernel `select` picks.
+executes any op on arrays (numpy, torch, any DLPack producer), `plan_info`
+names the kernel `select` picks.
 """
 import sys as _sys
 
