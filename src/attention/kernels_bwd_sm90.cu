@@ -46,6 +46,10 @@
 // stages (tiles::kOnePassStages), so that a tile's dV and dK products are
 // waited for there too, not before the next tile's copies are issued
 // (385 -> 390, D96 293 -> 297: within a run's spread, one barrier fewer).
+// Thread 0 loads a dense problem's Q and dO by TMA, counted on the stage's
+// mbarrier (each thread's cp.async copies were a quarter of the loop's
+// instructions; H200 B4 H32 S4096: 448 -> 459 TFLOP/s, causal 377 -> 384,
+// softcap 384 -> 396); packed sequences and strides TMA refuses keep them.
 // Why 128 keys: the L2 performs reductions at about 1.4-1.5 TB/s of f32
 // payload (H200, ncu: float2 or float4 atomics alike). With 64-key blocks
 // (a 64 x 128 part per 64 keys, atomics) the one-pass kernel of a B1 H32
@@ -56,6 +60,7 @@
 // canonical layout of this swizzle), which measured slower than two passes.
 // The sums' order, so their last bits, vary run to run.
 #include "attention/backward_tiles.cuh"
+#include "attention/tensor_map.cuh"
 #include "attention/wgmma_sm90.cuh"
 
 #include <algorithm>
@@ -159,6 +164,8 @@ __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
     issue_query_stage<kD, kBwdThreads>(sQ + 2 * s * kTile, sS + 2 * s * kBwdTile, p, first, b, h, i0,
                                        ws);
   };
+  // The bound is recomputed at each call: held in a register, it made ptxas spill (255 registers at D128: 24 -> 40
+  // bytes of spill loads).
   int64_t h = hk * p.group(), i0 = 0;
   bool have = next_query_tile(p, first, (hk + 1) * p.group(), k0, k_last, h, i0);
   if (have) load_stage(0, h, i0);
@@ -326,12 +333,20 @@ __device__ __forceinline__ void wgmma_grad_q_part_issue(float (&dq)[8][4], const
     wgmma_ss<T, 64, 1, 1>(dq, desc_plus(a, kk * 16 * 64 * sizeof(T)), desc_plus(b, kk * 16 * 64 * sizeof(T)), kk > 0);
 }
 
+/// The one pass's tensor maps of Q and dO (boxes of 64 rows), where TMA takes them.
+struct QueryMaps {
+  CUtensorMap q, grad_out;
+};
+
 /// dK and dV of a block of 128 keys (64 a warpgroup) and the dQ parts of
 /// every query tile it meets (warpgroup w: dims 64 w..), added to the f32
-/// sums by bulk reductions; head dim 128.
-template <class T, bool kEdges>
+/// sums by bulk reductions; head dim 128. kTma: thread 0 loads each tile's
+/// Q and dO by TMA (`maps`), counted on the stage's mbarrier; else every
+/// thread copies its share by cp.async.
+template <class T, bool kEdges, bool kTma>
 __global__ void __launch_bounds__(kOnePassThreads, 1)
-    attention_grad_one_pass_sm90(const __grid_constant__ Problem p, const RowStats* ws) {
+    attention_grad_one_pass_sm90(const __grid_constant__ Problem p, const RowStats* ws,
+                                 const __grid_constant__ QueryMaps maps) {
 #ifdef BARACUDA_WGMMA
   constexpr int kD = 128, kTile = sw_tile<kD>(), kDimTiles = kD / 8, kPitch = int(kDqPitch);
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -350,9 +365,30 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
             lane = threadIdx.x % 32, quad = lane % 4;
   const int64_t k_last = min(k0 + kOnePassKeys, first.len_kv) - 1;
   issue_key_block<kD, kOnePassKeys, kOnePassThreads>(sK, sV, p, first, b, hk, k0);
+  __shared__ __align__(8) uint64_t stage_full[kOnePassStages];  // kTma: a stage's Q and dO have landed
+  auto full_bar = [&](int s) { return shared_address(&stage_full[s]); };
+  if constexpr (kTma) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kOnePassStages; ++s) mbar_init(full_bar(s), 1);
+      mbar_fence_init();
+    }
+  }
   auto load_stage = [&](int s, int64_t h, int64_t i0) {
-    issue_query_stage<kD, kOnePassThreads>(sQ + 2 * s * kTile, sS + 2 * s * kBwdTile, p, first, b, h, i0,
-                                           ws);
+    T* sQG = sQ + 2 * s * kTile;
+    if constexpr (kTma) {
+      if (threadIdx.x == 0) {
+        mbar_expect_tx(full_bar(s), 2 * kTile * sizeof(T));
+#pragma unroll
+        for (int cb = 0; cb < kD / 64; ++cb) {
+          tma_load_4d(sQG + cb * kBwdTile * 64, &maps.q, 64 * cb, int(i0), int(h), int(b), full_bar(s));
+          tma_load_4d(sQG + kTile + cb * kBwdTile * 64, &maps.grad_out, 64 * cb, int(i0), int(h), int(b),
+                      full_bar(s));
+        }
+      }
+      stage_row_stats(sS + 2 * s * kBwdTile, p, first, h, i0, ws);
+    } else {
+      issue_query_stage<kD, kOnePassThreads>(sQG, sS + 2 * s * kBwdTile, p, first, b, h, i0, ws);
+    }
   };
   const int64_t h_end = (hk + 1) * p.group();
   int64_t h = hk * p.group(), i0 = 0;
@@ -392,7 +428,8 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
       bulk_commit();
     }
   };
-  for (int ring = 0; have; ring = ring + 1 == kOnePassStages ? 0 : ring + 1) {
+  uint32_t phase = 0;  // kTma: the parity of this round of the ring's full barriers
+  for (int ring = 0; have; ring = ring + 1 == kOnePassStages ? 0 : ring + 1, phase ^= uint32_t(ring == 0)) {
     const int stage = __shfl_sync(0xffffffffu, ring, 0);  // uniform, as wg
     int64_t next_h = h, next_i0 = i0 + kBwdTile;
     const bool next = next_query_tile(p, first, h_end, k0, k_last, next_h, next_i0);
@@ -405,6 +442,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     fence_proxy_async();  // this thread's copies, visible to wgmma; its part, to the bulk copy
     __syncthreads();  // this stage landed; both parts written, so dS^T (and the last tile's stage) is free
     if (dq_pending) reduce_dq_part();
+    if constexpr (kTma) mbar_wait(full_bar(stage), phase);  // this tile's Q and dO
     const T* tQ = sQ + 2 * stage * kTile;
     const T* tG = tQ + kTile;
     const HeadView v = group_head_view(p, first, h);
@@ -456,12 +494,29 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
 #endif
 }
 
+/// The one pass: Q and dO by TMA where both take it (dense sequences: a packed one's rows past its length belong to
+/// the next, not zeros), by cp.async elsewhere.
+template <class T, bool kEdges>
+Status launch_one_pass(const Problem& p, const RowStats* ws, CUstream_st* stream) {
+  if (p.seq_kv == 0) return Status::ok();
+  QueryMaps maps{};
+  const bool tma =
+      !p.varlen() && make_tensor_map<T>(maps.q, p.q, p.batch, p.heads_q, p.seq_q, p.head_dim, kBwdTile) &&
+      make_tensor_map<T>(maps.grad_out, p.grad_out, p.batch, p.heads_q, p.seq_q, p.value_dim, kBwdTile);
+  const auto kernel =
+      tma ? attention_grad_one_pass_sm90<T, kEdges, true> : attention_grad_one_pass_sm90<T, kEdges, false>;
+  BARACUDA_TRY(allow_smem(kernel, wgmma_one_pass_smem()));
+  const dim3 grid(unsigned((p.seq_kv + kOnePassKeys - 1) / kOnePassKeys), unsigned(p.heads_kv), unsigned(p.batch));
+  kernel<<<grid, kOnePassThreads, wgmma_one_pass_smem(), stream>>>(p, ws, maps);
+  BARACUDA_CUDA_TRY(cudaGetLastError());
+  return Status::ok();
+}
+
 template <class T, int kD, bool kEdges>
 Status launch(const Problem& p, const RowStats* ws, CUstream_st* stream) {
   if constexpr (kD == 128)
     if (p.grad_q_sum)  // one pass (Note [One-pass Hopper backward]); the caller writes dQ from the sums
-      return launch_backward_passes(p, ws, stream, kOnePassThreads, {nullptr, 0, kBwdTile},
-                                    {attention_grad_one_pass_sm90<T, kEdges>, wgmma_one_pass_smem(), kOnePassKeys});
+      return launch_one_pass<T, kEdges>(p, ws, stream);
   constexpr size_t smem = wgmma_backward_smem(kD);
   return launch_backward_passes(p, ws, stream, kBwdThreads, {attention_grad_q_sm90<T, kD, kEdges>, smem, kBwdTile},
                                 {attention_grad_kv_sm90<T, kD, kEdges>, smem, kBwdTile});
