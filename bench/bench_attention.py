@@ -25,7 +25,12 @@ from bench_elementwise import median_ms
 TF = torch.nn.functional
 
 
+ROWS = ()  # --rows: substrings of the row names to time (empty: every row of the groups run)
+
+
 def row(name, ours, theirs, flops, check=None):
+    if ROWS and not any(part in name for part in ROWS):
+        return
     t_ours, t_torch = median_ms(ours, samples=10), median_ms(theirs, samples=10)
     ok = "" if check is None else ("" if check() else "  MISMATCH")
     print(f"{name:<52} {flops / t_ours / 1e9:9.1f} {flops / t_torch / 1e9:9.1f} TFLOP/s {t_torch / t_ours:6.2f}{ok}",
@@ -48,7 +53,10 @@ ATTRS = dict(scale=0.0, causal=0, bottom_right=0, window_left=-1, window_right=-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="", help="comma-separated substrings of the row groups to run")
+    parser.add_argument("--rows", default="", help="comma-separated substrings of the row names to time")
     args = parser.parse_args()
+    global ROWS
+    ROWS = tuple(part for part in args.rows.split(",") if part)
     want = lambda name: any(part in name for part in args.only.split(","))  # noqa: E731
     print(f"{'op':<52} {'ours':>9} {'torch':>9} {'unit':<7} {'ratio':>6}")
     bf16 = torch.bfloat16
