@@ -75,7 +75,13 @@ def _t(shape, dtype):
 
 
 def _run(op, inputs, outputs, attrs, backend):
-    baracuda._baracuda.run(op, inputs, outputs, attrs, torch.cuda.current_stream().cuda_stream, None, backend, None)
+    try:
+        baracuda._baracuda.run(op, inputs, outputs, attrs, torch.cuda.current_stream().cuda_stream, None, backend,
+                               None)
+    except baracuda.UnsupportedError as e:  # a build configured without the cuDNN frontend headers has no engine
+        if backend == "cudnn" and "built without cuDNN" in str(e):
+            pytest.skip(f"no cuDNN engine in this build: {e}")
+        raise
     return outputs
 
 
