@@ -10,7 +10,9 @@ forward and backward: cuDNN with the causal mask in the modifier) and packed seq
 (varlen_attention: cuDNN's ragged layout by default, and the bespoke kernels
 forced; torch runs the same tokens as a dense batch of equal lengths).
 `--only bespoke` runs the bespoke rows, `--only refused` only the
-dropout and softcap rows, `--only varlen` the packed-sequence rows. With
+dropout and softcap rows, `--only varlen` the packed-sequence rows;
+`--rows a,b` then times only the rows whose names hold one of those
+substrings (an A/B of one kernel's rows). With
 BARACUDA_ATTENTION_HOPPER=0 the bespoke rows time the mma.sync kernels other
 archs run (the Hopper ones set aside)."""
 import argparse
