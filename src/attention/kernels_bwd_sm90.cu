@@ -22,7 +22,12 @@
 // order of the f32 sums inside each product. Two blocks an SM at head dim
 // 128 (six 64-row tiles, about 97 KiB), three and four at 64 (kv_blocks,
 // q_blocks); each block's S^T and dP^T are issued together, and the other
-// blocks' products run while it computes its scores.
+// blocks' products run while it computes its scores. Where TMA takes the
+// operands (dense sequences, strides in 16-byte multiples: backward_maps),
+// thread 0 loads each stage's pair of tiles (Q and dO, or K and V) by TMA,
+// counted on the stage's mbarrier (StageBarriers), and the warps wait on it
+// after the stage's block barrier; else every thread issues its cp.async
+// share (issue_swizzled). The rows' statistics stay 4-byte cp.async copies.
 //
 // Note [One-pass Hopper backward]
 // Where the plan allows runs that are not bitwise reproducible (the default;
@@ -46,10 +51,9 @@
 // stages (tiles::kOnePassStages), so that a tile's dV and dK products are
 // waited for there too, not before the next tile's copies are issued
 // (385 -> 390, D96 293 -> 297: within a run's spread, one barrier fewer).
-// Thread 0 loads a dense problem's Q and dO by TMA, counted on the stage's
-// mbarrier (each thread's cp.async copies were a quarter of the loop's
-// instructions; H200 B4 H32 S4096: 448 -> 459 TFLOP/s, causal 377 -> 384,
-// softcap 384 -> 396); packed sequences and strides TMA refuses keep them.
+// Q and dO come by TMA as in the two passes (each thread's cp.async copies
+// were a quarter of the loop's executed instructions; H200 B4 H32 S4096:
+// 448 -> 459 TFLOP/s, causal 377 -> 384, softcap 384 -> 396).
 // Why 128 keys: the L2 performs reductions at about 1.4-1.5 TB/s of f32
 // payload (H200, ncu: float2 or float4 atomics alike). With 64-key blocks
 // (a 64 x 128 part per 64 keys, atomics) the one-pass kernel of a B1 H32
@@ -142,9 +146,45 @@ __device__ __forceinline__ void issue_query_stage(T* sQG, float* sS, const Probl
   stage_row_stats(sS, p, first, h, i0, ws);
 }
 
-template <class T, int kD, bool kEdges>
+/// The backward's tensor maps (boxes of 64 rows) where TMA takes the
+/// operands: Q and dO (the dK/dV walks' query tiles), K and V (the dQ
+/// pass's key tiles).
+struct BackwardMaps {
+  CUtensorMap q, grad_out, k, v;
+};
+
+/// Thread 0's TMA loads of 64 rows (from `row`) of two operands into
+/// consecutive swizzled tiles at `dst` (the layout of issue_swizzled),
+/// counted on the mbarrier `bar`.
+template <class T, int kD>
+__device__ __forceinline__ void tma_tile_pair(T* dst, const CUtensorMap& first, const CUtensorMap& second,
+                                              int64_t row, int64_t head, int64_t b, uint32_t bar) {
+  constexpr int kTile = sw_tile<kD>();
+  mbar_expect_tx(bar, 2 * kTile * sizeof(T));
+#pragma unroll
+  for (int cb = 0; cb < kD / 64; ++cb) {
+    tma_load_4d(dst + cb * kBwdTile * 64, &first, 64 * cb, int(row), int(head), int(b), bar);
+    tma_load_4d(dst + kTile + cb * kBwdTile * 64, &second, 64 * cb, int(row), int(head), int(b), bar);
+  }
+}
+
+/// The mbarriers of a ring of TMA-loaded stages (one arrival: the loading thread's).
+template <int kStages>
+struct StageBarriers {
+  uint64_t full[kStages];
+  __device__ uint32_t operator[](int s) { return shared_address(&full[s]); }
+  __device__ void init() {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) mbar_init((*this)[s], 1);
+      mbar_fence_init();
+    }
+  }
+};
+
+template <class T, int kD, bool kEdges, bool kTma>
 __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
-    attention_grad_kv_sm90(const __grid_constant__ Problem p, const RowStats* ws) {
+    attention_grad_kv_sm90(const __grid_constant__ Problem p, const RowStats* ws,
+                           const __grid_constant__ BackwardMaps maps) {
 #ifdef BARACUDA_WGMMA
   constexpr int kTile = sw_tile<kD>(), kDimTiles = kD / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -158,11 +198,17 @@ __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
   const int64_t k_last = min(k0 + kBwdTile, first.len_kv) - 1;
   issue_key_block<kD, kBwdTile, kBwdThreads>(sK, sV, p, first, b, hk, k0);
+  __shared__ __align__(8) StageBarriers<2> full;  // kTma: a stage's Q and dO have landed
+  if constexpr (kTma) full.init();
 
-  // Stage s takes query tile (h, i0): Q, dO, and the rows' statistics, by cp.async.
+  // Stage s takes query tile (h, i0): Q and dO (by TMA, or cp.async), and the rows' statistics (cp.async).
   auto load_stage = [&](int s, int64_t h, int64_t i0) {
-    issue_query_stage<kD, kBwdThreads>(sQ + 2 * s * kTile, sS + 2 * s * kBwdTile, p, first, b, h, i0,
-                                       ws);
+    if constexpr (kTma) {
+      if (threadIdx.x == 0) tma_tile_pair<T, kD>(sQ + 2 * s * kTile, maps.q, maps.grad_out, i0, h, b, full[s]);
+      stage_row_stats(sS + 2 * s * kBwdTile, p, first, h, i0, ws);
+    } else {
+      issue_query_stage<kD, kBwdThreads>(sQ + 2 * s * kTile, sS + 2 * s * kBwdTile, p, first, b, h, i0, ws);
+    }
   };
   // The bound is recomputed at each call: held in a register, it made ptxas spill (255 registers at D128: 24 -> 40
   // bytes of spill loads).
@@ -174,7 +220,8 @@ __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
   const WholeTileRule rule(p);
   const int64_t key = k0 + warp * 16 + lane / 4;  // this thread's keys: key and key + 8
   float dk[kDimTiles][4] = {}, dv[kDimTiles][4] = {};
-  for (int stage = 0; have; stage ^= 1) {
+  uint32_t phase = 0;  // kTma: the parity of this round of the stages' barriers
+  for (int stage = 0; have; phase ^= uint32_t(stage), stage ^= 1) {
     int64_t next_h = h, next_i0 = i0 + kBwdTile;
     const bool next = next_query_tile(p, first, (hk + 1) * p.group(), k0, k_last, next_h, next_i0);
     if (next) load_stage(stage ^ 1, next_h, next_i0);  // streams in while this tile is used
@@ -182,6 +229,7 @@ __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
     cp_async_wait<1>();
     fence_proxy_async();  // this thread's copies, visible to wgmma
     __syncthreads();
+    if constexpr (kTma) mbar_wait(full[stage], phase);  // this tile's Q and dO
     const T* tQ = sQ + 2 * stage * kTile;
     const T* tG = tQ + kTile;
     const HeadView v = group_head_view(p, first, h);
@@ -221,9 +269,10 @@ __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
 #endif
 }
 
-template <class T, int kD, bool kEdges>
+template <class T, int kD, bool kEdges, bool kTma>
 __global__ void __launch_bounds__(kBwdThreads, q_blocks(kD))
-    attention_grad_q_sm90(const __grid_constant__ Problem p, const RowStats* ws) {
+    attention_grad_q_sm90(const __grid_constant__ Problem p, const RowStats* ws,
+                          const __grid_constant__ BackwardMaps maps) {
 #ifdef BARACUDA_WGMMA
   constexpr int kTile = sw_tile<kD>(), kDimTiles = kD / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -239,10 +288,16 @@ __global__ void __launch_bounds__(kBwdThreads, q_blocks(kD))
   const int64_t row_last = min(row0 + kBwdTile, v.len_q) - 1;
   int64_t span_lo, span_hi;
   tile_key_span(p, v, row0, row_last, span_lo, span_hi);
+  __shared__ __align__(8) StageBarriers<2> full;  // kTma: a stage's K and V have landed
+  if constexpr (kTma) full.init();
   auto load_keys = [&](int s, int64_t k0) {
-    issue_swizzled<kD, kBwdTile, kBwdThreads>(sK + 2 * s * kTile, k, p.k.seq, k0, v.len_kv, int(p.head_dim));
-    issue_swizzled<kD, kBwdTile, kBwdThreads>(sK + (2 * s + 1) * kTile, val, p.v.seq, k0, v.len_kv,
-                                              int(p.value_dim));
+    if constexpr (kTma) {
+      if (threadIdx.x == 0) tma_tile_pair<T, kD>(sK + 2 * s * kTile, maps.k, maps.v, k0, v.hk, v.b, full[s]);
+    } else {
+      issue_swizzled<kD, kBwdTile, kBwdThreads>(sK + 2 * s * kTile, k, p.k.seq, k0, v.len_kv, int(p.head_dim));
+      issue_swizzled<kD, kBwdTile, kBwdThreads>(sK + (2 * s + 1) * kTile, val, p.v.seq, k0, v.len_kv,
+                                                int(p.value_dim));
+    }
   };
   issue_swizzled<kD, kBwdTile, kBwdThreads>(sQ, p.q.ptr<const T>(v.b, v.h, v.tok_q), p.q.seq, row0, v.len_q,
                                             int(p.head_dim));
@@ -255,12 +310,14 @@ __global__ void __launch_bounds__(kBwdThreads, q_blocks(kD))
   const WholeTileRule rule(p);
   float dq[kDimTiles][4] = {};
   int stage = 0;
-  for (int64_t k0 = span_lo; k0 < span_hi; k0 += kBwdTile, stage ^= 1) {
+  uint32_t phase = 0;  // kTma: the parity of this round of the stages' barriers
+  for (int64_t k0 = span_lo; k0 < span_hi; k0 += kBwdTile, phase ^= uint32_t(stage), stage ^= 1) {
     if (k0 + kBwdTile < span_hi) load_keys(stage ^ 1, k0 + kBwdTile);  // streams in while this tile is used
     cp_async_commit();
     cp_async_wait<1>();
     fence_proxy_async();
     __syncthreads();
+    if constexpr (kTma) mbar_wait(full[stage], phase);  // this tile's K and V
     const T* tK = sK + 2 * stage * kTile;
     const T* tV = tK + kTile;
     float s[8][4], dp[8][4];
@@ -333,11 +390,6 @@ __device__ __forceinline__ void wgmma_grad_q_part_issue(float (&dq)[8][4], const
     wgmma_ss<T, 64, 1, 1>(dq, desc_plus(a, kk * 16 * 64 * sizeof(T)), desc_plus(b, kk * 16 * 64 * sizeof(T)), kk > 0);
 }
 
-/// The one pass's tensor maps of Q and dO (boxes of 64 rows), where TMA takes them.
-struct QueryMaps {
-  CUtensorMap q, grad_out;
-};
-
 /// dK and dV of a block of 128 keys (64 a warpgroup) and the dQ parts of
 /// every query tile it meets (warpgroup w: dims 64 w..), added to the f32
 /// sums by bulk reductions; head dim 128. kTma: thread 0 loads each tile's
@@ -346,7 +398,7 @@ struct QueryMaps {
 template <class T, bool kEdges, bool kTma>
 __global__ void __launch_bounds__(kOnePassThreads, 1)
     attention_grad_one_pass_sm90(const __grid_constant__ Problem p, const RowStats* ws,
-                                 const __grid_constant__ QueryMaps maps) {
+                                 const __grid_constant__ BackwardMaps maps) {
 #ifdef BARACUDA_WGMMA
   constexpr int kD = 128, kTile = sw_tile<kD>(), kDimTiles = kD / 8, kPitch = int(kDqPitch);
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -365,29 +417,14 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
             lane = threadIdx.x % 32, quad = lane % 4;
   const int64_t k_last = min(k0 + kOnePassKeys, first.len_kv) - 1;
   issue_key_block<kD, kOnePassKeys, kOnePassThreads>(sK, sV, p, first, b, hk, k0);
-  __shared__ __align__(8) uint64_t stage_full[kOnePassStages];  // kTma: a stage's Q and dO have landed
-  auto full_bar = [&](int s) { return shared_address(&stage_full[s]); };
-  if constexpr (kTma) {
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < kOnePassStages; ++s) mbar_init(full_bar(s), 1);
-      mbar_fence_init();
-    }
-  }
+  __shared__ __align__(8) StageBarriers<kOnePassStages> full;  // kTma: a stage's Q and dO have landed
+  if constexpr (kTma) full.init();
   auto load_stage = [&](int s, int64_t h, int64_t i0) {
-    T* sQG = sQ + 2 * s * kTile;
     if constexpr (kTma) {
-      if (threadIdx.x == 0) {
-        mbar_expect_tx(full_bar(s), 2 * kTile * sizeof(T));
-#pragma unroll
-        for (int cb = 0; cb < kD / 64; ++cb) {
-          tma_load_4d(sQG + cb * kBwdTile * 64, &maps.q, 64 * cb, int(i0), int(h), int(b), full_bar(s));
-          tma_load_4d(sQG + kTile + cb * kBwdTile * 64, &maps.grad_out, 64 * cb, int(i0), int(h), int(b),
-                      full_bar(s));
-        }
-      }
+      if (threadIdx.x == 0) tma_tile_pair<T, kD>(sQ + 2 * s * kTile, maps.q, maps.grad_out, i0, h, b, full[s]);
       stage_row_stats(sS + 2 * s * kBwdTile, p, first, h, i0, ws);
     } else {
-      issue_query_stage<kD, kOnePassThreads>(sQG, sS + 2 * s * kBwdTile, p, first, b, h, i0, ws);
+      issue_query_stage<kD, kOnePassThreads>(sQ + 2 * s * kTile, sS + 2 * s * kBwdTile, p, first, b, h, i0, ws);
     }
   };
   const int64_t h_end = (hk + 1) * p.group();
@@ -442,7 +479,7 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
     fence_proxy_async();  // this thread's copies, visible to wgmma; its part, to the bulk copy
     __syncthreads();  // this stage landed; both parts written, so dS^T (and the last tile's stage) is free
     if (dq_pending) reduce_dq_part();
-    if constexpr (kTma) mbar_wait(full_bar(stage), phase);  // this tile's Q and dO
+    if constexpr (kTma) mbar_wait(full[stage], phase);  // this tile's Q and dO
     const T* tQ = sQ + 2 * stage * kTile;
     const T* tG = tQ + kTile;
     const HeadView v = group_head_view(p, first, h);
@@ -494,32 +531,50 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
 #endif
 }
 
-/// The one pass: Q and dO by TMA where both take it (dense sequences: a packed one's rows past its length belong to
-/// the next, not zeros), by cp.async elsewhere.
-template <class T, bool kEdges>
-Status launch_one_pass(const Problem& p, const RowStats* ws, CUstream_st* stream) {
-  if (p.seq_kv == 0) return Status::ok();
-  QueryMaps maps{};
-  const bool tma =
-      !p.varlen() && make_tensor_map<T>(maps.q, p.q, p.batch, p.heads_q, p.seq_q, p.head_dim, kBwdTile) &&
-      make_tensor_map<T>(maps.grad_out, p.grad_out, p.batch, p.heads_q, p.seq_q, p.value_dim, kBwdTile);
-  const auto kernel =
-      tma ? attention_grad_one_pass_sm90<T, kEdges, true> : attention_grad_one_pass_sm90<T, kEdges, false>;
-  BARACUDA_TRY(allow_smem(kernel, wgmma_one_pass_smem()));
-  const dim3 grid(unsigned((p.seq_kv + kOnePassKeys - 1) / kOnePassKeys), unsigned(p.heads_kv), unsigned(p.batch));
-  kernel<<<grid, kOnePassThreads, wgmma_one_pass_smem(), stream>>>(p, ws, maps);
+/// The tensor maps of Q and dO (`keys` false) or of K and V (true), where
+/// TMA takes both: dense sequences (a packed one's rows past its length
+/// belong to the next, not zeros), strides in 16-byte multiples.
+template <class T>
+bool backward_maps(BackwardMaps& maps, const Problem& p, bool keys) {
+  if (p.varlen()) return false;
+  return keys ? make_tensor_map<T>(maps.k, p.k, p.batch, p.heads_kv, p.seq_kv, p.head_dim, kBwdTile) &&
+                    make_tensor_map<T>(maps.v, p.v, p.batch, p.heads_kv, p.seq_kv, p.value_dim, kBwdTile)
+              : make_tensor_map<T>(maps.q, p.q, p.batch, p.heads_q, p.seq_q, p.head_dim, kBwdTile) &&
+                    make_tensor_map<T>(maps.grad_out, p.grad_out, p.batch, p.heads_q, p.seq_q, p.value_dim, kBwdTile);
+}
+
+/// One backward kernel over `tiles` x `heads` x batch blocks (none when a sequence is empty).
+template <class Kernel>
+Status launch_pass(Kernel kernel, size_t smem, int threads, int64_t seq, int tile, int64_t heads, const Problem& p,
+                   const RowStats* ws, const BackwardMaps& maps, CUstream_st* stream) {
+  if (seq == 0) return Status::ok();
+  BARACUDA_TRY(allow_smem(kernel, smem));
+  const dim3 grid(unsigned((seq + tile - 1) / tile), unsigned(heads), unsigned(p.batch));
+  kernel<<<grid, threads, smem, stream>>>(p, ws, maps);
   BARACUDA_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }
 
+/// The one pass (head dim 128) or the two passes (dQ, then dK and dV), each
+/// kernel with its tiles by TMA where backward_maps takes them.
 template <class T, int kD, bool kEdges>
 Status launch(const Problem& p, const RowStats* ws, CUstream_st* stream) {
+  BackwardMaps maps{};
+  const bool query_tma = backward_maps<T>(maps, p, false);
   if constexpr (kD == 128)
     if (p.grad_q_sum)  // one pass (Note [One-pass Hopper backward]); the caller writes dQ from the sums
-      return launch_one_pass<T, kEdges>(p, ws, stream);
+      return launch_pass(query_tma ? attention_grad_one_pass_sm90<T, kEdges, true>
+                                   : attention_grad_one_pass_sm90<T, kEdges, false>,
+                         wgmma_one_pass_smem(), kOnePassThreads, p.seq_kv, kOnePassKeys, p.heads_kv, p, ws, maps,
+                         stream);
+  const bool key_tma = backward_maps<T>(maps, p, true);
   constexpr size_t smem = wgmma_backward_smem(kD);
-  return launch_backward_passes(p, ws, stream, kBwdThreads, {attention_grad_q_sm90<T, kD, kEdges>, smem, kBwdTile},
-                                {attention_grad_kv_sm90<T, kD, kEdges>, smem, kBwdTile});
+  BARACUDA_TRY(launch_pass(key_tma ? attention_grad_q_sm90<T, kD, kEdges, true>
+                                   : attention_grad_q_sm90<T, kD, kEdges, false>,
+                           smem, kBwdThreads, p.seq_q, kBwdTile, p.heads_q, p, ws, maps, stream));
+  return launch_pass(query_tma ? attention_grad_kv_sm90<T, kD, kEdges, true>
+                               : attention_grad_kv_sm90<T, kD, kEdges, false>,
+                     smem, kBwdThreads, p.seq_kv, kBwdTile, p.heads_kv, p, ws, maps, stream);
 }
 
 // ---------------------------------------------------------------- self-test
