@@ -543,7 +543,7 @@ bool backward_maps(BackwardMaps& maps, const Problem& p, bool keys) {
                     make_tensor_map<T>(maps.grad_out, p.grad_out, p.batch, p.heads_q, p.seq_q, p.value_dim, kBwdTile);
 }
 
-/// One backward kernel over `tiles` x `heads` x batch blocks (none when a sequence is empty).
+/// One backward kernel over ceil(seq / tile) x heads x batch blocks (none when the sequence is empty).
 template <class Kernel>
 Status launch_pass(Kernel kernel, size_t smem, int threads, int64_t seq, int tile, int64_t heads, const Problem& p,
                    const RowStats* ws, const BackwardMaps& maps, CUstream_st* stream) {
