@@ -77,6 +77,22 @@ struct Sizes {
   int64_t b, hq, hkv, sq, skv, d, dv;
 };
 
+/// The operands of a dense attention backward (grad_output, q, k, v, out:
+/// uniform in [-1, 1]; lse in [3, 6]; no mask, no ALiBi slopes), head dim
+/// s.d for every operand.
+std::vector<Operand> random_backward_operands(const Sizes& s, DType t, std::mt19937& rng) {
+  const Shape qs{s.b, s.hq, s.sq, s.d}, ks{s.b, s.hkv, s.skv, s.d};
+  const int64_t nq = s.b * s.hq * s.sq * s.d, nk = s.b * s.hkv * s.skv * s.d;
+  return {{uniform(nq, rng), qs, t},
+          {uniform(nq, rng), qs, t},
+          {uniform(nk, rng), ks, t},
+          {uniform(nk, rng), ks, t},
+          {uniform(nq, rng), qs, t},
+          {uniform(s.b * s.hq * s.sq, rng, 3, 6), {s.b, s.hq, s.sq}, DType::f32},
+          {{}, {0}, t},
+          {{}, {0}, DType::f32}};
+}
+
 /// Attention written out naively: every score, a max-subtracted softmax.
 /// mask: additive values over [sq, skv] (-inf hides), shared by every head.
 std::vector<double> naive(const Sizes& s, const std::vector<double>& q, const std::vector<double>& k,
@@ -473,21 +489,12 @@ TEST(AttentionCuda, MultiTileAgainstReference) {
 /// Asked for reproducible runs (PlanPreference::deterministic_only), the
 /// CUDA backward sums dK and dV over the query heads of a group and dQ over
 /// key tiles in a fixed order: two runs agree bit for bit (by default the
-/// Hopper backward sums dQ by atomics: Note [One-pass Hopper backward]).
+/// Hopper backward sums dQ by bulk f32 reductions: Note [One-pass Hopper backward]).
 TEST(AttentionCuda, BackwardIsDeterministic) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(5);
-  const int64_t b = 1, hq = 8, hkv = 1, sq = 300, skv = 260, d = 128;
   for (DType t : {DType::bf16, DType::f16}) {
-    const Shape qs{b, hq, sq, d}, ks{b, hkv, skv, d};
-    const std::vector<Operand> in{{uniform(b * hq * sq * d, rng), qs, t},
-                                  {uniform(b * hq * sq * d, rng), qs, t},
-                                  {uniform(b * hkv * skv * d, rng), ks, t},
-                                  {uniform(b * hkv * skv * d, rng), ks, t},
-                                  {uniform(b * hq * sq * d, rng), qs, t},
-                                  {uniform(b * hq * sq, rng, 3, 6), {b, hq, sq}, DType::f32},
-                                  {{}, {0}, t},
-                                  {{}, {0}, DType::f32}};
+    const std::vector<Operand> in = random_backward_operands({1, 8, 1, 300, 260, 128, 128}, t, rng);
     const Attrs attrs{{"causal", 1}, {"bottom_right", 1}};
     PlanPreference reproducible;
     reproducible.deterministic_only = true;
@@ -507,17 +514,8 @@ TEST(AttentionCuda, BackwardIsDeterministic) {
 TEST(AttentionCuda, BackwardWorkspaceAlignment) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(11);
-  const int64_t b = 1, h = 4, s = 200, d = 128;
-  const Shape qs{b, h, s, d};
   for (DType t : {DType::bf16, DType::f32}) {
-    const std::vector<Operand> in{{uniform(b * h * s * d, rng), qs, t},
-                                  {uniform(b * h * s * d, rng), qs, t},
-                                  {uniform(b * h * s * d, rng), qs, t},
-                                  {uniform(b * h * s * d, rng), qs, t},
-                                  {uniform(b * h * s * d, rng), qs, t},
-                                  {uniform(b * h * s, rng, 3, 6), {b, h, s}, DType::f32},
-                                  {{}, {0}, t},
-                                  {{}, {0}, DType::f32}};
+    const std::vector<Operand> in = random_backward_operands({1, 4, 4, 200, 200, 128, 128}, t, rng);
     const std::string op = "scaled_dot_product_attention_backward";
     auto off4 = exec(Backend::bespoke_cuda, op, in, {}, {}, {}, 0, 4);
     ASSERT_FALSE(off4) << dtype_name(t);
