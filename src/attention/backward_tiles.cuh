@@ -379,26 +379,18 @@ __device__ __forceinline__ void write_query_grads(const Problem& p, const HeadVi
   }
 }
 
-/// One of the backward's two passes: its kernel (null: not run), dynamic
-/// shared memory, and the query rows (dQ) or keys (dK/dV) of a block.
-struct BackwardPass {
-  void (*kernel)(const Problem, const RowStats*);
-  size_t smem;
-  int tile;
-};
-
-/// Launches the dQ pass over (query tiles, query heads, batch) and the dK/dV pass over (key tiles, key heads, batch).
-inline Status launch_backward_passes(const Problem& p, const RowStats* ws, CUstream_st* stream, int threads,
-                                     const BackwardPass& dq, const BackwardPass& dkv) {
-  for (const bool keys : {false, true}) {
-    const BackwardPass& pass = keys ? dkv : dq;
-    const int64_t seq = keys ? p.seq_kv : p.seq_q;
-    if (seq == 0 || !pass.kernel) continue;
-    BARACUDA_TRY(allow_smem(pass.kernel, pass.smem));
-    const dim3 grid(unsigned((seq + pass.tile - 1) / pass.tile), unsigned(keys ? p.heads_kv : p.heads_q), unsigned(p.batch));
-    pass.kernel<<<grid, threads, pass.smem, stream>>>(p, ws);
-    BARACUDA_CUDA_TRY(cudaGetLastError());
-  }
+/// Launches one backward pass: ceil(seq / tile) x heads x batch blocks (none
+/// when the sequence is empty), the kernel taking the problem, then `args`.
+/// The dQ passes run over (query tiles, query heads), the dK/dV passes over
+/// (key tiles, key heads).
+template <class Kernel, class... Args>
+Status launch_pass(Kernel kernel, size_t smem, int threads, int64_t seq, int tile, int64_t heads, const Problem& p,
+                   CUstream_st* stream, const Args&... args) {
+  if (seq == 0) return Status::ok();
+  BARACUDA_TRY(allow_smem(kernel, smem));
+  const dim3 grid(unsigned((seq + tile - 1) / tile), unsigned(heads), unsigned(p.batch));
+  kernel<<<grid, threads, smem, stream>>>(p, args...);
+  BARACUDA_CUDA_TRY(cudaGetLastError());
   return Status::ok();
 }
 

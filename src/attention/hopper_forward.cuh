@@ -209,9 +209,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       mbar_wait(bar_q_empty, (loads & 1) ^ 1);
       if constexpr (kTma) {
         mbar_expect_tx(bar_q, kQBytes);
-#pragma unroll
-        for (int cb = 0; cb < kD / 64; ++cb)
-          tma_load_4d(sQ + cb * kWgRows * 64, &maps.q, 64 * cb, int(w.row0), int(v.h), int(v.b), bar_q);
+        tma_load_rows<kD, kWgRows>(sQ, &maps.q, w.row0, v.h, v.b, bar_q);
         for (int t = 0; t < w.tiles; ++t) {
           const int g = ring + t, s = g % kStages;
           const uint32_t parity = ((g / kStages) & 1) ^ 1;
@@ -219,14 +217,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
           T* sK = sKV + 2 * s * kTile;
           mbar_wait(bar(kEmptyK, s), parity);
           mbar_expect_tx(bar(kFullK, s), kTileBytes);
-#pragma unroll
-          for (int cb = 0; cb < kD / 64; ++cb)
-            tma_load_4d(sK + cb * kWgKeys * 64, &maps.k, 64 * cb, k0, int(v.hk), int(v.b), bar(kFullK, s));
+          tma_load_rows<kD, kWgKeys>(sK, &maps.k, k0, v.hk, v.b, bar(kFullK, s));
           mbar_wait(bar(kEmptyV, s), parity);
           mbar_expect_tx(bar(kFullV, s), kTileBytes);
-#pragma unroll
-          for (int cb = 0; cb < kD / 64; ++cb)
-            tma_load_4d(sK + kTile + cb * kWgKeys * 64, &maps.v, 64 * cb, k0, int(v.hk), int(v.b), bar(kFullV, s));
+          tma_load_rows<kD, kWgKeys>(sK + kTile, &maps.v, k0, v.hk, v.b, bar(kFullV, s));
         }
       } else {
         // Each thread waits for its own copies and fences them into the async

@@ -161,11 +161,8 @@ __device__ __forceinline__ void tma_tile_pair(T* dst, const CUtensorMap& first, 
                                               int64_t row, int64_t head, int64_t b, uint32_t bar) {
   constexpr int kTile = sw_tile<kD>();
   mbar_expect_tx(bar, 2 * kTile * sizeof(T));
-#pragma unroll
-  for (int cb = 0; cb < kD / 64; ++cb) {
-    tma_load_4d(dst + cb * kBwdTile * 64, &first, 64 * cb, int(row), int(head), int(b), bar);
-    tma_load_4d(dst + kTile + cb * kBwdTile * 64, &second, 64 * cb, int(row), int(head), int(b), bar);
-  }
+  tma_load_rows<kD, kBwdTile>(dst, &first, row, head, b, bar);
+  tma_load_rows<kD, kBwdTile>(dst + kTile, &second, row, head, b, bar);
 }
 
 /// The mbarriers of a ring of TMA-loaded stages (one arrival: the loading thread's).
@@ -543,18 +540,6 @@ bool backward_maps(BackwardMaps& maps, const Problem& p, bool keys) {
                     make_tensor_map<T>(maps.grad_out, p.grad_out, p.batch, p.heads_q, p.seq_q, p.value_dim, kBwdTile);
 }
 
-/// One backward kernel over ceil(seq / tile) x heads x batch blocks (none when the sequence is empty).
-template <class Kernel>
-Status launch_pass(Kernel kernel, size_t smem, int threads, int64_t seq, int tile, int64_t heads, const Problem& p,
-                   const RowStats* ws, const BackwardMaps& maps, CUstream_st* stream) {
-  if (seq == 0) return Status::ok();
-  BARACUDA_TRY(allow_smem(kernel, smem));
-  const dim3 grid(unsigned((seq + tile - 1) / tile), unsigned(heads), unsigned(p.batch));
-  kernel<<<grid, threads, smem, stream>>>(p, ws, maps);
-  BARACUDA_CUDA_TRY(cudaGetLastError());
-  return Status::ok();
-}
-
 /// The one pass (head dim 128) or the two passes (dQ, then dK and dV), each
 /// kernel with its tiles by TMA where backward_maps takes them.
 template <class T, int kD, bool kEdges>
@@ -565,16 +550,16 @@ Status launch(const Problem& p, const RowStats* ws, CUstream_st* stream) {
     if (p.grad_q_sum)  // one pass (Note [One-pass Hopper backward]); the caller writes dQ from the sums
       return launch_pass(query_tma ? attention_grad_one_pass_sm90<T, kEdges, true>
                                    : attention_grad_one_pass_sm90<T, kEdges, false>,
-                         wgmma_one_pass_smem(), kOnePassThreads, p.seq_kv, kOnePassKeys, p.heads_kv, p, ws, maps,
-                         stream);
+                         wgmma_one_pass_smem(), kOnePassThreads, p.seq_kv, kOnePassKeys, p.heads_kv, p, stream, ws,
+                         maps);
   const bool key_tma = backward_maps<T>(maps, p, true);
   constexpr size_t smem = wgmma_backward_smem(kD);
   BARACUDA_TRY(launch_pass(key_tma ? attention_grad_q_sm90<T, kD, kEdges, true>
                                    : attention_grad_q_sm90<T, kD, kEdges, false>,
-                           smem, kBwdThreads, p.seq_q, kBwdTile, p.heads_q, p, ws, maps, stream));
+                           smem, kBwdThreads, p.seq_q, kBwdTile, p.heads_q, p, stream, ws, maps));
   return launch_pass(query_tma ? attention_grad_kv_sm90<T, kD, kEdges, true>
                                : attention_grad_kv_sm90<T, kD, kEdges, false>,
-                     smem, kBwdThreads, p.seq_kv, kBwdTile, p.heads_kv, p, ws, maps, stream);
+                     smem, kBwdThreads, p.seq_kv, kBwdTile, p.heads_kv, p, stream, ws, maps);
 }
 
 // ---------------------------------------------------------------- self-test

@@ -222,9 +222,10 @@ __global__ void __launch_bounds__(kTcThreads) attention_grad_q_tc(const __grid_c
 template <class T, int kD, bool kEdges>
 Status launch(const Problem& p, const RowStats* ws, CUstream_st* stream) {
   static_assert(kv_smem<kD>() == tc_backward_smem(kD) && q_smem<kD>() <= kv_smem<kD>(), "the plan checks this much");
-  return launch_backward_passes(p, ws, stream, kTcThreads,
-                                {attention_grad_q_tc<T, kD, kEdges>, q_smem<kD>(), kTcRows},
-                                {attention_grad_kv_tc<T, kD, kEdges>, kv_smem<kD>(), kTcKeys});
+  BARACUDA_TRY(launch_pass(attention_grad_q_tc<T, kD, kEdges>, q_smem<kD>(), kTcThreads, p.seq_q, kTcRows, p.heads_q,
+                           p, stream, ws));
+  return launch_pass(attention_grad_kv_tc<T, kD, kEdges>, kv_smem<kD>(), kTcThreads, p.seq_kv, kTcKeys, p.heads_kv, p,
+                     stream, ws);
 }
 
 }  // namespace

@@ -91,7 +91,7 @@ BCD_HD Acc softcap_slope(const Problem& p, Acc capped) {
 /// d score / d raw product for the backward (scale and softcap).
 template <class Acc>
 BCD_HD Acc score_slope(const Problem& p, Acc capped) {
-  return p.softcap > 0 ? Acc(p.scale) * softcap_slope<Acc>(p, capped) : Acc(p.scale);
+  return Acc(p.scale) * softcap_slope<Acc>(p, capped);
 }
 
 /// Dropout's scale on a kept probability: 2^16 / (2^16 - threshold), 1 / (1 - p)

@@ -315,6 +315,16 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* map, int c0, 
       : "memory");
 #endif
 }
+/// TMA: kRows rows from `row` of head `head` of batch `b` (a map of boxes of
+/// 64 dims by kRows rows, make_tensor_map) into the swizzled tile at `dst`,
+/// its kD / 64 column blocks one after another (issue_swizzled's layout).
+template <int kD, int kRows, class T>
+__device__ __forceinline__ void tma_load_rows(T* dst, const void* map, int64_t row, int64_t head, int64_t b,
+                                              uint32_t bar) {
+#pragma unroll
+  for (int cb = 0; cb < kD / 64; ++cb)
+    tma_load_4d(dst + cb * kRows * 64, map, 64 * cb, int(row), int(head), int(b), bar);
+}
 /// Fetches a tensor map into the TMA unit's cache ahead of its first use.
 __device__ __forceinline__ void tma_prefetch(const void* map) {
 #ifdef BARACUDA_WGMMA
