@@ -103,7 +103,8 @@ def main():
         hopper = (torch.cuda.get_device_capability() == (9, 0)
                   and os.environ.get("BARACUDA_ATTENTION_HOPPER") != "0")
         for b, h, s, d, causal in ((4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (4, 32, 4096, 64, False),
-                                   (1, 8, 1024, 128, False), (4, 32, 4096, 96, False)):
+                                   (4, 32, 4096, 64, True), (2, 16, 2048, 128, True), (1, 8, 1024, 128, False),
+                                   (4, 32, 4096, 96, False)):
             attrs = dict(ATTRS, causal=int(causal))
             q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=bf16) for _ in range(3))
             out, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
