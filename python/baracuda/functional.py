@@ -1304,11 +1304,35 @@ def _empty(like, dtype=None):
     return adapter.empty(dtype or d, (0,), a)
 
 
+_ABSENT = {}
+
+
+def _absent(query):
+    """The [0] operands of an absent mask (query's dtype) and absent ALiBi slopes (f32; f64 for f64 queries) on
+    query's device, made once per (array type, device, dtype): made at each call, their two allocations and
+    spec reads cost more host time than a small attention kernel takes on the GPU."""
+    key = (type(query), getattr(query, "device", None), getattr(query, "dtype", None))
+    pair = _ABSENT.get(key) if key[2] is not None else None
+    if pair is None:
+        pair = (_empty(query), _empty(query, "f64" if _spec(query)[0] == "f64" else "f32"))
+        if key[2] is not None:
+            _ABSENT[key] = pair
+    return pair
+
+
 def _slopes(query, alibi_slopes):
     """ALiBi slopes, or an absent [0] operand: f32 (f64 for f64 queries), as lse."""
-    if alibi_slopes is not None:
-        return alibi_slopes
-    return _empty(query, "f64" if _spec(query)[0] == "f64" else "f32")
+    return _absent(query)[1] if alibi_slopes is None else alibi_slopes
+
+
+def _mask(query, attn_mask):
+    """The mask, or an absent [0] operand of query's dtype."""
+    return _absent(query)[0] if attn_mask is None else attn_mask
+
+
+def _pair_out(out):
+    """`out` of a forward attention: (out, lse), or out alone (lse then allocated)."""
+    return out if out is None or isinstance(out, (tuple, list)) else (out, None)
 
 
 def _attention_attrs(op, dropout_p, causal, scale, window, bottom_right, softcap, seed, offset):
@@ -1337,14 +1361,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     or [B, H]), a reproducible dropout from ``seed`` and ``offset`` (Philox;
     torch's RNG is not used), and ``return_lse`` for (out, lse) with lse
     [B, H, S] f32 (the natural-log log-sum-exp the backward needs). A query
-    that sees no key gets zeros (torch's math backend gives NaN).
+    that sees no key gets zeros (torch's math backend gives NaN). ``out``: the
+    output tensor, or (out, lse) with either None (allocated).
     """
     _check_gqa("scaled_dot_product_attention", query, key, enable_gqa)
     attrs = _attention_attrs("scaled_dot_product_attention", dropout_p, is_causal, scale, window, bottom_right, softcap,
                              seed, offset)
-    mask = _empty(query) if attn_mask is None else attn_mask
-    slopes = _slopes(query, alibi_slopes)
-    o, lse = _call("scaled_dot_product_attention", (query, key, value, mask, slopes), attrs, out)
+    o, lse = _call("scaled_dot_product_attention",
+                   (query, key, value, _mask(query, attn_mask), _slopes(query, alibi_slopes)), attrs, _pair_out(out))
     return (o, lse) if return_lse else o
 
 
@@ -1356,8 +1380,7 @@ def scaled_dot_product_attention_backward(grad_output, query, key, value, out, l
     _check_gqa("scaled_dot_product_attention_backward", query, key, enable_gqa)
     attrs = _attention_attrs("scaled_dot_product_attention_backward", dropout_p, is_causal, scale, window,
                              bottom_right, softcap, seed, offset)
-    mask = _empty(query) if attn_mask is None else attn_mask
-    slopes = _slopes(query, alibi_slopes)
+    mask, slopes = _mask(query, attn_mask), _slopes(query, alibi_slopes)
     return _call("scaled_dot_product_attention_backward", (grad_output, query, key, value, out, lse, mask, slopes), attrs)
 
 
@@ -1369,7 +1392,8 @@ def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_kv, max_seqlen_
     attrs = _attention_attrs("varlen_attention", dropout_p, causal, scale, window, bottom_right, softcap, seed, offset)
     attrs.update(max_seqlen_q=int(max_seqlen_q), max_seqlen_kv=int(max_seqlen_kv))
     slopes = _slopes(query, alibi_slopes)
-    o, lse = _call("varlen_attention", (query, key, value, cu_seqlens_q, cu_seqlens_kv, slopes), attrs, out)
+    o, lse = _call("varlen_attention", (query, key, value, cu_seqlens_q, cu_seqlens_kv, slopes), attrs,
+                   _pair_out(out))
     return (o, lse) if return_lse else o
 
 

@@ -41,6 +41,28 @@ def test_host_matches_numpy():
         F.scaled_dot_product_attention(q, k, v)
 
 
+def test_out_takes_the_output_alone_or_with_lse():
+    q, k, v = (RNG.uniform(-1, 1, (1, 2, 5, 8)) for _ in range(3))
+    want, want_lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)
+    o = np.full_like(want, np.nan)
+    assert F.scaled_dot_product_attention(q, k, v, out=o) is o
+    np.testing.assert_array_equal(o, want)
+    o, lse = np.full_like(want, np.nan), np.full_like(want_lse, np.nan)
+    got, got_lse = F.scaled_dot_product_attention(q, k, v, out=(o, lse), return_lse=True)
+    assert got is o and got_lse is lse
+    np.testing.assert_array_equal(o, want)
+    np.testing.assert_array_equal(lse, want_lse)
+    o = np.full_like(want, np.nan)
+    got, got_lse = F.scaled_dot_product_attention(q, k, v, out=(o, None), return_lse=True)
+    assert got is o
+    np.testing.assert_array_equal(got_lse, want_lse)
+    # f32 queries after f64 ones: the absent mask and slopes are kept per dtype (f32 ones here)
+    q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
+    out32, lse32 = F.scaled_dot_product_attention(q32, k32, v32, return_lse=True)
+    assert out32.dtype == np.float32 and lse32.dtype == np.float32
+    np.testing.assert_allclose(out32, want, atol=1e-5)
+
+
 def test_host_backward_is_consistent_with_the_forward():
     q, k, v = RNG.uniform(-1, 1, (1, 2, 4, 4)), RNG.uniform(-1, 1, (1, 2, 6, 4)), RNG.uniform(-1, 1, (1, 2, 6, 4))
     g = RNG.uniform(-1, 1, (1, 2, 4, 4))
