@@ -833,6 +833,26 @@ TEST(AttentionCuda, DropoutOnHopperPath) {
 /// KeyOffsets (the backward's edge tiles) says what key_range says for every
 /// row and key: causal or not, top-left or bottom-right, windows of every
 /// kind, more queries than keys and fewer.
+/// The CLI's --shape of a [B, H, S, D] reaches the op as the query's shape
+/// (keys and values alike, no mask, no slopes); other shapes pick one of
+/// the sweep's sample sizes.
+TEST(AttentionSamples, FourDimensionalShapeIsTheQuerys) {
+  const Shape q{2, 3, 50, 16}, lse{2, 3, 50};
+  auto forward = find_op("scaled_dot_product_attention")->sample_shapes(DType::bf16, q, {});
+  ASSERT_TRUE(forward);
+  EXPECT_EQ(forward->inputs, (std::vector<Shape>{q, q, q, {0}, {0}}));
+  auto backward = find_op("scaled_dot_product_attention_backward")->sample_shapes(DType::bf16, q, {});
+  ASSERT_TRUE(backward);
+  EXPECT_EQ(backward->inputs, (std::vector<Shape>{q, q, q, q, q, lse, {0}, {0}}));
+  auto other = find_op("scaled_dot_product_attention")->sample_shapes(DType::bf16, Shape{7, 33}, {});
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->inputs[0].size(), size_t(4));
+  EXPECT_NE(other->inputs[0], (Shape{7, 33}));
+  auto too_wide = find_op("scaled_dot_product_attention")->sample_shapes(DType::bf16, Shape{1, 1, 4, 512}, {});
+  ASSERT_TRUE(too_wide);
+  EXPECT_NE(too_wide->inputs[0], (Shape{1, 1, 4, 512}));  // head dims past 256: a sample size
+}
+
 TEST(AttentionTiles, KeyOffsetsMatchKeyRange) {
   std::mt19937 rng(7);
   const int64_t windows[] = {-1, 0, 1, 5, 64, 1 << 20};

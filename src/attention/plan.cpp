@@ -502,6 +502,10 @@ std::optional<SampleShapes> sample_shapes(const Def& def, const Shape& shape, co
   for (int64_t x : shape) h = h * 31 + x;
   SampleConfig c = kSamples[size_t((h % kSampleCount + kSampleCount) % kSampleCount)];
   if (shape == Shape{0}) c.seq_q = 0;
+  // A [B, H, S, D] shape (the CLI's --shape) is the query's: keys and values alike, no mask, no slopes.
+  if (shape.size() == 4 && std::all_of(shape.begin(), shape.end(), [](int64_t x) { return x > 0; }) &&
+      shape[3] <= tiles::kMaxDim)
+    c = {shape[0], shape[1], shape[1], shape[2], shape[2], shape[3], shape[3], 0, false};
   const bool dropout = attrs.get("dropout_p", 0) > 0;
   if (dropout && c.mask) c.mask = 0;
   const Shape q{c.batch, c.heads_q, c.seq_q, c.head_dim}, k{c.batch, c.heads_kv, c.seq_kv, c.head_dim},
