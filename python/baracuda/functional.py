@@ -1312,7 +1312,10 @@ def _absent(query):
     query's device, made once per (array type, device, dtype): made at each call, their two allocations and
     spec reads cost more host time than a small attention kernel takes on the GPU."""
     key = (type(query), getattr(query, "device", None), getattr(query, "dtype", None))
-    pair = _ABSENT.get(key) if key[2] is not None else None
+    try:
+        pair = _ABSENT.get(key) if key[2] is not None else None
+    except TypeError:  # an array type whose device or dtype cannot be hashed: made at each call
+        key, pair = (None, None, None), None
     if pair is None:
         pair = (_empty(query), _empty(query, "f64" if _spec(query)[0] == "f64" else "f32"))
         if key[2] is not None:
