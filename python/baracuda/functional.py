@@ -582,21 +582,22 @@ def add_layer_norm(input, residual, weight, bias, eps=1e-5):
     return _call("add_layer_norm", (input, residual, weight, bias), {"eps": eps})
 
 
-_ABSENT = {}  # (array type, dtype, device) -> an empty [0] array: it holds no memory, nothing writes it
+_ABSENT = {}  # (array type, dtype, device, stat) -> an empty [0] array: it holds no memory, nothing writes it
 
 
-def _absent(input):
-    """An empty [0] array like input: an optional operand not given (made once per type, dtype and device:
-    making it cost a third of a small loss's call)."""
+def _absent(input, stat=False):
+    """An empty [0] array like input (`stat`: of the statistics dtype, f32, f64 for f64 input): an optional
+    operand not given (made once per type, dtype, device and kind: making it cost a third of a small loss's
+    call, and half of a small attention's)."""
     try:
-        key = (type(input), input.dtype, getattr(input, "device", None))
+        key = (type(input), input.dtype, getattr(input, "device", None), stat)
         return _ABSENT[key]
     except (AttributeError, TypeError):  # no dtype, or an unhashable one: made per call
         key = None
     except KeyError:
         pass
     adapter, a, (dtype, _) = _operand(input)
-    made = adapter.empty(dtype, (0,), a)
+    made = adapter.empty(("f64" if dtype == "f64" else "f32") if stat else dtype, (0,), a)
     if key is not None and len(_ABSENT) < 256:
         _ABSENT[key] = made
     return made
@@ -1298,39 +1299,14 @@ def set_deterministic(only):
 
 # ---------------------------------------------------------------- attention
 
-def _empty(like, dtype=None):
-    """A [0] operand on `like`'s device: an absent mask or ALiBi slopes."""
-    adapter, a, (d, _) = _operand(like)
-    return adapter.empty(dtype or d, (0,), a)
-
-
-_ABSENT = {}
-
-
-def _absent(query):
-    """The [0] operands of an absent mask (query's dtype) and absent ALiBi slopes (f32; f64 for f64 queries) on
-    query's device, made once per (array type, device, dtype): made at each call, their two allocations and
-    spec reads cost more host time than a small attention kernel takes on the GPU."""
-    key = (type(query), getattr(query, "device", None), getattr(query, "dtype", None))
-    try:
-        pair = _ABSENT.get(key) if key[2] is not None else None
-    except TypeError:  # an array type whose device or dtype cannot be hashed: made at each call
-        key, pair = (None, None, None), None
-    if pair is None:
-        pair = (_empty(query), _empty(query, "f64" if _spec(query)[0] == "f64" else "f32"))
-        if key[2] is not None:
-            _ABSENT[key] = pair
-    return pair
-
-
 def _slopes(query, alibi_slopes):
     """ALiBi slopes, or an absent [0] operand: f32 (f64 for f64 queries), as lse."""
-    return _absent(query)[1] if alibi_slopes is None else alibi_slopes
+    return _absent(query, stat=True) if alibi_slopes is None else alibi_slopes
 
 
 def _mask(query, attn_mask):
     """The mask, or an absent [0] operand of query's dtype."""
-    return _absent(query)[0] if attn_mask is None else attn_mask
+    return _absent(query) if attn_mask is None else attn_mask
 
 
 def _pair_out(out):
