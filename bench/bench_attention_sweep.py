@@ -14,34 +14,12 @@ import argparse
 import torch
 
 from bench_attention import ATTRS, run_backend
-from bench_elementwise import median_ms
+from bench_elementwise import graph_ms, median_ms
 
 TF = torch.nn.functional
 
 SHAPES = ((1, 16, 1024), (2, 16, 1024), (1, 32, 2048), (2, 16, 2048), (4, 16, 2048), (1, 32, 4096), (2, 32, 4096),
           (4, 32, 4096), (1, 16, 8192))
-
-
-def graph_ms(fn, calls=20, replays=20):
-    """Device time of one call: `calls` calls captured in a CUDA graph, replayed `replays` times."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / replays / calls
 
 
 def main():

@@ -32,6 +32,19 @@ def median_ms(fn, warmup=3, samples=10, reps=5):
     return statistics.median(times)
 
 
+def graph_ms(fn, calls=20):
+    """Device time of one call alone: `calls` calls captured in a CUDA graph
+    (after one call outside it, which builds and caches the plans), the
+    graph's replays timed by median_ms."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return median_ms(graph.replay, samples=15, reps=3) / calls
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--elements", type=int, default=1 << 28)

@@ -7,7 +7,7 @@ import torch
 
 import baracuda
 import baracuda.functional as F
-from bench_elementwise import median_ms
+from bench_elementwise import graph_ms, median_ms
 from bench_rows import close
 
 TF = torch.nn.functional
@@ -159,14 +159,6 @@ def main():
             torch.cuda.synchronize()
             print(f"host cost {name:<36} {us:8.1f} us per call", flush=True)
     if want("graph"):  # device time alone: 20 calls captured in a CUDA graph, replayed (also proves capture works)
-        def graph_ms(fn, calls=20):
-            fn()
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(calls):
-                    fn()
-            return median_ms(g.replay, samples=15, reps=3) / calls
         xs = torch.randn(16, k, device="cuda", dtype=bf16)
         o1, o2 = torch.empty(16, n, device="cuda", dtype=bf16), torch.empty(16, n, device="cuda", dtype=bf16)
         a3 = torch.randn(64, 512, 128, device="cuda", dtype=bf16)

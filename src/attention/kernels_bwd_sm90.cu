@@ -133,19 +133,6 @@ __device__ __forceinline__ void issue_key_block(T* sK, T* sV, const Problem& p, 
                                        int(p.value_dim));
 }
 
-/// Issues the cp.async copies of query tile (h, i0) into a stage: Q, then
-/// dO (sQG, two 64-row tiles), and the rows' statistics (stage_row_stats).
-template <int kD, int kThreadsT, class T>
-__device__ __forceinline__ void issue_query_stage(T* sQG, float* sS, const Problem& p,
-                                                  const HeadView& first, int64_t b, int64_t h, int64_t i0,
-                                                  const RowStats* ws) {
-  issue_swizzled<kD, kBwdTile, kThreadsT>(sQG, p.q.ptr<const T>(b, h, first.tok_q), p.q.seq, i0, first.len_q,
-                                          int(p.head_dim));
-  issue_swizzled<kD, kBwdTile, kThreadsT>(sQG + sw_tile<kD>(), p.grad_out.ptr<const T>(b, h, first.tok_q),
-                                          p.grad_out.seq, i0, first.len_q, int(p.value_dim));
-  stage_row_stats(sS, p, first, h, i0, ws);
-}
-
 /// The backward's tensor maps (boxes of 64 rows) where TMA takes the
 /// operands: Q and dO (the dK/dV walks' query tiles), K and V (the dQ
 /// pass's key tiles).
@@ -163,6 +150,24 @@ __device__ __forceinline__ void tma_tile_pair(T* dst, const CUtensorMap& first, 
   mbar_expect_tx(bar, 2 * kTile * sizeof(T));
   tma_load_rows<kD, kBwdTile>(dst, &first, row, head, b, bar);
   tma_load_rows<kD, kBwdTile>(dst + kTile, &second, row, head, b, bar);
+}
+
+/// Loads query tile (h, i0) into a stage: Q, then dO (sQG, two 64-row
+/// tiles), by thread 0's TMA counted on `bar` (kTma) or every thread's
+/// cp.async share, and the rows' statistics by cp.async (stage_row_stats).
+template <int kD, int kThreadsT, bool kTma, class T>
+__device__ __forceinline__ void load_query_stage(T* sQG, float* sS, const Problem& p, const HeadView& first,
+                                                 int64_t b, int64_t h, int64_t i0, const RowStats* ws,
+                                                 const BackwardMaps& maps, uint32_t bar) {
+  if constexpr (kTma) {
+    if (threadIdx.x == 0) tma_tile_pair<T, kD>(sQG, maps.q, maps.grad_out, i0, h, b, bar);
+  } else {
+    issue_swizzled<kD, kBwdTile, kThreadsT>(sQG, p.q.ptr<const T>(b, h, first.tok_q), p.q.seq, i0, first.len_q,
+                                            int(p.head_dim));
+    issue_swizzled<kD, kBwdTile, kThreadsT>(sQG + sw_tile<kD>(), p.grad_out.ptr<const T>(b, h, first.tok_q),
+                                            p.grad_out.seq, i0, first.len_q, int(p.value_dim));
+  }
+  stage_row_stats(sS, p, first, h, i0, ws);
 }
 
 /// The mbarriers of a ring of TMA-loaded stages (one arrival: the loading thread's).
@@ -200,12 +205,8 @@ __global__ void __launch_bounds__(kBwdThreads, kv_blocks(kD))
 
   // Stage s takes query tile (h, i0): Q and dO (by TMA, or cp.async), and the rows' statistics (cp.async).
   auto load_stage = [&](int s, int64_t h, int64_t i0) {
-    if constexpr (kTma) {
-      if (threadIdx.x == 0) tma_tile_pair<T, kD>(sQ + 2 * s * kTile, maps.q, maps.grad_out, i0, h, b, full[s]);
-      stage_row_stats(sS + 2 * s * kBwdTile, p, first, h, i0, ws);
-    } else {
-      issue_query_stage<kD, kBwdThreads>(sQ + 2 * s * kTile, sS + 2 * s * kBwdTile, p, first, b, h, i0, ws);
-    }
+    load_query_stage<kD, kBwdThreads, kTma>(sQ + 2 * s * kTile, sS + 2 * s * kBwdTile, p, first, b, h, i0, ws, maps,
+                                            full[s]);
   };
   // The bound is recomputed at each call: held in a register, it made ptxas spill (255 registers at D128: 24 -> 40
   // bytes of spill loads).
@@ -417,12 +418,8 @@ __global__ void __launch_bounds__(kOnePassThreads, 1)
   __shared__ __align__(8) StageBarriers<kOnePassStages> full;  // kTma: a stage's Q and dO have landed
   if constexpr (kTma) full.init();
   auto load_stage = [&](int s, int64_t h, int64_t i0) {
-    if constexpr (kTma) {
-      if (threadIdx.x == 0) tma_tile_pair<T, kD>(sQ + 2 * s * kTile, maps.q, maps.grad_out, i0, h, b, full[s]);
-      stage_row_stats(sS + 2 * s * kBwdTile, p, first, h, i0, ws);
-    } else {
-      issue_query_stage<kD, kOnePassThreads>(sQ + 2 * s * kTile, sS + 2 * s * kBwdTile, p, first, b, h, i0, ws);
-    }
+    load_query_stage<kD, kOnePassThreads, kTma>(sQ + 2 * s * kTile, sS + 2 * s * kBwdTile, p, first, b, h, i0, ws,
+                                                maps, full[s]);
   };
   const int64_t h_end = (hk + 1) * p.group();
   int64_t h = hk * p.group(), i0 = 0;

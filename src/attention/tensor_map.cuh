@@ -1,5 +1,5 @@
 // Tensor maps of attention operands for TMA (the Hopper forward's Q, K and
-// V; the one-pass backward's Q and dO), built on the host at each run.
+// V; the Hopper backward's Q and dO, K and V), built on the host at each run.
 #pragma once
 
 #include "attention/problem.hpp"
