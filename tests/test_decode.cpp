@@ -13,6 +13,7 @@
 #include <random>
 
 #include "baracuda/registry.hpp"
+#include "core/cuda_check.hpp"
 #include "core/errors.hpp"
 #include "exec.hpp"
 #include "harness.hpp"
@@ -465,6 +466,34 @@ TEST(Decode, WorkspaceIsExact) {
   const size_t auto_ws = plan_for(Stream::cuda(), Backend::bespoke_cuda, 32768, {})->workspace_size();
   EXPECT_GT(auto_ws, row);
   EXPECT_EQ(auto_ws % row, 0u);
+}
+
+/// Auto splits (tensor-core kernel, 32K keys, Hq 32 / Hkv 8): a contiguous
+/// cache's CTAs fill one slot an SM; a paged cache's two once the sequences
+/// and kv heads alone make 16 CTAs (B8), one at B1 (choose_splits).
+TEST(Decode, AutoSplitsFillTheDevice) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const int64_t sms = current_sm_count(), keys = 32768;
+  auto splits = [&](int64_t batch, bool paged) {
+    const int64_t blocks = keys / 16;
+    const Shape cache = paged ? Shape{batch * blocks, 16, 8, 128} : Shape{batch, keys, 8, 128};
+    std::vector<TensorSpec> specs{{DType::bf16, {batch, 32, 128}}, {DType::bf16, cache}, {DType::bf16, cache},
+                                  {DType::i32, paged ? Shape{batch, blocks} : Shape{0}}, {DType::i32, {batch}}};
+    PlanPreference pref;
+    pref.backend = Backend::bespoke_cuda;
+    const size_t row = size_t(batch * 32 * 129) * sizeof(float);  // a split's rows: Dv + 1 floats each
+    const size_t ws = check(select(Stream::cuda(), OpDesc{kOp, specs, {}, {}}, pref))->workspace_size();
+    EXPECT_EQ(ws % row, 0u);
+    return int64_t(ws / row);
+  };
+  for (int64_t batch : {1, 8}) {
+    const int64_t ctas = batch * 8, contiguous = splits(batch, false), paged = splits(batch, true);
+    EXPECT_LE(contiguous * ctas, sms) << "B" << batch << " contiguous";
+    EXPECT_GT((contiguous + 1) * ctas, sms) << "B" << batch << " contiguous";
+    const int64_t per_sm = batch == 1 ? 1 : 2;
+    EXPECT_LE(paged * ctas, per_sm * sms) << "B" << batch << " paged";
+    EXPECT_GT((paged + 1) * ctas, per_sm * sms) << "B" << batch << " paged";
+  }
 }
 
 TEST(DecodeErrors, BadInputIsNamed) {

@@ -181,11 +181,16 @@ Splits choose_splits(const OpDesc& d, Backend backend) {
     const int64_t batch = d.inputs[kQ].shape[0], heads_kv = d.inputs[kK].shape[2];
     const int64_t group = d.inputs[kQ].shape[1] / heads_kv;
     // The tensor-core kernel (halves, equal head dims 64 or 128) serves 16
-    // query heads a CTA, and one CTA an SM streams the cache at least as fast
-    // as two (H100, 32K keys: B1 16 splits, a CTA an SM, 56.4 us against 59.3
-    // for 33 at two an SM and 60.0 for 24; B8 2 splits 362 us against 364 for
-    // 4), so its splits fill one slot an SM; the others serve a chunk of 1, 4
-    // or 8 heads, four CTAs an SM.
+    // query heads a CTA, and one CTA an SM streams a contiguous cache at least
+    // as fast as two (H100, 32K keys: B1 16 splits, a CTA an SM, 56.4 us
+    // against 59.3 for 33 at two an SM and 60.0 for 24; B8 2 splits 362 us
+    // against 364 for 4), so its splits fill one slot an SM. A paged cache's
+    // scattered blocks stream faster two CTAs an SM once the sequences and
+    // heads alone make 16 CTAs (H200, 32K keys, block 16 / 64: B2 81.1 / 78.7
+    // us -> 76.9 / 75.5, B4 148.8 / 143.4 -> 139.0 / 137.0, B8 282.9 / 273.4
+    // -> 263.3 / 258.9, B16 551.8 / 542.3 -> 513.1 / 506.3; H100 B8 371 /
+    // 366.5 -> 369 / 364.5), but not at B1 (H100 58.5 / 57.6 -> 60.3 / 60.5).
+    // The others serve a chunk of 1, 4 or 8 heads, four CTAs an SM.
     const DType t = d.inputs[kQ].dtype;
     const int64_t dim = d.inputs[kQ].shape[2], value_dim = d.inputs[kV].shape[3];
     const bool tensor_cores = (t == DType::f16 || t == DType::bf16) && dim == value_dim && (dim == 64 || dim == 128);
@@ -199,7 +204,8 @@ Splits choose_splits(const OpDesc& d, Backend backend) {
     // count with the least time per key, waves / splits, so that a last
     // partial wave does not double the run (576 CTAs on 528 slots); a
     // larger count must win by 5% to pay for its extra partials.
-    const int64_t slots = (tensor_cores ? 1 : 4) * int64_t(sms), most = std::min<int64_t>(kDecodeMaxSplits, (cap + 255) / 256);
+    const int per_sm = !tensor_cores ? 4 : is_paged(d) && units >= 16 ? 2 : 1;
+    const int64_t slots = per_sm * int64_t(sms), most = std::min<int64_t>(kDecodeMaxSplits, (cap + 255) / 256);
     double best = 0;
     want = 1;
     for (int64_t w = 1; w <= std::max<int64_t>(1, most); ++w) {
