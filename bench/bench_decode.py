@@ -18,7 +18,11 @@ OP = "decode_attention"
 
 
 def close(a, b, tol=2e-2):
-    return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+    """Largest error within tol of the reference's largest magnitude: a decode
+    output averages 32K values and is small, so a fixed atol of tol would pass
+    nearly anything."""
+    a, b = a.float(), b.float()
+    return bool(torch.isfinite(a).all()) and (a - b).abs().max().item() <= tol * b.abs().max().item()
 
 
 class Ours:
