@@ -13,7 +13,6 @@
 #include <random>
 
 #include "baracuda/registry.hpp"
-#include "core/cuda_check.hpp"
 #include "core/errors.hpp"
 #include "exec.hpp"
 #include "harness.hpp"
@@ -21,6 +20,8 @@
 
 #ifdef BARACUDA_HAS_CUDA
 #include <cuda_runtime_api.h>
+
+#include "core/cuda_check.hpp"
 #endif
 
 using namespace baracuda;
@@ -473,6 +474,7 @@ TEST(Decode, WorkspaceIsExact) {
 /// and kv heads alone make 16 CTAs (B8), one at B1 (choose_splits).
 TEST(Decode, AutoSplitsFillTheDevice) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+#ifdef BARACUDA_HAS_CUDA
   const int64_t sms = current_sm_count(), keys = 32768;
   auto splits = [&](int64_t batch, bool paged) {
     const int64_t blocks = keys / 16;
@@ -494,6 +496,7 @@ TEST(Decode, AutoSplitsFillTheDevice) {
     EXPECT_LE(paged * ctas, per_sm * sms) << "B" << batch << " paged";
     EXPECT_GT((paged + 1) * ctas, per_sm * sms) << "B" << batch << " paged";
   }
+#endif
 }
 
 TEST(DecodeErrors, BadInputIsNamed) {
