@@ -830,9 +830,6 @@ TEST(AttentionCuda, DropoutOnHopperPath) {
     }
 }
 
-/// KeyOffsets (the backward's edge tiles) says what key_range says for every
-/// row and key: causal or not, top-left or bottom-right, windows of every
-/// kind, more queries than keys and fewer.
 /// The CLI's --shape of a [B, H, S, D] reaches the op as the query's shape
 /// (keys and values alike, no mask, no slopes); other shapes pick one of
 /// the sweep's sample sizes.
@@ -853,6 +850,9 @@ TEST(AttentionSamples, FourDimensionalShapeIsTheQuerys) {
   EXPECT_NE(too_wide->inputs[0], (Shape{1, 1, 4, 512}));  // head dims past 256: a sample size
 }
 
+/// KeyOffsets (the backward's edge tiles) says what key_range says for every
+/// row and key: causal or not, top-left or bottom-right, windows of every
+/// kind, more queries than keys and fewer.
 TEST(AttentionTiles, KeyOffsetsMatchKeyRange) {
   std::mt19937 rng(7);
   const int64_t windows[] = {-1, 0, 1, 5, 64, 1 << 20};
