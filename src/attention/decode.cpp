@@ -204,7 +204,11 @@ Splits choose_splits(const OpDesc& d, Backend backend) {
     // count with the least time per key, waves / splits, so that a last
     // partial wave does not double the run (576 CTAs on 528 slots); a
     // larger count must win by 5% to pay for its extra partials.
-    const int per_sm = !tensor_cores ? 4 : is_paged(d) && units >= 16 ? 2 : 1;
+    int per_sm = !tensor_cores ? 4 : is_paged(d) && units >= 16 ? 2 : 1;
+#ifdef BARACUDA_HAS_CUDA
+    // Two 96 KiB CTAs fit a Hopper SM (228 KiB) but not an A100's (164 KiB).
+    if (const int fit = tensor_cores ? decode_tc_resident_ctas(dim) : 0; fit > 0) per_sm = std::min(per_sm, fit);
+#endif
     const int64_t slots = per_sm * int64_t(sms), most = std::min<int64_t>(kDecodeMaxSplits, (cap + 255) / 256);
     double best = 0;
     want = 1;

@@ -75,6 +75,10 @@ BCD_HD M decode_score(M dot, M scale, M softcap) {
   else return softcap * tanh(s / softcap);
 }
 
+/// CUDA builds: how many tensor-core split CTAs (head dim 64 or 128) fit an
+/// SM of the current device; 0 where unknown (no device, other head dims).
+int decode_tc_resident_ctas(int64_t head_dim);
+
 /// Runs a decode problem: the host reference (f64) or the CUDA kernels.
 /// Keys "decode_attention:dtype".
 using DecodeFn = Status (*)(const DecodeProblem&, CUstream_st*);

@@ -24,6 +24,7 @@
 // never reach memory: their keys are masked.
 #include <cstdint>
 #include <limits>
+#include <mutex>
 
 #include "attention/decode.hpp"
 #include "attention/device.cuh"
@@ -768,6 +769,33 @@ struct CudaDecode {
 
 [[maybe_unused]] const bool registered = register_launchers<FloatTypes, CudaDecode>(cuda_decode(), "decode_attention");
 
+/// CTAs of decode_split_tc<kDim> an SM of the current device holds, by the
+/// occupancy API (registers and its 96 KiB of shared memory); 0 if unknown.
+template <int kDim>
+int tc_resident_ctas() {
+  const auto kernel = decode_split_tc<__nv_bfloat16, kDim>;
+  int ctas = 0;
+  if (!allow_smem(kernel, TcCfg<kDim>::kSmem).is_ok() ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, TcCfg<kDim>::kSmem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return ctas;
+}
+
 }  // namespace
+
+int decode_tc_resident_ctas(int64_t head_dim) {
+  static int counts[64][2] = {};
+  static std::once_flag once[64];
+  int device = 0;
+  if (head_dim != 64 && head_dim != 128) return 0;
+  if (!cuda_available() || cudaGetDevice(&device) != cudaSuccess || device >= 64) return 0;
+  std::call_once(once[device], [device] {
+    counts[device][0] = tc_resident_ctas<64>();
+    counts[device][1] = tc_resident_ctas<128>();
+  });
+  return counts[device][head_dim == 64 ? 0 : 1];
+}
 
 }  // namespace baracuda::attn
