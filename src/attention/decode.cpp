@@ -207,7 +207,8 @@ Splits choose_splits(const OpDesc& d, Backend backend) {
     int per_sm = !tensor_cores ? 4 : is_paged(d) && units >= 16 ? 2 : 1;
 #ifdef BARACUDA_HAS_CUDA
     // Two 96 KiB CTAs fit a Hopper SM (228 KiB) but not an A100's (164 KiB).
-    if (const int fit = tensor_cores ? decode_tc_resident_ctas(dim) : 0; fit > 0) per_sm = std::min(per_sm, fit);
+    if (tensor_cores && per_sm > 1)
+      if (const int fit = decode_tc_resident_ctas(dim); fit > 0) per_sm = std::min(per_sm, fit);
 #endif
     const int64_t slots = per_sm * int64_t(sms), most = std::min<int64_t>(kDecodeMaxSplits, (cap + 255) / 256);
     double best = 0;
