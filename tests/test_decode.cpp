@@ -483,7 +483,9 @@ TEST(Decode, AutoSplitsFillTheDevice) {
   const int fit = attn::decode_tc_resident_ctas(128);
   ASSERT_GE(fit, 1) << "the occupancy query failed";
   EXPECT_EQ(attn::decode_tc_resident_ctas(64), fit);
-  if (current_sm_version() == 90) EXPECT_EQ(fit, 2);
+  if (current_sm_version() == 90) {
+    EXPECT_EQ(fit, 2);
+  }
   auto splits = [&](int64_t batch, bool paged) {
     const int64_t blocks = keys / 16;
     const Shape cache = paged ? Shape{batch * blocks, 16, 8, 128} : Shape{batch, keys, 8, 128};
