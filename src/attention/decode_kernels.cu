@@ -24,11 +24,11 @@
 // never reach memory: their keys are masked.
 #include <cstdint>
 #include <limits>
-#include <mutex>
 
 #include "attention/decode.hpp"
 #include "attention/device.cuh"
 #include "core/cuda_check.hpp"
+#include "core/device_memo.hpp"
 
 namespace baracuda::attn {
 
@@ -774,28 +774,19 @@ struct CudaDecode {
 template <int kDim>
 int tc_resident_ctas() {
   const auto kernel = decode_split_tc<__nv_bfloat16, kDim>;
-  int ctas = 0;
-  if (!allow_smem(kernel, TcCfg<kDim>::kSmem).is_ok() ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads, TcCfg<kDim>::kSmem) != cudaSuccess) {
+  if (!allow_smem(kernel, TcCfg<kDim>::kSmem).is_ok()) {
     (void)cudaGetLastError();
     return 0;
   }
-  return ctas;
+  return blocks_per_sm(kernel, kThreads, TcCfg<kDim>::kSmem);
 }
 
 }  // namespace
 
 int decode_tc_resident_ctas(int64_t head_dim) {
-  static int counts[64][2] = {};
-  static std::once_flag once[64];
-  int device = 0;
-  if (head_dim != 64 && head_dim != 128) return 0;
-  if (!cuda_available() || cudaGetDevice(&device) != cudaSuccess || device >= 64) return 0;
-  std::call_once(once[device], [device] {
-    counts[device][0] = tc_resident_ctas<64>();
-    counts[device][1] = tc_resident_ctas<128>();
-  });
-  return counts[device][head_dim == 64 ? 0 : 1];
+  if (head_dim == 64) return once_per_device([](int) { return tc_resident_ctas<64>(); });
+  if (head_dim == 128) return once_per_device([](int) { return tc_resident_ctas<128>(); });
+  return 0;
 }
 
 }  // namespace baracuda::attn

@@ -1,9 +1,8 @@
 #include "baracuda/core.hpp"
 
 #ifdef BARACUDA_HAS_CUDA
-#include <mutex>
-
 #include "core/cuda_check.hpp"
+#include "core/device_memo.hpp"
 #endif
 
 namespace baracuda {
@@ -18,27 +17,17 @@ bool cuda_available() {
 }
 
 int current_sm_version() {
-  static int versions[64] = {};
-  static std::once_flag once[64];
-  int device = 0;
-  if (!cuda_available() || cudaGetDevice(&device) != cudaSuccess || device >= 64) return 0;
-  std::call_once(once[device], [device] {
+  return once_per_device([](int device) {
     cudaDeviceProp prop{};
-    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) versions[device] = prop.major * 10 + prop.minor;
+    return cudaGetDeviceProperties(&prop, device) == cudaSuccess ? prop.major * 10 + prop.minor : 0;
   });
-  return versions[device];
 }
 
 int current_sm_count() {
-  static int counts[64] = {};
-  static std::once_flag once[64];
-  int device = 0;
-  if (!cuda_available() || cudaGetDevice(&device) != cudaSuccess || device >= 64) return 0;
-  std::call_once(once[device], [device] {
+  return once_per_device([](int device) {
     int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess) counts[device] = n;
+    return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? n : 0;
   });
-  return counts[device];
 }
 
 size_t current_optin_smem() {
