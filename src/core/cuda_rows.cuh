@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "core/cuda_check.hpp"
+#include "core/device_memo.hpp"
 #include "core/rows.hpp"
 
 namespace baracuda::rows {
@@ -219,11 +220,8 @@ Status by_row_length(int64_t cols, F&& f, bool narrow_long_rows = false) {
 /// once: the grid of a kernel whose blocks loop over rows by the grid.
 template <class Kernel>
 unsigned resident_grid(Kernel kernel, unsigned threads, size_t smem, unsigned blocks) {
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(threads), smem) != cudaSuccess || per_sm <= 0) {
-    (void)cudaGetLastError();  // the whole grid then: still correct
-    return blocks;
-  }
+  const int per_sm = blocks_per_sm(kernel, int(threads), smem);
+  if (per_sm <= 0) return blocks;  // the whole grid then: still correct
   return unsigned(std::min<int64_t>(blocks, int64_t(per_sm) * std::max(current_sm_count(), 1)));
 }
 
