@@ -30,14 +30,14 @@ int current_sm_count() {
   });
 }
 
-size_t current_optin_smem() {
-  int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+size_t current_optin_smem() {  // asked on attention's launch path: once a device
+  const int bytes = once_per_device([](int device) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess) return n;
     (void)cudaGetLastError();
-    return 48 * 1024;
-  }
-  return size_t(bytes);
+    return 0;
+  });
+  return bytes > 0 ? size_t(bytes) : 48 * 1024;
 }
 #else
 bool cuda_available() { return false; }
