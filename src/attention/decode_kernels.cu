@@ -24,6 +24,7 @@
 // never reach memory: their keys are masked.
 #include <cstdint>
 #include <limits>
+#include <utility>
 
 #include "attention/decode.hpp"
 #include "attention/device.cuh"
@@ -359,7 +360,11 @@ __global__ void __launch_bounds__(kThreads) decode_split(const DecodeProblem p, 
 // x < kTcKeys looks up key x's block one step ahead; the step's valid keys
 // become one ballot mask. Each warp keeps its own online softmax
 // (scores in log2 units); the four warps merge in order at the end, and a
-// split writes the same partials as the generic kernel.
+// split writes the same partials as the generic kernel. Both this kernel and
+// the combine launch overlapped (launch_overlapped): each waits for the
+// kernel before it first, so a call's launch hides under the previous
+// kernel's drain (the combine's under the split's, the split's under the
+// previous call's combine or whatever kernel wrote q and the cache).
 
 template <int kDim>
 struct TcCfg {
@@ -385,6 +390,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc(const DecodeProblem 
   using C = TcCfg<kDim>;
   constexpr int kKeys = C::kKeys, kKeyTiles = kKeys / 8, kDimTiles = kDim / 8;
   extern __shared__ __align__(16) unsigned char smem[];
+  wait_for_prerequisite_grid();  // launched overlapped: every operand may come from the previous kernel
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, quad = lane % 4, grp = lane / 4;
   T* ring = reinterpret_cast<T*>(smem) + size_t(warp) * C::kStages * C::kStageElems;
   uint32_t* masks = reinterpret_cast<uint32_t*>(reinterpret_cast<T*>(smem) + size_t(kWarps) * C::kStages * C::kStageElems) +
@@ -616,15 +622,34 @@ __global__ void __launch_bounds__(kThreads) decode_split_tc(const DecodeProblem 
   }
 }
 
+/// Launches `kernel` with programmatic stream serialization on sm_90+: it may
+/// start while the previous kernel in the stream drains and must call
+/// wait_for_prerequisite_grid before touching memory that kernel may write.
+template <class... Params, class... Args>
+Status launch_overlapped(void (*kernel)(Params...), dim3 grid, int threads, size_t smem, CUstream_st* stream,
+                         Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(unsigned(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute overlap[1];
+  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = overlap;
+  config.numAttrs = current_sm_version() >= 90 ? 1 : 0;
+  BARACUDA_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  return Status::ok();
+}
+
 template <class T, int kDim>
 Status launch_split_tc(const DecodeProblem& p, CUstream_st* stream) {
   constexpr size_t smem = TcCfg<kDim>::kSmem;
   const int64_t chunks = (p.group() + 15) / 16, units = p.batch * p.heads_kv * chunks;
   if (units > INT32_MAX) return unsupported("decode_attention: ", units, " (sequence, kv head) pairs exceed one launch");
   BARACUDA_TRY(allow_smem(decode_split_tc<T, kDim>, smem));
-  decode_split_tc<T, kDim><<<dim3(unsigned(units), unsigned(p.splits)), kThreads, smem, stream>>>(p, int(chunks));
-  BARACUDA_CUDA_TRY(cudaGetLastError());
-  return Status::ok();
+  return launch_overlapped(decode_split_tc<T, kDim>, dim3(unsigned(units), unsigned(p.splits)), kThreads, smem, stream, p,
+                           int(chunks));
 }
 
 /// Merges the splits of one (b, h) row: out = sum_s w_s out_s / sum_s w_s
@@ -646,6 +671,9 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine(const DecodePr
   __shared__ M weight[kMaxSplits];
   __shared__ M warp_sum_of[kCombineWarps][256];
   wait_for_prerequisite_grid();
+  // The split grid is done, so the next kernel (the next call's split
+  // kernel) takes only free slots while these CTAs finish.
+  allow_dependent_launch();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row = blockIdx.x, b = row / p.heads_q, h = row % p.heads_q;
   const int splits = p.splits, dims = int(p.value_dim);
@@ -752,16 +780,7 @@ struct CudaDecode {
     if (p.splits > 1) {
       if (p.batch * p.heads_q > INT32_MAX)
         return unsupported("decode_attention: ", p.batch * p.heads_q, " (sequence, head) rows exceed one launch");
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(unsigned(p.batch * p.heads_q));
-      config.blockDim = dim3(kCombineThreads);
-      config.stream = stream;
-      cudaLaunchAttribute overlap[1];
-      overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      overlap[0].val.programmaticStreamSerializationAllowed = 1;
-      config.attrs = overlap;
-      config.numAttrs = current_sm_version() >= 90 ? 1 : 0;
-      BARACUDA_CUDA_TRY(cudaLaunchKernelEx(&config, decode_combine<T>, p));
+      return launch_overlapped(decode_combine<T>, dim3(unsigned(p.batch * p.heads_q)), kCombineThreads, 0, stream, p);
     }
     return Status::ok();
   }
