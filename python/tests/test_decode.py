@@ -166,6 +166,28 @@ def test_cuda_contiguous_torch_layout_and_options():
 
 
 @gpu
+def test_cuda_chained_calls_read_the_previous_output():
+    """Each call's query is the previous call's output, the calls queued back to back into outputs
+    poisoned with NaN first: the split kernel launches overlapped with the kernel before it (the previous
+    call's combine) and must wait for it before it reads the query."""
+    dt = torch.bfloat16
+    b, hq, hkv, s, d, calls = 2, 32, 8, 8192, 128, 6
+    k = torch.randn(b, hkv, s, d, device="cuda", dtype=dt)
+    v = torch.randn(b, hkv, s, d, device="cuda", dtype=dt) + 1  # outputs near 1: later queries stay informative
+    seq_lens = torch.tensor([s, 5000], dtype=torch.int32, device="cuda")
+    outs = [torch.full((b, hq, d), float("nan"), dtype=dt, device="cuda") for _ in range(calls)]
+    lses = [torch.full((b, hq), float("nan"), dtype=torch.float32, device="cuda") for _ in range(calls)]
+    queries = [torch.randn(b, hq, d, device="cuda", dtype=dt)] + outs[:-1]
+    for q, out, lse in zip(queries, outs, lses):
+        F.decode_attention(q, k.transpose(1, 2), v.transpose(1, 2), seq_lens, out=(out, lse))
+    keys = [k[i, :, :n].transpose(0, 1) for i, n in enumerate(seq_lens.tolist())]
+    values = [v[i, :, :n].transpose(0, 1) for i, n in enumerate(seq_lens.tolist())]
+    for i, (q, out) in enumerate(zip(queries, outs)):
+        assert torch.isfinite(out.float()).all(), f"call {i} read a query its predecessor had not written"
+        close(out, _sdpa_reference(q, keys, values), dt, scale=2, msg=f"call {i}")
+
+
+@gpu
 def test_cuda_bad_entries_do_not_fault():
     k, v, table = _paged([64, 64], 2, 64, 64, 16, RNG)
     kt = torch.tensor(k, dtype=torch.bfloat16, device="cuda")
