@@ -1,4 +1,5 @@
-// decode_attention: the generic sweep on every candidate; paged and
+// decode_attention: the generic sweep on every candidate; cuDNN asked for
+// by name on contiguous caches; paged and
 // contiguous caches against a softmax written out here over gathered pages
 // (awkward sizes, shuffled tables, mixed lengths with 0, softcap, window,
 // GQA groups, non-contiguous q/out/lse, poisoned outputs); determinism;
@@ -37,6 +38,14 @@ TEST(Decode, HostMatchesReference) { sweep(*find_op(kOp), Backend::host_referenc
 TEST(Decode, BespokeCudaMatchesReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   sweep(*find_op(kOp), Backend::bespoke_cuda);
+}
+/// cuDNN declines paged caches, softcaps, windows, forced splits and odd
+/// head dims: those samples are skipped; some must run.
+TEST(Decode, CudnnSweepMatchesReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  OpInfo halves = *find_op(kOp);
+  halves.dtypes = {DType::f16, DType::bf16};
+  sweep(halves, Backend::cudnn);
 }
 
 /// One decode problem in logical row-major f64 (values already rounded to
@@ -447,6 +456,103 @@ TEST(Decode, UnseenCacheRowsCarryNoWeight) {
         ASSERT_TRUE(r) << r.status().to_string();
         expect_close(r->got, reference(c), dtype, describe(c, Backend::bespoke_cuda) + " NaN in unseen rows");
       }
+}
+
+/// cuDNN's fused attention on contiguous caches (Note [Decode on cuDNN]),
+/// asked for by name: GQA groups 1-8, head dims 40-256 (Dv apart from D),
+/// empty sequences (out 0, lse -inf: cuDNN's padding mask leaves their rows
+/// to decode_padding_lengths), NaN in every cache row past a length,
+/// torch's permuted caches, out rows padded (the padding stays NaN), a
+/// column-major lse, lengths past the capacity or negative (clamped). Its
+/// lse is not bitwise reproducible at long lengths (two runs of 4100 keys
+/// differed in the last bits on an H100): each run matches the reference,
+/// and the plan says it is not deterministic.
+TEST(Decode, CudnnMatchesReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(31);
+  const Config shapes[] = {{8, 2, 64, 64, 0, {50, 1, 23}},     {32, 8, 128, 128, 0, {1000, 0, 77}},
+                           {4, 1, 40, 40, 0, {7, 130}},         {16, 16, 128, 128, 0, {300}},
+                           {8, 1, 256, 256, 0, {129, 0, 2}},    {8, 2, 64, 32, 0, {33, 7}},
+                           {32, 8, 128, 128, 0, {4100, 2047}}};
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (const Config& s : shapes) {
+      Case c = make_case(rng, dtype, s.heads_q, s.heads_kv, s.dim, s.value_dim, 0, s.lens);
+      poison_unseen_rows(c, -1);
+      const std::string what = describe(c, Backend::cudnn);
+      auto a = run(Backend::cudnn, c);
+      ASSERT_TRUE(a) << what << ": " << a.status().to_string();
+      expect_close(a->got, reference(c), dtype, what);
+      for (int64_t b = 0; b < c.batch; ++b)
+        if (c.lens[size_t(b)] == 0)
+          for (int64_t h = 0; h < c.heads_q; ++h) {
+            EXPECT_EQ(a->got.lse[size_t(b * c.heads_q + h)], -INFINITY) << what;
+            for (int64_t d = 0; d < c.value_dim; ++d)
+              EXPECT_EQ(a->got.out[size_t((b * c.heads_q + h) * c.value_dim + d)], 0.0) << what;
+          }
+      auto again = run(Backend::cudnn, c);
+      ASSERT_TRUE(again) << again.status().to_string();
+      expect_close(again->got, reference(c), dtype, what + " (again)");
+    }
+  // torch's [B, Hkv, S, D] caches as permuted views, out rows padded to Dv + 8, lse column-major.
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    Case c = make_case(rng, dtype, 16, 4, 128, 128, 0, {61, 0, 200});
+    poison_unseen_rows(c, -1);
+    const int64_t s = c.s_max, d = c.dim, hkv = c.heads_kv, pitch = c.value_dim + 8;
+    Views views;
+    views.k = views.v = {hkv * s * d, d, s * d, 1};
+    views.out = {c.heads_q * pitch, pitch, 1};
+    views.lse = {1, c.batch};
+    auto r = run(Backend::cudnn, c, views);
+    ASSERT_TRUE(r) << r.status().to_string();
+    expect_close(r->got, reference(c), dtype, describe(c, Backend::cudnn) + " torch layout, padded out");
+    for (int64_t row = 0; row < c.batch * c.heads_q; ++row)
+      for (int64_t pad = c.value_dim; pad < pitch && row * pitch + pad < int64_t(r->out_buffer.size()); ++pad)
+        EXPECT_TRUE(std::isnan(r->out_buffer[size_t(row * pitch + pad)])) << "padding written at row " << row;
+  }
+  // Lengths past the capacity read the whole cache; negative ones none.
+  Case c = make_case(rng, DType::bf16, 8, 2, 128, 128, 0, {90, 33, 50});
+  c.lens[1] = -5;
+  c.lens[2] = int32_t(c.s_max + 4000);
+  auto r = run(Backend::cudnn, c);
+  ASSERT_TRUE(r) << r.status().to_string();
+  expect_close(r->got, reference(c, true), c.dtype, describe(c, Backend::cudnn) + " clamped lengths");
+}
+
+/// What cuDNN declines names the reason; the split kernels serve it. The
+/// automatic choice is the split kernels; cuDNN is the next candidate, and
+/// a preference for determinism refuses it.
+TEST(Decode, CudnnDeclinesWhatTheSplitKernelsServe) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<TensorSpec> specs{{DType::bf16, {2, 32, 128}}, {DType::bf16, {2, 4096, 8, 128}},
+                                      {DType::bf16, {2, 4096, 8, 128}}, {DType::i32, {0}}, {DType::i32, {2}}};
+  const OpDesc desc{kOp, specs, {}, {}};
+  EXPECT_EQ(check(select(Stream::cuda(), desc))->sku().backend, Backend::bespoke_cuda);
+  PlanPreference next;
+  next.skip_candidates = 1;
+  auto second = check(select(Stream::cuda(), desc, next));
+  EXPECT_EQ(second->sku().backend, Backend::cudnn);
+  EXPECT_FALSE(second->precision_guarantee().deterministic);
+  PlanPreference strict;
+  strict.backend = Backend::cudnn;
+  strict.deterministic_only = true;
+  auto refused = select(Stream::cuda(), desc, strict);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.status().message().find("not deterministic"), std::string::npos) << refused.status().message();
+  std::mt19937 rng(37);
+  const Case paged = make_case(rng, DType::bf16, 8, 2, 64, 64, 16, {40, 3});
+  const Case wide = make_case(rng, DType::f32, 8, 2, 64, 64, 0, {40, 3});
+  Case capped = make_case(rng, DType::bf16, 8, 2, 64, 64, 0, {40, 3});
+  capped.attrs = Attrs{{"softcap", 5}};
+  Case windowed = capped;
+  windowed.attrs = Attrs{{"window_left", 4}};
+  const std::pair<const Case*, const char*> cases[] = {
+      {&paged, "paged caches"}, {&wide, "f16 and bf16 only"}, {&capped, "'softcap'"}, {&windowed, "'window_left'"}};
+  for (const auto& [c, reason] : cases) {
+    auto r = run(Backend::cudnn, *c);
+    ASSERT_FALSE(r) << reason;
+    EXPECT_NE(r.status().message().find(reason), std::string::npos) << r.status().message();
+    EXPECT_TRUE(run(Backend::bespoke_cuda, *c)) << reason;
+  }
 }
 
 /// The workspace is exact: split rows of Dv + 1 f32 values, none for short caches or the host.

@@ -230,3 +230,53 @@ def test_cuda_raw_views_and_raw_workspace():
     short = ws[:-1]
     with pytest.raises(Exception, match="workspace has"):
         B.run("decode_attention", [raw(x) for x in inputs], [raw(out), raw(lse)], {}, stream, None, None, raw(short))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cuda_cudnn_backend_matches_torch_sdpa(dtype):
+    """cuDNN's fused attention asked for by name (Note [Decode on cuDNN]): contiguous caches in torch's
+    [B, Hkv, S, D] layout, mixed lengths with an empty sequence (out 0, lse -inf) and one past the capacity
+    (clamped), NaN in every cache row past a length. Its lse is not bitwise reproducible at such lengths: each
+    of two runs is checked."""
+    import baracuda._baracuda as B
+    dt = getattr(torch, dtype)
+    b, hq, hkv, s, d = 4, 32, 8, 3000, 128
+    lens = [s, 1234, 0, s + 500]
+    k = torch.randn(b, hkv, s, d, device="cuda", dtype=dt)
+    v = torch.randn(b, hkv, s, d, device="cuda", dtype=dt)
+    for i, n in enumerate(lens):
+        k[i, :, n:] = float("nan")
+        v[i, :, n:] = float("nan")
+    q = torch.randn(b, hq, d, device="cuda", dtype=dt)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    table = torch.empty(0, dtype=torch.int32, device="cuda")
+    names = {dt: "bf16" if dtype == "bfloat16" else "f16", torch.int32: "i32", torch.float32: "f32",
+             torch.uint8: "u8"}
+
+    def raw(x):
+        return (x.data_ptr(), names[x.dtype], tuple(x.shape), x.stride(), 2, x.get_device())
+    inputs = [q, k.transpose(1, 2), v.transpose(1, 2), table, seq_lens]
+    info = B.plan_info("decode_attention", [(names[x.dtype], list(x.shape)) for x in inputs], {}, None, "cuda",
+                       "cudnn")
+    assert info["backend"] == "cudnn"
+    ws = torch.full((info["workspace_size"],), 255, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    results = []
+    for _ in range(2):
+        out = torch.full((b, hq, d), float("nan"), dtype=dt, device="cuda")
+        lse = torch.full((b, hq), float("nan"), dtype=torch.float32, device="cuda")
+        B.run("decode_attention", [raw(x) for x in inputs], [raw(out), raw(lse)], {}, stream, None, "cudnn", raw(ws))
+        results.append((out, lse))
+    used = [min(n, s) for n in lens]
+    keys = [k[i, :, :n].transpose(0, 1) for i, n in enumerate(used)]
+    values = [v[i, :, :n].transpose(0, 1) for i, n in enumerate(used)]
+    want_out = _sdpa_reference(q, keys, values)
+    for out, lse in results:
+        close(out, want_out, dt, scale=2)
+        for i, kb in enumerate(keys):
+            kk = kb.double().repeat_interleave(hq // hkv, dim=1)
+            sc = torch.einsum("hd,nhd->hn", q[i].double(), kk) / d ** 0.5
+            want = torch.logsumexp(sc, dim=1) if kb.shape[0] else torch.full((hq,), -float("inf"), device="cuda",
+                                                                              dtype=torch.float64)
+            torch.testing.assert_close(lse[i].double(), want, rtol=2e-5, atol=2e-5)

@@ -788,6 +788,40 @@ struct CudaDecode {
 
 [[maybe_unused]] const bool registered = register_launchers<FloatTypes, CudaDecode>(cuda_decode(), "decode_attention");
 
+/// Before cuDNN's SDPA serves a decode problem (Note [Decode on cuDNN] in
+/// decode.cpp): one thread a sequence writes its padding-mask lengths (the
+/// cached tokens clamped to the capacity, one query when any); the CTA of an
+/// empty sequence then gives its rows out = 0 and lse = -inf, which cuDNN
+/// leaves alone.
+template <class T>
+__global__ void __launch_bounds__(kThreads) decode_padding_lengths_kernel(const DecodeProblem p, int32_t* len_q,
+                                                                          int32_t* len_kv) {
+  wait_for_prerequisite_grid();  // launched overlapped: seq_lens may come from the previous kernel
+  __shared__ int32_t lens[kThreads];
+  const int64_t first = int64_t(blockIdx.x) * kThreads, b = first + threadIdx.x;
+  const int64_t cap = p.capacity();
+  int32_t len = 0;
+  if (b < p.batch) {
+    const int64_t asked = p.seq_lens[b * p.seq_lens_stride];
+    len = int32_t(asked < 0 ? 0 : asked > cap ? cap : asked);
+    len_kv[b] = len;
+    len_q[b] = len > 0 ? 1 : 0;
+  }
+  lens[threadIdx.x] = b < p.batch ? len : 1;
+  __syncthreads();
+  using LseT = float;  // halves only
+  for (int i = 0; i < kThreads && first + i < p.batch; ++i) {
+    if (lens[i] != 0) continue;
+    const int64_t seq = first + i;
+    for (int64_t e = threadIdx.x; e < p.heads_q * p.value_dim; e += kThreads) {
+      const int64_t h = e / p.value_dim, d = e % p.value_dim;
+      reinterpret_cast<T*>(p.out)[seq * p.out_batch + h * p.out_head + d * p.out_dim] = convert<T>(0.f);
+    }
+    for (int64_t h = threadIdx.x; h < p.heads_q; h += kThreads)
+      reinterpret_cast<LseT*>(p.lse)[seq * p.lse_batch + h * p.lse_head] = -INFINITY;
+  }
+}
+
 /// CTAs of decode_split_tc<kDim> an SM of the current device holds, by the
 /// occupancy API (registers and its 96 KiB of shared memory); 0 if unknown.
 template <int kDim>
@@ -801,6 +835,16 @@ int tc_resident_ctas() {
 }
 
 }  // namespace
+
+Status decode_padding_lengths(const DecodeProblem& p, int32_t* len_q, int32_t* len_kv, CUstream_st* stream) {
+  if (p.batch == 0) return Status::ok();
+  const int64_t blocks = (p.batch + kThreads - 1) / kThreads;
+  if (blocks > INT32_MAX) return unsupported("decode_attention: ", p.batch, " sequences exceed one launch");
+  return visit_dtype<TypeList<__half, __nv_bfloat16>>(p.dtype, "decode_attention on cuDNN", [&]<class T>(TypeTag<T>) {
+    return launch_overlapped(decode_padding_lengths_kernel<T>, dim3(unsigned(blocks)), kThreads, 0, stream, p, len_q,
+                             len_kv);
+  });
+}
 
 int decode_tc_resident_ctas(int64_t head_dim) {
   if (head_dim == 64) return once_per_device([](int) { return tc_resident_ctas<64>(); });

@@ -43,6 +43,15 @@ struct Problem {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_kv = nullptr;
   int64_t tokens_q = 0, tokens_kv = 0;  ///< packed: rows of q and k (offsets past them are invalid)
+  /// cuDNN engine only, dense operands: a padding mask over per-sequence
+  /// lengths. Sequence b has padded_len_q[b] queries and padded_len_kv[b]
+  /// keys (int32 [batch] in device memory, each within seq_q / seq_kv; bound
+  /// per run); keys past its length weigh nothing, and its query rows past
+  /// its length are neither computed nor written (the caller gives them
+  /// their result). Decode runs on it.
+  bool padded = false;
+  const int32_t* padded_len_q = nullptr;
+  const int32_t* padded_len_kv = nullptr;
 
   Operand q, k, v, out;
   Operand lse;  ///< f32 (f64 for f64 problems), dim unused

@@ -47,7 +47,8 @@
 // rounded up to powers of two; sequences past the batch have length 0), so
 // that a training loop whose packing changes every step reuses a few graphs.
 // Softcaps stay with the bespoke kernels (the score modifier beside a
-// padding mask).
+// padding mask). Decode's padding mask over dense operands (Problem::padded)
+// is Note [Decode on cuDNN] in decode.cpp.
 #include "attention/engine.hpp"
 
 #if BARACUDA_HAS_CUDNN
@@ -171,6 +172,12 @@ Status check_problem(const Problem& p, bool backward) {
     return unsupported("cuDNN engine: packed sequences of one token each (max_seqlen 1 and 1) are not served");
   if (p.varlen() && (p.heads_q > 65535 || p.heads_kv > 65535))
     return unsupported("cuDNN engine: packed sequences with more than 65535 heads are not served");
+  if (p.padded) {  // decode's padding mask (Note [Decode on cuDNN] in decode.cpp): the plain rule only
+    if (p.varlen() || backward || p.mask.data || p.softcap > 0 || p.causal || p.window_left >= 0 ||
+        p.window_right >= 0)
+      return unsupported("cuDNN engine: a padding mask over sequence lengths is served alone (forward, no mask, "
+                         "softcap, causal rule or window)");
+  }
   if (p.dropout_p > 0)
     return unsupported("cuDNN's dropout draws its own random stream, not ours (dropout_keep), so it would drop other "
                        "elements");
@@ -229,6 +236,7 @@ Status check_problem(const Problem& p, bool backward) {
   }
 
   for (int64_t i : {int64_t(0), p.seq_q - 1}) {
+    if (p.padded) break;  // the caller gives a padded sequence's empty rows their result
     int64_t lo = 0, hi = 0;
     key_range(p, i, p.seq_q, p.seq_kv, lo, hi);
     if (lo >= hi)
@@ -245,7 +253,7 @@ struct Key {
   bool backward = false, deterministic = false;
   DType dtype = DType::bf16;
   int64_t batch = 0, heads_q = 0, heads_kv = 0, seq_q = 0, seq_kv = 0, head_dim = 0, value_dim = 0;
-  bool varlen = false;
+  bool varlen = false, padded = false;
   int64_t tokens_q = 0, tokens_kv = 0;  ///< packed only
   using Strides = std::array<int64_t, 3>;
   Strides q{}, k{}, v{}, out{}, lse{}, mask{}, grad_out{}, grad_q{}, grad_k{}, grad_v{};
@@ -267,6 +275,7 @@ Key key_of(const Problem& p, int device, const Band& band, bool backward, bool d
   key.q = strides(p.q), key.k = strides(p.k), key.v = strides(p.v), key.out = strides(p.out);
   key.lse_out = p.backward || p.lse.data;
   if (key.lse_out) key.lse = strides(p.lse);
+  key.padded = p.padded;
   key.masked = p.mask.data != nullptr;
   if (key.masked) key.mask = strides(p.mask);
   if (p.backward) {
@@ -461,18 +470,20 @@ Status build(const Key& key, cudnnHandle_t handle, std::mutex& handle_mutex, Bui
       return g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim({rows, 1, 1, 1}).set_stride(
           {1, 1, 1, 1}).set_data_type(type));
     };
+    if (key.varlen || key.padded) {
+      len_q = index_tensor("len_q", kLenQ, b, fe::DataType_t::INT32);
+      len_kv = index_tensor("len_kv", kLenKV, b, fe::DataType_t::INT32);
+    }
     if (key.varlen) {
       for (int i = 0; i < kRaggedOperands; ++i)
         if (ragged_used(i, key.backward, key.lse_out))
           offsets[i] = index_tensor(cat("offsets_", i).c_str(), kOffsets + i, b + 1, fe::DataType_t::INT64);
-      len_q = index_tensor("len_q", kLenQ, b, fe::DataType_t::INT32);
-      len_kv = index_tensor("len_kv", kLenKV, b, fe::DataType_t::INT32);
       q->set_ragged_offset(offsets[kRaggedQ]);
       k->set_ragged_offset(offsets[kRaggedK]);
       v->set_ragged_offset(offsets[kRaggedV]);
     }
     auto packed = [&](auto& attrs) {
-      if (key.varlen) attrs.set_padding_mask(true).set_seq_len_q(len_q).set_seq_len_kv(len_kv);
+      if (key.varlen || key.padded) attrs.set_padding_mask(true).set_seq_len_q(len_q).set_seq_len_kv(len_kv);
     };
     // The lse: ours, or (packed) cuDNN's token-major [T, Hq] in the workspace.
     const std::vector<int64_t> stats_stride = key.varlen ? std::vector<int64_t>{sq * hq, 1, hq, 1}
@@ -587,6 +598,11 @@ Status CudnnEngine::run(const Problem& p, const Workspace& workspace, CUstream_s
     if (p.backward || p.lse.data) pack.emplace(kStats, ragged.stats);
   } else if (p.backward || p.lse.data) {
     pack.emplace(kStats, p.lse.data);
+  }
+  if (p.padded) {
+    if (!p.padded_len_q || !p.padded_len_kv) return internal_error("cuDNN attention: padded without its lengths");
+    pack.emplace(kLenQ, const_cast<int32_t*>(p.padded_len_q));
+    pack.emplace(kLenKV, const_cast<int32_t*>(p.padded_len_kv));
   }
   if (p.mask.data) pack.emplace(kBias, p.mask.data);
   if (p.backward) {
