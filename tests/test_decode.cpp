@@ -615,6 +615,34 @@ TEST(Decode, AutoSplitsFillTheDevice) {
 #endif
 }
 
+/// Short caches (B1, Hkv 8, D 128, contiguous): up to 256 keys unsplit;
+/// longer ones in splits of at least 64 keys, as many as one wave of the
+/// device's slots holds (choose_splits).
+TEST(Decode, ShortCachesSplitDownToOneStepAWarp) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+#ifdef BARACUDA_HAS_CUDA
+  const int64_t sms = current_sm_count();
+  auto splits = [](int64_t keys) {
+    std::vector<TensorSpec> specs{{DType::bf16, {1, 32, 128}}, {DType::bf16, {1, keys, 8, 128}},
+                                  {DType::bf16, {1, keys, 8, 128}}, {DType::i32, {0}}, {DType::i32, {1}}};
+    PlanPreference pref;
+    pref.backend = Backend::bespoke_cuda;
+    const size_t row = size_t(32 * 129) * sizeof(float);
+    const size_t ws = check(select(Stream::cuda(), OpDesc{kOp, specs, {}, {}}, pref))->workspace_size();
+    EXPECT_EQ(ws % row, 0u);
+    return int64_t(ws / row);
+  };
+  EXPECT_EQ(splits(200), 0) << "unsplit: no workspace";
+  EXPECT_EQ(splits(256), 0) << "unsplit: no workspace";
+  for (int64_t keys : {512, 1024, 2048}) {
+    const int64_t n = splits(keys);
+    EXPECT_LE(n * 64, keys) << keys << " keys: splits of 64 keys or more";
+    EXPECT_LE(n * 8, sms) << keys << " keys: one wave";
+    EXPECT_TRUE(n * 64 == keys || (n + 1) * 8 > sms) << keys << " keys: " << n << " splits leave a wave's slots free";
+  }
+#endif
+}
+
 TEST(DecodeErrors, BadInputIsNamed) {
   auto message = [](std::vector<TensorSpec> in, const Attrs& attrs = {}) {
     auto r = infer(kOp, std::move(in), attrs);

@@ -173,8 +173,14 @@ struct Splits {
 };
 
 /// Auto: CTAs (B x Hkv x group chunks x splits) in whole waves of the
-/// device's resident slots, but no split under 256 keys, so short caches run
-/// unsplit. Decided from the descriptor, so that the workspace is exact.
+/// device's resident slots, splits of 64 keys or more (one 16-key step a
+/// warp of the tensor-core kernel at D 128), and caches of up to 256 keys
+/// unsplit: the combine costs about four steps a warp. H100, B1 Hq 32 Hkv 8
+/// D128 bf16, a call replayed in a CUDA graph, us (splits): 256 keys 10.8
+/// (1) / 11.8 (2) / 11.3 (4); 512 keys 13.8 (2) / 12.3 (4) / 11.4 (8); 1024
+/// keys 13.9 (4) / 12.4 (8) / 11.7 (16); 2048 keys 14.4 (8) / 13.2 (16) /
+/// 14.6 (32); 4096 keys 14.9 (16) / 16.4 (32). Decided from the descriptor,
+/// so that the workspace is exact.
 Splits choose_splits(const OpDesc& d, Backend backend) {
   const int64_t cap = capacity(d);
   Splits s{1, cap};
@@ -213,7 +219,9 @@ Splits choose_splits(const OpDesc& d, Backend backend) {
     if (tensor_cores && per_sm > 1)
       if (const int fit = decode_tc_resident_ctas(dim); fit > 0) per_sm = std::min(per_sm, fit);
 #endif
-    const int64_t slots = per_sm * int64_t(sms), most = std::min<int64_t>(kDecodeMaxSplits, (cap + 255) / 256);
+    constexpr int64_t kMinSplit = 64, kLongestUnsplit = 256;
+    const int64_t slots = per_sm * int64_t(sms);
+    const int64_t most = cap <= kLongestUnsplit ? 1 : std::min<int64_t>(kDecodeMaxSplits, (cap + kMinSplit - 1) / kMinSplit);
     double best = 0;
     want = 1;
     for (int64_t w = 1; w <= std::max<int64_t>(1, most); ++w) {
