@@ -461,7 +461,7 @@ TEST(Decode, UnseenCacheRowsCarryNoWeight) {
 /// cuDNN's fused attention on contiguous caches (Note [Decode on cuDNN]),
 /// asked for by name: GQA groups 1-8, head dims 40-256 (Dv apart from D),
 /// empty sequences (out 0, lse -inf: cuDNN's padding mask leaves their rows
-/// to decode_padding_lengths), NaN in every cache row past a length,
+/// to the padding-lengths kernel), NaN in every cache row past a length,
 /// torch's permuted caches, out rows padded (the padding stays NaN), a
 /// column-major lse, lengths past the capacity or negative (clamped). Its
 /// lse is not bitwise reproducible at long lengths (two runs of 4100 keys

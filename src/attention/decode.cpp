@@ -297,15 +297,16 @@ class DecodePlan final : public FamilyPlan {
 // run cuDNN's fused SDPA forward, the kernel torch's
 // scaled_dot_product_attention runs for one query token on Hopper: q as [B,
 // Hq, 1, D], the caches as [B, Hkv, S_max, D] views (any strides cuDNN
-// takes), and a padding mask whose lengths decode_padding_lengths writes
-// into the workspace each call, after cuDNN's own: seq_lens clamped to
-// S_max, so cuDNN never reads past a cache, and no query for an empty
-// sequence, whose rows that kernel sets to out 0 and lse -inf. It is the
-// candidate after the split kernels, asked for by name or as the next
-// candidate: on an H100 (32K keys, GQA 32/8, D 128, bf16) it ran 1% faster
-// than they (B1 54.3 against 55.0 us, B8 347.3 against 350.8; torch's own
-// call 52.4 and 344.7), and its lse is not bitwise reproducible run to run
-// at those lengths (its out was), so the precision guarantee says so.
+// takes), and a padding mask whose lengths a small kernel
+// ("decode_padding_lengths", decode.hpp) writes into the workspace each
+// call, after cuDNN's own: seq_lens clamped to S_max, so cuDNN never reads
+// past a cache, and no query for an empty sequence, whose rows that kernel
+// sets to out 0 and lse -inf. It is the candidate after the split kernels,
+// asked for by name or as the next candidate: on an H100 (32K keys, GQA
+// 32/8, D 128, bf16) it ran 1% faster than they (B1 54.3 against 55.0 us, B8
+// 347.3 against 350.8; torch's own call 52.4 and 344.7), and its lse is not
+// bitwise reproducible run to run at those lengths (its out was), so the
+// precision guarantee says so.
 
 /// The attention problem cuDNN runs for a bound decode problem; lengths null
 /// until the workspace is known (can_implement).
@@ -330,8 +331,12 @@ size_t padding_bytes(int64_t batch) { return workspace_aligned(2 * size_t(batch)
 
 class CudnnDecodePlan final : public FamilyPlan {
  public:
-  CudnnDecodePlan(const OpInfo& info, OpDesc desc, std::unique_ptr<const Engine> engine, size_t cudnn_bytes)
-      : FamilyPlan(info, std::move(desc)), engine_(std::move(engine)), cudnn_bytes_(workspace_aligned(cudnn_bytes)) {
+  CudnnDecodePlan(const OpInfo& info, OpDesc desc, std::unique_ptr<const Engine> engine, size_t cudnn_bytes,
+                  DecodeFn lengths)
+      : FamilyPlan(info, std::move(desc)),
+        engine_(std::move(engine)),
+        cudnn_bytes_(workspace_aligned(cudnn_bytes)),
+        lengths_(lengths) {
     sku_ = bespoke_sku(OpCategory::attention, info.name.c_str(), desc_.inputs[kQ].dtype, Backend::cudnn);
     sku_.layout = Layout::any_strided;
     sku_.precision.deterministic = sku_.precision.bit_stable_on_same_hardware = false;  // its lse: Note [Decode on cuDNN]
@@ -351,18 +356,19 @@ class CudnnDecodePlan final : public FamilyPlan {
   Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
     BARACUDA_TRY(FamilyPlan::can_implement(args));  // cuDNN's layout and workspace checks run in engine_->run
     BARACUDA_TRY(check_workspace(kOp, workspace, workspace_));
-    const DecodeProblem d = bind(desc_, args, nullptr, {});
-    int32_t* len_q = reinterpret_cast<int32_t*>(static_cast<char*>(workspace.data) + cudnn_bytes_);
-    int32_t* len_kv = len_q + d.batch;
+    const DecodeProblem d = bind(desc_, args, static_cast<char*>(workspace.data) + cudnn_bytes_, {});
     if (d.batch == 0 || d.heads_q == 0) return Status::ok();
-    BARACUDA_TRY(decode_padding_lengths(d, len_q, len_kv, stream.cuda_stream()).with_context(kOp));
-    return engine_->run(cudnn_problem(d, len_q, len_kv), Workspace{workspace.data, cudnn_bytes_}, stream.cuda_stream())
+    BARACUDA_TRY(lengths_(d, stream.cuda_stream()).with_context(kOp));
+    const int32_t* len_q = static_cast<const int32_t*>(d.workspace);
+    return engine_->run(cudnn_problem(d, len_q, len_q + d.batch), Workspace{workspace.data, cudnn_bytes_},
+                        stream.cuda_stream())
         .with_context(kOp);
   }
 
  private:
   std::unique_ptr<const Engine> engine_;
   size_t cudnn_bytes_;  ///< cuDNN's part of the workspace; the padding lengths follow
+  DecodeFn lengths_;    ///< "decode_padding_lengths:dtype"
 };
 
 Result<PlanPtr> make_cudnn_plan(const OpInfo& info, OpDesc desc) {
@@ -373,6 +379,8 @@ Result<PlanPtr> make_cudnn_plan(const OpInfo& info, OpDesc desc) {
     if (desc.attrs.get(attr, 0) != 0) return unsupported(kOp, " on cudnn: '", attr, "' is served by the split kernels");
   if (desc.attrs.get("window_left", -1) >= 0)
     return unsupported(kOp, " on cudnn: 'window_left' is served by the split kernels");
+  const DecodeFn lengths = cuda_decode().find(launch_key("decode_padding_lengths", t));
+  if (!lengths) return unsupported(kOp, " on cudnn: no padding-length kernel for ", dtype_name(t));
   auto engine = make_cudnn_engine(false, true);
   if (!engine) return engine.status();
   // The probe's views: contiguous operands, as the descriptor gives them.
@@ -381,7 +389,7 @@ Result<PlanPtr> make_cudnn_plan(const OpInfo& info, OpDesc desc) {
   BARACUDA_TRY((*engine)->supports(p).with_context(cat(kOp, " on cudnn")));
   BARACUDA_TRY((*engine)->prepare(p).with_context(cat(kOp, " on cudnn")));
   const size_t cudnn_bytes = (*engine)->workspace(p);
-  return PlanPtr(std::make_unique<CudnnDecodePlan>(info, std::move(desc), std::move(*engine), cudnn_bytes));
+  return PlanPtr(std::make_unique<CudnnDecodePlan>(info, std::move(desc), std::move(*engine), cudnn_bytes, lengths));
 }
 #endif
 

@@ -79,16 +79,15 @@ BCD_HD M decode_score(M dot, M scale, M softcap) {
 /// SM of the current device; 0 where unknown (no device, other head dims).
 int decode_tc_resident_ctas(int64_t head_dim);
 
-/// CUDA builds, f16/bf16: what cuDNN's padding mask needs before it serves a
-/// decode problem (Note [Decode on cuDNN] in decode.cpp): len_kv[b] =
-/// seq_lens[b] clamped to [0, capacity], len_q[b] = 1 where that is positive
-/// and 0 otherwise, and an empty sequence's rows out = 0, lse = -inf (cuDNN
-/// computes and writes no row of a sequence without queries). len_q and
-/// len_kv are device int32 [batch].
-Status decode_padding_lengths(const DecodeProblem& p, int32_t* len_q, int32_t* len_kv, CUstream_st* stream);
-
 /// Runs a decode problem: the host reference (f64) or the CUDA kernels.
-/// Keys "decode_attention:dtype".
+/// Keys "decode_attention:dtype". The CUDA table also holds
+/// "decode_padding_lengths:dtype" (f16, bf16): what cuDNN's padding mask
+/// needs before it serves a decode problem (Note [Decode on cuDNN] in
+/// decode.cpp), written to p.workspace as int32 len_q[batch] then
+/// len_kv[batch]: len_kv[b] = seq_lens[b] clamped to [0, capacity], len_q[b]
+/// = 1 where that is positive and 0 otherwise; an empty sequence's rows get
+/// out = 0, lse = -inf (cuDNN computes and writes no row of a sequence
+/// without queries).
 using DecodeFn = Status (*)(const DecodeProblem&, CUstream_st*);
 using DecodeTable = LaunchTable<DecodeFn>;
 DecodeTable& host_decode();

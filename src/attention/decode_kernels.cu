@@ -792,7 +792,7 @@ struct CudaDecode {
 /// decode.cpp): one thread a sequence writes its padding-mask lengths (the
 /// cached tokens clamped to the capacity, one query when any); the CTA of an
 /// empty sequence then gives its rows out = 0 and lse = -inf, which cuDNN
-/// leaves alone.
+/// leaves alone. Registered as "decode_padding_lengths:dtype" (decode.hpp).
 template <class T>
 __global__ void __launch_bounds__(kThreads) decode_padding_lengths_kernel(const DecodeProblem p, int32_t* len_q,
                                                                           int32_t* len_kv) {
@@ -822,6 +822,21 @@ __global__ void __launch_bounds__(kThreads) decode_padding_lengths_kernel(const 
   }
 }
 
+template <class T>
+struct PaddingLengths {
+  static Status run(const DecodeProblem& p, CUstream_st* stream) {
+    if (p.batch == 0) return Status::ok();
+    const int64_t blocks = (p.batch + kThreads - 1) / kThreads;
+    if (blocks > INT32_MAX) return unsupported("decode_attention: ", p.batch, " sequences exceed one launch");
+    int32_t* len_q = static_cast<int32_t*>(p.workspace);
+    return launch_overlapped(decode_padding_lengths_kernel<T>, dim3(unsigned(blocks)), kThreads, 0, stream, p, len_q,
+                             len_q + p.batch);
+  }
+};
+
+[[maybe_unused]] const bool padding_registered =
+    register_launchers<TypeList<__half, __nv_bfloat16>, PaddingLengths>(cuda_decode(), "decode_padding_lengths");
+
 /// CTAs of decode_split_tc<kDim> an SM of the current device holds, by the
 /// occupancy API (registers and its 96 KiB of shared memory); 0 if unknown.
 template <int kDim>
@@ -835,16 +850,6 @@ int tc_resident_ctas() {
 }
 
 }  // namespace
-
-Status decode_padding_lengths(const DecodeProblem& p, int32_t* len_q, int32_t* len_kv, CUstream_st* stream) {
-  if (p.batch == 0) return Status::ok();
-  const int64_t blocks = (p.batch + kThreads - 1) / kThreads;
-  if (blocks > INT32_MAX) return unsupported("decode_attention: ", p.batch, " sequences exceed one launch");
-  return visit_dtype<TypeList<__half, __nv_bfloat16>>(p.dtype, "decode_attention on cuDNN", [&]<class T>(TypeTag<T>) {
-    return launch_overlapped(decode_padding_lengths_kernel<T>, dim3(unsigned(blocks)), kThreads, 0, stream, p, len_q,
-                             len_kv);
-  });
-}
 
 int decode_tc_resident_ctas(int64_t head_dim) {
   if (head_dim == 64) return once_per_device([](int) { return tc_resident_ctas<64>(); });
