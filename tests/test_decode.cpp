@@ -300,6 +300,17 @@ void expect_close(const Outputs& got, const Outputs& want, DType dtype, const st
   }
 }
 
+/// An empty sequence's rows: lse exactly -inf and out exactly 0.
+void expect_empty_sequences_exact(const Outputs& got, const Case& c, const std::string& what) {
+  for (int64_t b = 0; b < c.batch; ++b)
+    if (c.lens[size_t(b)] == 0)
+      for (int64_t h = 0; h < c.heads_q; ++h) {
+        EXPECT_EQ(got.lse[size_t(b * c.heads_q + h)], -INFINITY) << what;
+        for (int64_t d = 0; d < c.value_dim; ++d)
+          EXPECT_EQ(got.out[size_t((b * c.heads_q + h) * c.value_dim + d)], 0.0) << what;
+      }
+}
+
 std::string describe(const Case& c, Backend backend) {
   std::string s = cat(backend_name(backend), " ", dtype_name(c.dtype), " Hq ", c.heads_q, " Hkv ", c.heads_kv, " D ",
                       c.dim, " Dv ", c.value_dim, c.block_size ? cat(" block_size ", c.block_size) : std::string(" contiguous"),
@@ -355,14 +366,7 @@ TEST(DecodeReference, PagedAndContiguousCaches) {
           ASSERT_TRUE(r) << what << ": " << r.status().to_string();
           const Outputs want = reference(c);
           expect_close(r->got, want, dtype, what);
-          // An empty sequence: lse -inf and out 0.
-          for (int64_t b = 0; b < c.batch; ++b)
-            if (c.lens[b] == 0)
-              for (int64_t h = 0; h < c.heads_q; ++h) {
-                EXPECT_EQ(r->got.lse[b * c.heads_q + h], -INFINITY) << what;
-                for (int64_t d = 0; d < c.value_dim; ++d)
-                  EXPECT_EQ(r->got.out[(b * c.heads_q + h) * c.value_dim + d], 0.0) << what;
-              }
+          expect_empty_sequences_exact(r->got, c, what);
         }
   }
 }
@@ -482,13 +486,7 @@ TEST(Decode, CudnnMatchesReference) {
       auto a = run(Backend::cudnn, c);
       ASSERT_TRUE(a) << what << ": " << a.status().to_string();
       expect_close(a->got, reference(c), dtype, what);
-      for (int64_t b = 0; b < c.batch; ++b)
-        if (c.lens[size_t(b)] == 0)
-          for (int64_t h = 0; h < c.heads_q; ++h) {
-            EXPECT_EQ(a->got.lse[size_t(b * c.heads_q + h)], -INFINITY) << what;
-            for (int64_t d = 0; d < c.value_dim; ++d)
-              EXPECT_EQ(a->got.out[size_t((b * c.heads_q + h) * c.value_dim + d)], 0.0) << what;
-          }
+      expect_empty_sequences_exact(a->got, c, what);
       auto again = run(Backend::cudnn, c);
       ASSERT_TRUE(again) << again.status().to_string();
       expect_close(again->got, reference(c), dtype, what + " (again)");

@@ -103,6 +103,16 @@ def test_bad_input_is_named():
 
 # ---------------------------------------------------------------- CUDA vs torch SDPA
 
+def _raw_dtype(x):
+    return {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32", torch.int32: "i32",
+            torch.uint8: "u8"}[x.dtype]
+
+
+def _raw(x):
+    """A CUDA tensor as the raw view an engine passes: (pointer, dtype, shape, strides, device type 2, device)."""
+    return (x.data_ptr(), _raw_dtype(x), tuple(x.shape), x.stride(), 2, x.get_device())
+
+
 def _sdpa_reference(q, keys, values, scale=None):
     """torch SDPA per sequence on gathered [1, Hkv, n, D] keys with GQA; empty sequences give 0."""
     outs = []
@@ -214,22 +224,19 @@ def test_cuda_raw_views_and_raw_workspace():
     table = torch.empty(0, dtype=torch.int32, device="cuda")
     seq_lens = torch.tensor([s, 777], dtype=torch.int32, device="cuda")
     want = F.decode_attention(q, k, v, seq_lens)
-    names = {dt: "bf16", torch.int32: "i32", torch.float32: "f32", torch.uint8: "u8"}
-
-    def raw(x):
-        return (x.data_ptr(), names[x.dtype], tuple(x.shape), x.stride(), 2, x.get_device())
     inputs = [q, k, v, table, seq_lens]
-    info = B.plan_info("decode_attention", [(names[x.dtype], list(x.shape)) for x in inputs], {}, None, "cuda")
+    info = B.plan_info("decode_attention", [(_raw_dtype(x), list(x.shape)) for x in inputs], {}, None, "cuda")
     assert info["workspace_size"] > 0  # split: the partials live in the workspace
     ws = torch.empty(info["workspace_size"], dtype=torch.uint8, device="cuda")
     out = torch.full_like(want[0], float("nan"))
     lse = torch.full_like(want[1], float("nan"))
     stream = torch.cuda.current_stream().cuda_stream
-    B.run("decode_attention", [raw(x) for x in inputs], [raw(out), raw(lse)], {}, stream, None, None, raw(ws))
+    B.run("decode_attention", [_raw(x) for x in inputs], [_raw(out), _raw(lse)], {}, stream, None, None, _raw(ws))
     assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
     short = ws[:-1]
     with pytest.raises(Exception, match="workspace has"):
-        B.run("decode_attention", [raw(x) for x in inputs], [raw(out), raw(lse)], {}, stream, None, None, raw(short))
+        B.run("decode_attention", [_raw(x) for x in inputs], [_raw(out), _raw(lse)], {}, stream, None, None,
+              _raw(short))
 
 
 @gpu
@@ -251,13 +258,8 @@ def test_cuda_cudnn_backend_matches_torch_sdpa(dtype):
     q = torch.randn(b, hq, d, device="cuda", dtype=dt)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     table = torch.empty(0, dtype=torch.int32, device="cuda")
-    names = {dt: "bf16" if dtype == "bfloat16" else "f16", torch.int32: "i32", torch.float32: "f32",
-             torch.uint8: "u8"}
-
-    def raw(x):
-        return (x.data_ptr(), names[x.dtype], tuple(x.shape), x.stride(), 2, x.get_device())
     inputs = [q, k.transpose(1, 2), v.transpose(1, 2), table, seq_lens]
-    info = B.plan_info("decode_attention", [(names[x.dtype], list(x.shape)) for x in inputs], {}, None, "cuda",
+    info = B.plan_info("decode_attention", [(_raw_dtype(x), list(x.shape)) for x in inputs], {}, None, "cuda",
                        "cudnn")
     assert info["backend"] == "cudnn"
     ws = torch.full((info["workspace_size"],), 255, dtype=torch.uint8, device="cuda")
@@ -266,7 +268,8 @@ def test_cuda_cudnn_backend_matches_torch_sdpa(dtype):
     for _ in range(2):
         out = torch.full((b, hq, d), float("nan"), dtype=dt, device="cuda")
         lse = torch.full((b, hq), float("nan"), dtype=torch.float32, device="cuda")
-        B.run("decode_attention", [raw(x) for x in inputs], [raw(out), raw(lse)], {}, stream, None, "cudnn", raw(ws))
+        B.run("decode_attention", [_raw(x) for x in inputs], [_raw(out), _raw(lse)], {}, stream, None, "cudnn",
+              _raw(ws))
         results.append((out, lse))
     used = [min(n, s) for n in lens]
     keys = [k[i, :, :n].transpose(0, 1) for i, n in enumerate(used)]
