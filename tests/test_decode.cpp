@@ -462,6 +462,33 @@ TEST(Decode, UnseenCacheRowsCarryNoWeight) {
       }
 }
 
+/// The tensor-core kernel over 2 to 40 forced splits (up to 38 partials a
+/// row for the combine) and 64 sequences (512 units): each against the
+/// reference and repeated for the same bits, with splits that see no key
+/// (short and empty sequences), NaN in every unseen cache row, and 32 query
+/// heads a kv head (two chunks of 16).
+TEST(Decode, ManySplitsAndChunksMatchTheReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(41);
+  std::vector<int32_t> many(64);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = int32_t(40 + 37 * i % 300);
+  const Config shapes[] = {{32, 8, 128, 128, 0, {4000, 1, 0, 2500}}, {64, 2, 64, 64, 16, {3000, 700}},
+                           {32, 8, 128, 128, 32, many}};
+  for (const Config& s : shapes)
+    for (int splits : {2, 7, 16, 17, 40}) {
+      if (s.lens.size() == 64 && splits != 2) continue;
+      Case c = make_case(rng, DType::bf16, s.heads_q, s.heads_kv, s.dim, s.value_dim, s.block_size, s.lens,
+                         Attrs{{"num_splits", splits}});
+      poison_unseen_rows(c, -1);
+      auto a = run(Backend::bespoke_cuda, c), b = run(Backend::bespoke_cuda, c);
+      ASSERT_TRUE(a && b) << (a ? b.status() : a.status()).to_string();
+      const std::string what = describe(c, Backend::bespoke_cuda) + " " + std::to_string(splits) + " splits";
+      expect_close(a->got, reference(c), DType::bf16, what);
+      EXPECT_EQ(std::memcmp(a->got.out.data(), b->got.out.data(), a->got.out.size() * sizeof(double)), 0) << what;
+      EXPECT_EQ(std::memcmp(a->got.lse.data(), b->got.lse.data(), a->got.lse.size() * sizeof(double)), 0) << what;
+    }
+}
+
 /// cuDNN's fused attention on contiguous caches (Note [Decode on cuDNN]),
 /// asked for by name: GQA groups 1-8, head dims 40-256 (Dv apart from D),
 /// empty sequences (out 0, lse -inf: cuDNN's padding mask leaves their rows
