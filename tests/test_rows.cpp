@@ -58,10 +58,10 @@ int cuda_cases(std::initializer_list<const char*> names, const std::vector<DType
 // backward over a cluster]): 2 to 8 ranks, a last rank part empty, rows of
 // element loads (20001), and 10 to 28 rows a split (600 x 12000: the
 // exchange's four slots go round and their barriers change parity); the
-// longer rows take the column pass (split partials merged). rms_norm's half
-// rows of 257 to 512 vectors take 256 threads of two (kPairedThreads): one
-// vector past the first (2056), a thread's second vector past the row
-// (3000), whole (4096, many rows a split), and element loads (4090).
+// longer rows take the column pass (split partials merged). Half rows of
+// 257 to 512 vectors (the 512-thread block): one vector past 256 (2056), a
+// last thread's vector past the row (3000), whole (4096, many rows a
+// split), and element loads (4090).
 TEST(NormCuda, OnePassBackwardAgainstReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const std::vector<Shape> shapes{{5, 1024},   {300, 1030}, {700, 2048}, {3, 2, 4096}, {2, 8192},  {1500, 1536},

@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
     if (kCache && vec && slot.valid) {
       // The whole row in flight at once (cp.async into the cache), then its
       // max from the cache: each thread reads back only the vectors it copied.
-      // (Loads two vectors at a time through registers: H100, bf16 8192x32768
-      // softmax 2.84 -> 2.97 TB/s, log_softmax 2.87 -> 2.97.)
+      // It took two vectors at a time through registers before (H100, bf16
+      // 8192x32768: softmax 2.84 -> 2.97 TB/s, log_softmax 2.87 -> 2.97).
       constexpr int V = rows::kVecOf<T>;
       using P = rows::Vec<T, V>;
       const auto* packs = reinterpret_cast<const P*>(in[0]);
