@@ -11,6 +11,7 @@
 #include <tuple>
 #include <utility>
 
+#include "core/cuda_async.cuh"
 #include "core/cuda_check.hpp"
 #include "core/device_memo.hpp"
 #include "core/rows.hpp"
@@ -129,6 +130,23 @@ __device__ __forceinline__ void for_row(const T* row, int64_t stride, int64_t co
       f(c, x);
     }
   }
+}
+
+/// Copies the vectors of a row in whole vectors (unit stride, 16-byte
+/// aligned, cols % V == 0) that this thread owns (the ownership of for_row)
+/// into `cache` (16-byte aligned shared memory) by cp.async, every copy in
+/// flight at once, and waits for them: the thread may then read back its
+/// own vectors, no barrier needed. (for_row's cache fill keeps two vectors
+/// in flight through registers.)
+template <int TPR, class T>
+__device__ __forceinline__ void cache_row_async(const T* row, int64_t cols, int lane, T* cache) {
+  constexpr int V = kVecOf<T>;
+  using P = Vec<T, V>;
+  const auto* packs = reinterpret_cast<const P*>(row);
+  auto* cached = reinterpret_cast<P*>(cache);
+  for (int64_t i = lane; i < cols / V; i += TPR) cp_async_16(&cached[i], &packs[i], true);
+  cp_async_commit();
+  cp_async_wait<0>();
 }
 
 /// dst[c] = f(c, {src_k[c]...}) over the elements of a row this thread owns

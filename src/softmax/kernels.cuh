@@ -13,7 +13,6 @@
 //    warp reads 32 neighbouring rows at once.
 #pragma once
 
-#include "core/cuda_async.cuh"
 #include "core/cuda_check.hpp"
 #include "core/cuda_rows.cuh"
 #include "core/row_lanes.hpp"
@@ -66,11 +65,8 @@ __global__ void __launch_bounds__(TPR * RPB) rows_kernel(RowLaunch l, rows::Offs
       // 8192x32768: softmax 2.84 -> 2.97 TB/s, log_softmax 2.87 -> 2.97).
       constexpr int V = rows::kVecOf<T>;
       using P = rows::Vec<T, V>;
-      const auto* packs = reinterpret_cast<const P*>(in[0]);
-      auto* cached = reinterpret_cast<P*>(cache[0]);
-      for (int64_t i = slot.lane; i < cols / V; i += TPR) cp_async_16(&cached[i], &packs[i], true);
-      cp_async_commit();
-      cp_async_wait<0>();
+      rows::cache_row_async<TPR>(in[0], cols, slot.lane, cache[0]);
+      const auto* cached = reinterpret_cast<const P*>(cache[0]);
       for (int64_t i = slot.lane; i < cols / V; i += TPR) {
         const P pack = cached[i];
 #pragma unroll
