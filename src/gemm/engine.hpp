@@ -31,6 +31,13 @@ class TableEngine final : public Engine {
 /// The host-reference or bespoke CUDA launcher registered under `key`, as an
 /// engine; `what` names the kernel in the refusal.
 Result<std::unique_ptr<Engine>> table_engine(Backend backend, const std::string& key, const std::string& what);
+/// The same for the products `in` -> `out` ("gemm:in:out").
+Result<std::unique_ptr<Engine>> table_engine(Backend backend, DType in, DType out);
+
+/// The sku of a plan of products `in` -> `out` on `backend` (before the
+/// engine's own marks: TF32, cuBLASLt's row-major layout, epilogues): the
+/// bespoke sku, exact integer math (i32 accumulation on cuBLASLt, i64 elsewhere).
+KernelSku product_sku(const char* op, DType in, DType out, Backend backend);
 
 /// What a cuBLASLt engine is asked for.
 struct LtRequest {

@@ -344,12 +344,7 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
   auto full = infer_desc(def, desc);
   if (!full) return full.status();
   const DType in = full->inputs[primary_input(def.kind)].dtype, out = product_dtype(in);
-  KernelSku sku = bespoke_sku(OpCategory::gemm, info.name.c_str(), in, backend);
-  if (out != in) sku.aux_element = out;
-  if (!is_floating(in)) {
-    sku.precision.math = MathPrecision::exact;
-    sku.precision.accumulator = backend == Backend::cublaslt ? DType::i32 : DType::i64;
-  }
+  KernelSku sku = product_sku(info.name.c_str(), in, out, backend);
   std::unique_ptr<const Engine> engine;
   bool fused_bias_grad = false;
   if (backend == Backend::cublaslt) {
@@ -387,7 +382,7 @@ Result<PlanPtr> make_plan(const Def& def, const OpInfo& info, Backend backend, c
     return unsupported("built without CUDA");
 #endif
   } else {
-    auto e = table_engine(backend, launch_key("gemm", in, out), cat("GEMM ", dtype_name(in), " -> ", dtype_name(out)));
+    auto e = table_engine(backend, in, out);
     if (!e) return e.status();
     engine = std::move(*e);
   }

@@ -1,6 +1,8 @@
 // ProductStep: a GEMM for other families' plans (Note [Product steps]), and
-// table_engine: a plan's host-reference or bespoke launcher as an engine.
+// table_engine: a plan's host-reference or bespoke launcher as an engine;
+// product_sku: the sku every product plan starts from.
 #include "core/errors.hpp"
+#include "core/family.hpp"
 #include "gemm/engine.hpp"
 
 namespace baracuda::gemm {
@@ -10,6 +12,20 @@ Result<std::unique_ptr<Engine>> table_engine(Backend backend, const std::string&
   GemmFn fn = table.find(key);
   if (!fn) return unsupported("no ", backend_name(backend), " kernel for ", what);
   return std::unique_ptr<Engine>(std::make_unique<TableEngine>(fn));
+}
+
+Result<std::unique_ptr<Engine>> table_engine(Backend backend, DType in, DType out) {
+  return table_engine(backend, launch_key("gemm", in, out), cat("GEMM ", dtype_name(in), " -> ", dtype_name(out)));
+}
+
+KernelSku product_sku(const char* op, DType in, DType out, Backend backend) {
+  KernelSku sku = bespoke_sku(OpCategory::gemm, op, in, backend);
+  if (out != in) sku.aux_element = out;
+  if (!is_floating(in)) {
+    sku.precision.math = MathPrecision::exact;
+    sku.precision.accumulator = backend == Backend::cublaslt ? DType::i32 : DType::i64;
+  }
+  return sku;
 }
 
 Result<ProductStep> ProductStep::make(const TensorView& d, const TensorView& a, const TensorView& b) {
