@@ -220,6 +220,20 @@ def main():
             lambda: [(torch.mm(g2[:, i * nn:(i + 1) * nn], b2[:, i * nn:(i + 1) * nn].t()),
                       torch.mm(a3[i].t(), g2[:, i * nn:(i + 1) * nn])) for i in range(g_count)], 2 * flops)
         del a3, b2, o2, g2
+    if want("list"):  # grouped_gemm: per-group M, N and K (LoRA-like and MoE-like lists) against a loop of torch.mm
+        lists = {
+            "lora G16 (4096x16x4096, 4096x4096x16)": [(4096, 16, 4096), (4096, 4096, 16)] * 8,
+            "experts G8 M 256..2048, N 2048/4096, K 4096": [(256 * (i + 1), 4096, 2048 * (1 + i % 2)) for i in range(8)],
+        }
+        for name, shapes in lists.items():
+            a = [torch.randn(m, k, device="cuda", dtype=bf16) for m, k, _ in shapes]
+            b = [torch.randn(k, n, device="cuda", dtype=bf16) * 0.02 for _, k, n in shapes]
+            outs = [torch.empty(m, n, device="cuda", dtype=bf16) for m, _, n in shapes]
+            flops = sum(2 * m * n * k for m, k, n in shapes)
+            loop = lambda: [torch.mm(x, y) for x, y in zip(a, b)]  # noqa: E731
+            row(f"grouped_gemm {name} vs mm loop", bf16, lambda: F.grouped_gemm(a, b, out=outs), loop, flops,
+                check=lambda: all(close(o, r, 5e-2) for o, r in zip(F.grouped_gemm(a, b), loop())))
+            del a, b, outs
 
 
 if __name__ == "__main__":

@@ -66,11 +66,14 @@ inline std::pair<std::vector<int64_t>, int64_t> offsets(const Shape& shape, cons
 /// `graph_replays` > 0: the run is captured into a CUDA graph on a stream of
 /// its own and the graph launched that many times instead. The workspace
 /// starts `workspace_offset` bytes into its allocation (alignment tests).
+/// Outputs start as NaN, or output_values[j] (row-major) where given (ops
+/// that read their output: grouped_gemm's beta).
 inline Result<std::vector<std::vector<double>>> exec(Backend backend, const std::string& op, const std::vector<Operand>& inputs,
                                               const Attrs& attrs = {}, const PlanPreference& base = {},
                                               const std::vector<Shape>& output_strides = {},
                                               [[maybe_unused]] int graph_replays = 0,  // (host-only builds)
-                                              size_t workspace_offset = 0) {
+                                              size_t workspace_offset = 0,
+                                              const std::vector<std::vector<double>>& output_values = {}) {
   const bool device = backend != Backend::host_reference;
   std::vector<TensorSpec> specs;
   for (const auto& o : inputs) specs.push_back({o.dtype, o.shape});
@@ -110,10 +113,13 @@ inline Result<std::vector<std::vector<double>>> exec(Backend backend, const std:
     in.push_back(*v);
   }
   std::vector<Operand> outs;
-  for (const auto& s : full.outputs)
-    outs.push_back({{}, s.shape, s.dtype, outs.size() < output_strides.size() ? output_strides[outs.size()] : Shape{}});
+  for (const auto& s : full.outputs) {
+    const size_t j = outs.size();
+    outs.push_back({j < output_values.size() ? output_values[j] : std::vector<double>{}, s.shape, s.dtype,
+                    j < output_strides.size() ? output_strides[j] : Shape{}});
+  }
   for (const auto& o : outs) {
-    auto v = place(o, false);
+    auto v = place(o, !o.values.empty());
     if (!v) return v.status();
     out.push_back(*v);
   }

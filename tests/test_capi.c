@@ -135,6 +135,24 @@ int main(void) {
         }
       baracuda_plan_destroy(plan);
     }
+    /* grouped_gemm, a list op: every a, then every b; out[0] = a [2, 3] @ b0 [3, 1], out[1] = lw [2, 3] @ b1 [3, 2]. */
+    float b0[3] = {1, -1, 2}, b1[6] = {1, 0, 0, 1, 1, 1}, g0[2], g1[4];
+    int64_t shape_b0[2] = {3, 1}, shape_b1[2] = {3, 2}, shape_g0[2] = {2, 1};
+    baracuda_tensor gg_in[4] = {{a, BARACUDA_F32, 2, shape_a, NULL}, {lw, BARACUDA_F32, 2, shape_lw, NULL},
+                                {b0, BARACUDA_F32, 2, shape_b0, NULL}, {b1, BARACUDA_F32, 2, shape_b1, NULL}};
+    baracuda_tensor gg_out[2] = {{g0, BARACUDA_F32, 2, shape_g0, NULL}, {g1, BARACUDA_F32, 2, shape_lo, NULL}};
+    CHECK(baracuda_plan_create(&plan, host, "grouped_gemm", gg_in, 4, NULL, 0, NULL, 0) == BARACUDA_OK);
+    if (plan) {
+      CHECK(baracuda_plan_run(plan, host, NULL, 0, gg_in, 4, gg_out, 2) == BARACUDA_OK);
+      for (int r = 0; r < 2; ++r) {
+        CHECK(g0[r] == a[r * 3] - a[r * 3 + 1] + 2 * a[r * 3 + 2]);
+        for (int c = 0; c < 2; ++c) CHECK(g1[r * 2 + c] == lw[r * 3 + c] + lw[r * 3 + 2]);
+      }
+      baracuda_plan_destroy(plan);
+    }
+    CHECK(baracuda_plan_create(&plan, host, "grouped_gemm", gg_in, 3, NULL, 0, NULL, 0) ==
+          BARACUDA_ERROR_INVALID_PROBLEM);
+    CHECK(strstr(baracuda_last_error(), "expected 2 inputs a group") != NULL);
     baracuda_tensor bad_mm[2] = {{a, BARACUDA_F32, 2, shape_a, NULL}, {lw, BARACUDA_F32, 2, shape_lw, NULL}};
     CHECK(baracuda_plan_create(&plan, host, "mm", bad_mm, 2, NULL, 0, NULL, 0) == BARACUDA_ERROR_INVALID_PROBLEM);
     CHECK(strstr(baracuda_last_error(), "cannot be multiplied (3 != 2)") != NULL);

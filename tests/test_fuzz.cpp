@@ -141,7 +141,8 @@ struct Fuzzer {
     };
     std::vector<TensorView> in_views, out_views;
     for (size_t i = 0; i < d.inputs.size(); ++i)
-      in_views.push_back(place(d.inputs[i], random_bytes(d.inputs[i], rng, wild_integers, op.domain(i))));
+      in_views.push_back(place(d.inputs[i], random_bytes(d.inputs[i], rng, wild_integers,
+                                                         op.domain(op.operand_of(true, i, d.inputs.size())))));
     for (const auto& t : d.outputs)  // poisoned: all bits set (NaN for floats)
       out_views.push_back(place(t, std::vector<unsigned char>(size_t(bytes_of(t)), 0xff)));
     const OpArgs args{in_views, out_views};
@@ -174,7 +175,8 @@ struct Fuzzer {
     auto operands = [&](bool inputs) -> size_t { return inputs ? base.inputs.size() : base.outputs.size(); };
     for (bool inputs : {true, false}) {
       for (size_t k = 0; k < operands(inputs); ++k) {
-        const std::string name = inputs ? op.input_names[k] : (k < op.output_names.size() ? op.output_names[k] : "out");
+        const std::vector<std::string> names = op.operand_names(inputs, operands(inputs));
+        const std::string name = k < names.size() ? names[k] : "out";
         auto variant = [&](const std::string& what, const std::function<void(TensorSpec&)>& change) {
           OpDesc d = base;
           change(inputs ? d.inputs[k] : d.outputs[k]);

@@ -4,7 +4,9 @@
 // misaligned group starts, K- and N-contiguous b, on every candidate (the
 // CUTLASS one on sm_90); gradients against finite differences; the CUDA
 // backward against the host's; CUDA graph capture; how CUTLASS sees a
-// problem (host); bad input.
+// problem (host); bad input. Then grouped_gemm, the list of products with
+// their own M, N and K, the same way (exact products on every candidate,
+// beta, finite differences, graph capture, bad input).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -389,6 +391,247 @@ TEST(GroupedGemmErrors, DeviceClampsOffsets) {
     ASSERT_TRUE(r) << r.status().to_string();
     EXPECT_EQ((*r)[0], want) << dtype_name(t);
   }
+}
+
+// ---------------------------------------------------------------- grouped_gemm (a list of products)
+
+/// One group of grouped_gemm: a [M, K] and b [K, N] with their strides (empty: row-major).
+struct ListGroup {
+  int64_t m, k, n;
+  Shape a_strides = {}, b_strides = {};
+};
+
+/// Groups whose M, N and K all differ: an empty group (M = 0), K = 0 (out =
+/// beta * out), sizes past 128-tile multiples, a column-major a, a b stored
+/// transposed (K-contiguous) and a b walked backwards along N.
+const std::vector<ListGroup>& list_groups() {
+  static const std::vector<ListGroup> all = {
+      {5, 7, 3},
+      {0, 4, 6},
+      {131, 33, 70, {1, 131}, {}},
+      {9, 0, 11},
+      {64, 72, 136, {}, {1, 72}},
+      {17, 19, 23, {}, {23, -1}},
+  };
+  return all;
+}
+
+/// out[g] = alpha * a[g] @ b[g] + beta * c[g] from row-major values.
+std::vector<double> list_product(const ListGroup& g, const std::vector<double>& a, const std::vector<double>& b,
+                                 double alpha = 1, double beta = 0, const std::vector<double>& c = {}) {
+  std::vector<double> out(size_t(g.m * g.n), 0);
+  for (int64_t i = 0; i < g.m; ++i)
+    for (int64_t j = 0; j < g.n; ++j) {
+      double sum = 0;
+      for (int64_t k = 0; k < g.k; ++k) sum += a[i * g.k + k] * b[k * g.n + j];
+      out[i * g.n + j] = alpha * sum + (beta != 0 ? beta * c[i * g.n + j] : 0);
+    }
+  return out;
+}
+
+/// Strides for a logical shape: `given` with a negative entry meaning "walk
+/// that dim backwards" over row-major storage (exec places the base).
+Shape list_strides(const Shape& shape, const Shape& given) {
+  if (given.empty()) return row_major(shape);
+  Shape st = given;
+  for (size_t d = 0; d < st.size(); ++d)
+    if (st[d] == -1) st[d] = -row_major(shape)[d];
+  return st;
+}
+
+/// Every candidate grouped_gemm has here: the host reference, and with a
+/// device the bespoke kernel and cuBLASLt.
+std::vector<Backend> list_backends() {
+  std::vector<Backend> out = host_and_cuda_backends();
+  if (cuda_available()) out.push_back(Backend::cublaslt);
+  return out;
+}
+
+TEST(GroupedGemmListExact, SmallIntegerProducts) {
+  std::mt19937 rng(31);
+  const auto& groups = list_groups();
+  std::vector<std::vector<double>> a, b;
+  for (const ListGroup& g : groups)
+    a.push_back(small_ints(g.m * g.k, rng)), b.push_back(small_ints(g.k * g.n, rng));
+  for (double alpha : {1.0, -2.0})
+    for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i8, DType::i32, DType::i64})
+      for (Backend backend : list_backends()) {
+        // cuBLASLt takes a unit stride in each matrix: it refuses the list with the backwards b, by name.
+        const size_t count = backend == Backend::cublaslt ? groups.size() - 1 : groups.size();
+        auto operands = [&](size_t n) {
+          std::vector<Operand> in;
+          for (size_t i = 0; i < n; ++i) {
+            const Shape s{groups[i].m, groups[i].k};
+            in.push_back({a[i], s, t, list_strides(s, groups[i].a_strides)});
+          }
+          for (size_t i = 0; i < n; ++i) {
+            const Shape s{groups[i].k, groups[i].n};
+            in.push_back({b[i], s, t, list_strides(s, groups[i].b_strides)});
+          }
+          return in;
+        };
+        const std::string what = cat(backend_name(backend), " ", dtype_name(t), " alpha ", alpha);
+        auto r = exec(backend, "grouped_gemm", operands(count), {{"alpha", alpha}});
+        if (!r && r.status().kind() == ErrorKind::unsupported && backend == Backend::cublaslt && t != DType::f32 &&
+            t != DType::f16 && t != DType::bf16 && t != DType::f64)
+          continue;  // cuBLASLt takes int8 only in some layouts, i32/i64 never: the bespoke kernel serves them
+        ASSERT_TRUE(r) << what << ": " << r.status().to_string();
+        ASSERT_EQ(r->size(), count) << what;
+        // |out| <= 4 K |alpha| <= 8 K: integers exact in bf16 to 256 (K <= 32), in f16 to 2048.
+        for (size_t i = 0; i < count; ++i) {
+          if (t == DType::bf16 && 8 * groups[i].k > 256) continue;
+          EXPECT_EQ((*r)[i], list_product(groups[i], a[i], b[i], alpha)) << what << " group " << i;
+        }
+        if (backend == Backend::cublaslt && is_floating(t)) {
+          auto refused = exec(backend, "grouped_gemm", operands(groups.size()), {{"alpha", alpha}});
+          ASSERT_FALSE(refused) << what << ": cuBLASLt cannot take a negative stride";
+          EXPECT_EQ(refused.status().kind(), ErrorKind::unsupported) << refused.status().to_string();
+          const std::string m = refused.status().message();
+          EXPECT_NE(m.find("output 'out[5]'"), std::string::npos) << m;
+        }
+      }
+}
+
+/// beta != 0 reads out[g] (cuBLAS's C = D); beta = 0 never does (exec's NaN outputs above).
+TEST(GroupedGemmListExact, BetaAccumulatesIntoOut) {
+  std::mt19937 rng(37);
+  const std::vector<ListGroup> groups = {{6, 5, 4}, {3, 0, 7}, {130, 24, 9}};
+  std::vector<Operand> in;
+  std::vector<std::vector<double>> a, b, c;
+  for (const ListGroup& g : groups) {
+    a.push_back(small_ints(g.m * g.k, rng)), b.push_back(small_ints(g.k * g.n, rng));
+    c.push_back(small_ints(g.m * g.n, rng));
+    in.push_back({a.back(), {g.m, g.k}, DType::f32});
+  }
+  for (size_t i = 0; i < groups.size(); ++i) in.push_back({b[i], {groups[i].k, groups[i].n}, DType::f32});
+  for (DType t : {DType::f32, DType::bf16, DType::f64})
+    for (Backend backend : list_backends()) {
+      std::vector<Operand> typed = in;
+      for (Operand& o : typed) o.dtype = t;
+      // Column-major outputs, as an accumulating caller may hold them.
+      std::vector<Shape> out_strides;
+      for (const ListGroup& g : groups) out_strides.push_back({1, std::max<int64_t>(g.m, 1)});
+      auto r = exec(backend, "grouped_gemm", typed, {{"alpha", 2}, {"beta", -3}}, {}, out_strides, 0, 0, c);
+      ASSERT_TRUE(r) << backend_name(backend) << " " << dtype_name(t) << ": " << r.status().to_string();
+      for (size_t i = 0; i < groups.size(); ++i)
+        EXPECT_EQ((*r)[i], list_product(groups[i], a[i], b[i], 2, -3, c[i]))
+            << backend_name(backend) << " " << dtype_name(t) << " group " << i;
+    }
+}
+
+/// L = sum_g sum(w[g] * out[g]) is linear in each operand: central
+/// differences with step 1 are exact in f64 and must equal the gradients.
+TEST(GroupedGemmListGradients, MatchFiniteDifferences) {
+  std::mt19937 rng(41);
+  const std::vector<ListGroup> groups = {{3, 4, 2}, {1, 3, 5}, {4, 2, 3}, {0, 2, 2}};
+  const double alpha = -1.5;
+  const size_t n = groups.size();
+  std::vector<Operand> fwd;
+  for (const ListGroup& g : groups) fwd.push_back({small_ints(g.m * g.k, rng, -3, 3), {g.m, g.k}});
+  for (const ListGroup& g : groups) fwd.push_back({small_ints(g.k * g.n, rng, -3, 3), {g.k, g.n}});
+  std::vector<Operand> w;
+  for (const ListGroup& g : groups) w.push_back({small_ints(g.m * g.n, rng, -3, 3), {g.m, g.n}});
+  auto loss = [&](const std::vector<Operand>& ab) {
+    auto out = exec(Backend::host_reference, "grouped_gemm", ab, {{"alpha", alpha}});
+    double l = 0;
+    for (size_t g = 0; g < n; ++g)
+      for (size_t i = 0; i < w[g].values.size(); ++i) l += w[g].values[i] * (*out)[g][i];
+    return l;
+  };
+  std::vector<Operand> bwd_in = w;
+  bwd_in.insert(bwd_in.end(), fwd.begin(), fwd.end());
+  for (Backend backend : list_backends()) {
+    auto grads = exec(backend, "grouped_gemm_backward", bwd_in, {{"alpha", alpha}});
+    ASSERT_TRUE(grads) << backend_name(backend) << ": " << grads.status().to_string();
+    ASSERT_EQ(grads->size(), 2 * n);
+    for (size_t operand = 0; operand < 2 * n; ++operand)  // grad_a[0..n), then grad_b[0..n): fwd's order
+      for (size_t i = 0; i < fwd[operand].values.size(); ++i) {
+        std::vector<Operand> plus = fwd, minus = fwd;
+        plus[operand].values[i] += 1;
+        minus[operand].values[i] -= 1;
+        EXPECT_DOUBLE_EQ((*grads)[operand][i], (loss(plus) - loss(minus)) / 2)
+            << backend_name(backend) << " operand " << operand << " element " << i;
+      }
+  }
+}
+
+/// A captured run replays to the same outputs on every CUDA candidate.
+TEST(GroupedGemmListCuda, GraphCapture) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(43);
+  // Every group but the backwards b, which cuBLASLt refuses (SmallIntegerProducts).
+  const std::vector<ListGroup> groups(list_groups().begin(), list_groups().end() - 1);
+  std::vector<Operand> in;
+  std::vector<std::vector<double>> a, b;
+  for (const ListGroup& g : groups)
+    a.push_back(small_ints(g.m * g.k, rng)), in.push_back({a.back(), {g.m, g.k}, DType::f16});
+  for (const ListGroup& g : groups)
+    b.push_back(small_ints(g.k * g.n, rng)), in.push_back({b.back(), {g.k, g.n}, DType::f16});
+  for (Backend backend : list_backends()) {
+    if (backend == Backend::host_reference) continue;
+    auto r = exec(backend, "grouped_gemm", in, {}, {}, {}, /*graph_replays=*/3);
+    ASSERT_TRUE(r) << backend_name(backend) << ": " << r.status().to_string();
+    for (size_t i = 0; i < groups.size(); ++i)  // |sums| <= 4 * 72: exact in f16
+      EXPECT_EQ((*r)[i], list_product(groups[i], a[i], b[i])) << backend_name(backend) << " group " << i;
+  }
+}
+
+TEST(GroupedGemmListErrors, BadInputIsNamed) {
+  auto message = [](const std::string& op, std::vector<TensorSpec> in, const Attrs& attrs = {}) {
+    auto r = infer(op, std::move(in), attrs);
+    return r ? std::string("(no error)") : r.status().message();
+  };
+  auto has = [](const std::string& m, const std::string& part) { return m.find(part) != std::string::npos; };
+  const DType f = DType::bf16;
+  std::string m = message("grouped_gemm", {});
+  EXPECT_TRUE(has(m, "grouped_gemm: expected 2 inputs a group (every a, then every b) and at least one group, got 0"))
+      << m;
+  m = message("grouped_gemm", {{f, {2, 3}}, {f, {3, 4}}, {f, {4, 5}}});
+  EXPECT_TRUE(has(m, "got 3 inputs")) << m;
+  m = message("grouped_gemm", {{f, {2, 3}}, {f, {5, 3}}, {f, {3, 4}}, {f, {4, 5}}});
+  EXPECT_TRUE(has(m, "'a[1]' [5, 3] and 'b[1]' [4, 5] cannot be multiplied (3 != 4)")) << m;
+  m = message("grouped_gemm", {{f, {2, 3}}, {f, {5, 4}}, {f, {3, 4}}, {DType::f16, {4, 5}}});
+  EXPECT_TRUE(has(m, "'b[1]' dtype f16, expected bf16 (the dtype of 'a[0]')")) << m;
+  m = message("grouped_gemm", {{f, {2, 3}}, {f, {1, 3, 4}}});
+  EXPECT_TRUE(has(m, "'b[0]' must be a matrix (rank 2), got shape [1, 3, 4]")) << m;
+  m = message("grouped_gemm", {{DType::boolean, {2, 3}}, {DType::boolean, {3, 4}}});
+  EXPECT_TRUE(has(m, "dtype bool is not supported")) << m;
+  m = message("grouped_gemm", {{DType::i8, {2, 3}}, {DType::i8, {3, 4}}}, {{"alpha", 0.5}});
+  EXPECT_TRUE(has(m, "alpha and beta must be integers for integer dtypes")) << m;
+  m = message("grouped_gemm_backward", {{f, {2, 4}}, {f, {2, 3}}, {f, {3, 5}}});
+  EXPECT_TRUE(has(m, "'grad_output[0]' shape [2, 4], expected the product's [2, 5]")) << m;
+  m = message("grouped_gemm_backward", {{DType::i32, {2, 5}}, {DType::i32, {2, 3}}, {DType::i32, {3, 5}}});
+  EXPECT_TRUE(has(m, "dtype i32 is not supported (f32 f16 bf16 f64)")) << m;
+  // Given outputs are checked under their group names.
+  auto given = infer("grouped_gemm", {{f, {2, 3}}, {f, {3, 4}}, {f, {3, 4}}, {f, {4, 5}}}, {});
+  ASSERT_TRUE(given) << given.status().to_string();
+  OpDesc bad = *given;
+  bad.outputs[1].shape = {3, 6};
+  auto plan = select(Stream::host(), bad, {});
+  ASSERT_FALSE(plan);
+  EXPECT_TRUE(has(plan.status().message(), "output 'out[1]' must be bf16[3, 5], got bf16[3, 6]"))
+      << plan.status().message();
+  // An attribute the backward does not take.
+  OpDesc backward = check(infer("grouped_gemm_backward", {{f, {2, 4}}, {f, {2, 3}}, {f, {3, 4}}}, {}));
+  backward.attrs.set("beta", 1);
+  plan = select(Stream::host(), backward, {});
+  ASSERT_FALSE(plan);
+  EXPECT_TRUE(has(plan.status().message(), "unknown attribute 'beta'")) << plan.status().message();
+
+  // An output over an input, and tensors that differ from the descriptor, by name.
+  const OpDesc square = check(infer("grouped_gemm", {{DType::f32, {2, 2}}, {DType::f32, {2, 2}}}, {}));
+  auto fwd = check(select(Stream::host(), square, {}));
+  std::vector<float> buffer(8, 0.f);
+  const Shape two_by_two{2, 2}, one_by_four{1, 4};
+  const TensorView x = check(TensorView::contiguous(buffer.data(), DType::f32, two_by_two));
+  const TensorView y = check(TensorView::contiguous(buffer.data() + 4, DType::f32, two_by_two));
+  const TensorView ins[2] = {x, y}, outs[1] = {x};
+  Status st = fwd->can_implement(OpArgs{ins, outs});
+  EXPECT_TRUE(has(st.message(), "output 'out[0]' overlaps input 'a[0]'")) << st.message();
+  const TensorView wrong = check(TensorView::contiguous(buffer.data(), DType::f32, one_by_four));
+  const TensorView ins2[2] = {x, wrong}, outs2[1] = {check(TensorView::contiguous(nullptr, DType::f32, two_by_two))};
+  st = fwd->can_implement(OpArgs{ins2, outs2});
+  EXPECT_TRUE(has(st.message(), "'b[0]' shape [1, 4] != descriptor shape [2, 2]")) << st.message();
 }
 
 }  // namespace

@@ -313,7 +313,7 @@ Result<CaseShapes> case_shapes(const CaseSpec& spec) {
   const bool backward = op.direction == Direction::backward;
   const bool gated = op.family == "gated";
   const size_t rank = spec.shape.size();
-  const size_t n_in = op.input_names.size();
+  size_t n_in = op.input_names.size();
   std::vector<Shape> in_shapes(n_in, spec.shape);
   CaseShapes out{OpDesc{op.name, {}, {}, spec.attrs}, std::vector<bool>(n_in, false)};
   OpDesc& desc = out.desc;
@@ -330,6 +330,8 @@ Result<CaseShapes> case_shapes(const CaseSpec& spec) {
     auto shapes = op.sample_shapes(spec.dtype, spec.shape, spec.attrs);
     if (!shapes) return unsupported("no sample for this shape and these attributes");
     in_shapes = shapes->inputs;
+    n_in = in_shapes.size();  // a variadic op's groups
+    expand.resize(n_in, false);
     desc.outputs = shapes->outputs;
     if (spec.layout == LayoutKind::broadcast) std::fill(expand.begin(), expand.end(), true);
   } else if (spec.layout == LayoutKind::broadcast) {
@@ -350,7 +352,7 @@ Result<CaseShapes> case_shapes(const CaseSpec& spec) {
     }
   }
   const auto in_dtypes = op.input_dtypes(spec.dtype);
-  for (size_t i = 0; i < n_in; ++i) desc.inputs.push_back({in_dtypes[i], in_shapes[i]});
+  for (size_t i = 0; i < n_in; ++i) desc.inputs.push_back({in_dtypes[op.operand_of(true, i, n_in)], in_shapes[i]});
   return out;
 }
 
@@ -377,13 +379,13 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
   if (std::find(op.backends.begin(), op.backends.end(), opt.backend) == op.backends.end())
     return skip(cat("no ", backend_name(opt.backend), " backend for this op yet"));
   const bool backward = op.direction == Direction::backward;
-  const size_t n_in = op.input_names.size();
   auto shapes = case_shapes(spec);
   if (!shapes) return skip(shapes.status().message());
   std::vector<bool> expand = std::move(shapes->expand);
   auto full = op.infer(shapes->desc);
   if (!full) return fail("infer: " + full.status().to_string());
   OpDesc desc = std::move(*full);
+  const size_t n_in = desc.inputs.size();
   out.elements = 1;
   for (int64_t s : (backward ? desc.inputs[0].shape : desc.outputs[0].shape)) out.elements *= s;
 
@@ -411,11 +413,12 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
     o.host = Memory::host(o.place.span * dtype_size(o.dtype));
     // Timing-only runs tile one random block: the values stay random, the set-up fast.
     const int64_t block = opt.verify ? o.place.span : std::min<int64_t>(o.place.span, 1 << 16);
-    fill_random(o.host.data(), o.dtype, block, op, op.domain(i), rng);
+    const Domain domain = op.domain(op.operand_of(true, i, n_in));
+    fill_random(o.host.data(), o.dtype, block, op, domain, rng);
     for (int64_t done = block; done < o.place.span; done += block)
       std::memcpy(static_cast<char*>(o.host.data()) + done * dtype_size(o.dtype), o.host.data(),
                   std::min(block, o.place.span - done) * dtype_size(o.dtype));
-    if (op.domain(i).sorted) {  // non-decreasing along the view's logical order
+    if (domain.sorted) {  // non-decreasing along the view's logical order
       std::vector<double> v;
       for_each_offset(o.place, [&](int64_t off) { v.push_back(load_double(o.host.data(), o.dtype, off)); });
       std::sort(v.begin(), v.end());
@@ -595,8 +598,8 @@ CaseOutcome run_case(const CaseSpec& spec, const RunOptions& opt) {
       });
       if (bad) {
         out.passed = false;
-        out.message = cat("output '", op.output_names[j], "': ", bad, " wrong elements; first at ", first_bad,
-                          " (BARACUDA_TEST_SEED=", out.seed, " draws these inputs again)");
+        out.message = cat("output '", op.operand_names(false, outs.size())[j], "': ", bad, " wrong elements; first at ",
+                          first_bad, " (BARACUDA_TEST_SEED=", out.seed, " draws these inputs again)");
         break;
       }
     }

@@ -42,6 +42,11 @@ struct OpInfo {
   Direction direction = Direction::forward;
   std::string gradient;  ///< forward: its backward op; backward: its forward op
   std::vector<std::string> input_names, output_names;
+  /// A list op (grouped_gemm): input_names and output_names name the operands
+  /// of one group, and a descriptor holds any number G >= 1 of groups,
+  /// operand-major: input i * G + g is operand i of group g ("a[g]"); the
+  /// outputs likewise. input_dtypes then gives one group's dtypes.
+  bool variadic = false;
   std::vector<DType> dtypes;
   std::vector<AttrSpec> attrs;
   std::vector<Backend> backends;
@@ -68,6 +73,12 @@ struct OpInfo {
 
   const AttrSpec* find_attr(std::string_view attr) const;
   Domain domain(size_t input) const;
+  /// The names of `count` inputs (or outputs): the registered ones, or for a
+  /// variadic op each group's ("a[0]", "a[1]", ..., "b[0]", ...).
+  std::vector<std::string> operand_names(bool inputs, size_t count) const;
+  /// Which registered operand input (or output) `index` of `count` is: itself,
+  /// or for a variadic op index / G.
+  size_t operand_of(bool inputs, size_t index, size_t count) const;
 };
 
 /// Every registered op, in registration order.

@@ -44,8 +44,11 @@ _BY_NAME = {op["name"]: op for op in _OPS}
 
 def ops(category=None):
     """Registered ops as dicts (name, category, family, direction, gradient,
-    input_names, output_names, dtypes, attrs {name: default}, backends, doc,
-    and test hints: domains, sample_attrs, tolerance_scale, integer_inputs)."""
+    input_names, output_names, variadic (a list op such as grouped_gemm: the
+    names are one group's, and a call takes any number of groups, every
+    group's first operand, then every group's second...), dtypes, attrs
+    {name: default}, backends, doc, and test hints: domains, sample_attrs,
+    tolerance_scale, integer_inputs)."""
     return [dict(op) for op in _OPS if category is None or op["category"] == category]
 
 

@@ -119,7 +119,8 @@ def _doc(info):
     return text + f"\n\nDtypes: {', '.join(info['dtypes'])}."
 
 
-_HANDWRITTEN = {"fill", "cast", "where_backward"}  # no generic signature fits these
+# No generic signature fits these.
+_HANDWRITTEN = {"fill", "cast", "where_backward", "grouped_gemm", "grouped_gemm_backward"}
 for _info in _OPS.values():
     if _info["name"] not in _HANDWRITTEN:
         globals()[_info["name"]] = _generate(_info)
@@ -1168,6 +1169,77 @@ def grouped_mm(a, b, offs=None, *, out=None):
         if torch.is_grad_enabled():
             return _grouped_autograd().apply(a, b, _group_offsets(offs, a))
     return _grouped_mm(a, b, offs, out)
+
+
+def _group_lists(op, *lists):
+    """The operand lists of a list op as one tuple (every list in turn), checked for equal, non-zero length."""
+    lists = [list(x) for x in lists]
+    if not lists[0] or _builtins.any(len(x) != len(lists[0]) for x in lists):
+        raise ValueError(f"{op}: expected lists of one equal, non-zero length, got lengths {[len(x) for x in lists]}")
+    return tuple(t for x in lists for t in x), len(lists[0])
+
+
+def _as_list(result):
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def grouped_gemm_backward(grad_output, a, b, *, alpha=1.0):
+    """(grad_a, grad_b) of grouped_gemm, lists of G: grad_a[g] = alpha * grad_output[g] @ b[g]^T,
+    grad_b[g] = alpha * a[g]^T @ grad_output[g]."""
+    operands, groups = _group_lists("grouped_gemm_backward", grad_output, a, b)
+    grads = _as_list(_call("grouped_gemm_backward", operands, {"alpha": alpha}))
+    return grads[:groups], grads[groups:]
+
+
+_GroupedGemmFunction = None
+
+
+def _grouped_gemm_autograd():
+    """A torch.autograd.Function over grouped_gemm / grouped_gemm_backward (defined on first use)."""
+    global _GroupedGemmFunction
+    if _GroupedGemmFunction is None:
+        import torch
+
+        class GroupedGemm(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, alpha, groups, *operands):
+                ctx.alpha, ctx.groups = alpha, groups
+                ctx.save_for_backward(*operands)
+                return tuple(_as_list(_call("grouped_gemm", operands, {"alpha": alpha, "beta": 0.0})))
+
+            @staticmethod
+            def backward(ctx, *grads):
+                operands, g = ctx.saved_tensors, ctx.groups
+                a, b = operands[:g], operands[g:]
+                grads = [x if x is not None else torch.zeros(a[i].shape[0], b[i].shape[1], dtype=a[i].dtype,
+                                                             device=a[i].device) for i, x in enumerate(grads)]
+                grad_a, grad_b = grouped_gemm_backward(grads, a, b, alpha=ctx.alpha)
+                return (None, None, *grad_a, *grad_b)
+
+        _GroupedGemmFunction = GroupedGemm
+    return _GroupedGemmFunction
+
+
+def grouped_gemm(a, b, *, alpha=1.0, beta=0.0, out=None):
+    """A list of G products, each with its own M, N and K (cuBLAS's grouped GEMM with the sizes on the host):
+    out[g] = alpha * a[g] @ b[g] + beta * out[g], a[g] [M_g, K_g], b[g] [K_g, N_g]. Returns a list of G.
+
+    a and b are sequences of G >= 1 matrices of one dtype (f32 f16 bf16 f64 i8 i32 i64; int8 products give
+    int32), any strides. beta != 0 reads `out` (then required); beta = 0 never reads it. One plan covers
+    the list (cuBLASLt readies an algorithm for each shape); a run launches the groups in turn. torch
+    tensors that require grad go through autograd (grouped_gemm_backward)."""
+    operands, groups = _group_lists("grouped_gemm", a, b)
+    if beta != 0 and out is None:
+        raise ValueError("grouped_gemm: beta != 0 reads out, so out must be given")
+    if out is None and _builtins.any(getattr(t, "requires_grad", False) for t in operands):
+        import torch
+        if torch.is_grad_enabled():
+            return list(_grouped_gemm_autograd().apply(float(alpha), groups, *operands))
+    if out is not None:
+        out = list(out)
+        if len(out) != groups:
+            raise ValueError(f"grouped_gemm: out has {len(out)} entries, expected {groups}")
+    return _as_list(_call("grouped_gemm", operands, {"alpha": alpha, "beta": beta}, out))
 
 
 def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False, *,

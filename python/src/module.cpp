@@ -940,8 +940,15 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
         view_of(o, true);
     }
   }
-  if (ins.size() != info.input_names.size() || (out_given && outs.size() != info.output_names.size()))
-    throw Fallback{};  // the Python path words the miscount as it always has
+  const size_t per_group = info.input_names.size();
+  const bool counts_fit =
+      info.variadic ? !ins.empty() && per_group > 0 && ins.size() % per_group == 0 &&
+                          (!out_given || outs.size() == ins.size() / per_group * info.output_names.size())
+                    : ins.size() == per_group && (!out_given || outs.size() == info.output_names.size());
+  if (!counts_fit) throw Fallback{};  // the Python path words the miscount as it always has
+  const std::vector<std::string> input_names = info.operand_names(true, ins.size());
+  const std::vector<std::string> output_names =
+      info.operand_names(false, info.variadic ? ins.size() / per_group * info.output_names.size() : 0);
 
   // The reference operand: the first array that is not bool (else the first array).
   const Operand* ref = nullptr;
@@ -962,10 +969,10 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
 
   Placement placement;
   for (size_t i = 0; i < ins.size(); ++i)
-    placement.add(info, info.input_names[i], ins[i].device_type, ins[i].device_id);
+    placement.add(info, input_names[i], ins[i].device_type, ins[i].device_id);
   for (size_t j = 0; j < outs.size(); ++j)
     if (outs[j].kind != Kind::missing)
-      placement.add(info, info.output_names[j], outs[j].device_type, outs[j].device_id);
+      placement.add(info, output_names[j], outs[j].device_type, outs[j].device_id);
 
   PlanPreference pref;
   pref.allow_tf32 = allow_tf32.load();
@@ -1003,7 +1010,7 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
     for (size_t j = 0; j < outs.size(); ++j) {
       if (out_given && outs[j].kind != Kind::missing) continue;
       outs[j] = allocate(entry->desc.outputs[j], reference);
-      placement.add(info, info.output_names[j], outs[j].device_type, outs[j].device_id);
+      placement.add(info, output_names[j], outs[j].device_type, outs[j].device_id);
     }
   }
 
@@ -1050,9 +1057,17 @@ void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& 
          const nb::object& workspace) {
   const OpInfo& info = op_info(op);
   const size_t n_in = nb::len(inputs), n_out = nb::len(outputs);
-  if (n_in != info.input_names.size() || n_out != info.output_names.size())
+  if (info.variadic) {
+    const size_t per_in = info.input_names.size(), per_out = info.output_names.size();
+    if (n_in == 0 || per_in == 0 || n_in % per_in != 0 || n_out != n_in / per_in * per_out)
+      throw nb::type_error(cat(op, ": expected ", per_in, " inputs and ", per_out, " outputs a group (at least one "
+                               "group), got ", n_in, " and ", n_out).c_str());
+  } else if (n_in != info.input_names.size() || n_out != info.output_names.size()) {
     throw nb::type_error(cat(op, ": expected ", info.input_names.size(), " inputs and ", info.output_names.size(),
                              " outputs, got ", n_in, " and ", n_out).c_str());
+  }
+  const std::vector<std::string> input_names = info.operand_names(true, n_in);
+  const std::vector<std::string> output_names = info.operand_names(false, n_out);
   if (!dtypes.is_none() && nb::len(dtypes) != n_in + n_out)
     throw nb::type_error(cat(op, ": 'dtypes' must have one entry (a dtype name or None) per input and output, got ",
                              nb::len(dtypes)).c_str());
@@ -1077,9 +1092,9 @@ void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& 
     return import_operand(info, obj, name, dtype, placement, keep);
   };
   for (size_t i = 0; i < n_in; ++i)
-    in_views.push_back(view(inputs[i], info.input_names[i], override_of(i), false, in_keep));
+    in_views.push_back(view(inputs[i], input_names[i], override_of(i), false, in_keep));
   for (size_t j = 0; j < n_out; ++j)
-    out_views.push_back(view(outputs[j], info.output_names[j], override_of(n_in + j), true, out_keep));
+    out_views.push_back(view(outputs[j], output_names[j], override_of(n_in + j), true, out_keep));
   for (const auto& v : in_views) desc.inputs.push_back({v.dtype, v.shape_vec()});
   for (const auto& v : out_views) desc.outputs.push_back({v.dtype, v.shape_vec()});
 
@@ -1141,7 +1156,8 @@ nb::list ops() {
     out.append(make_dict("name"_a = op.name, "category"_a = category_name(op.category), "family"_a = op.family,
                         "direction"_a = op.direction == Direction::forward ? "forward" : "backward",
                         "gradient"_a = op.gradient.empty() ? nb::none() : nb::cast(op.gradient),
-                        "input_names"_a = op.input_names, "output_names"_a = op.output_names, "dtypes"_a = dtypes,
+                        "input_names"_a = op.input_names, "output_names"_a = op.output_names,
+                        "variadic"_a = op.variadic, "dtypes"_a = dtypes,
                         "attrs"_a = attrs, "backends"_a = backends, "doc"_a = op.doc, "domains"_a = domains,
                         "sample_attrs"_a = samples, "tolerance_scale"_a = op.tolerance_scale,
                         "integer_inputs"_a = op.integer_valued_inputs));

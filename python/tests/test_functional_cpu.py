@@ -425,9 +425,11 @@ def test_special_backward_signatures():
 def test_registry_and_plan_info():
     names = set(OPS)
     for op in OPS.values():
-        assert {"name", "family", "direction", "gradient", "input_names", "output_names", "dtypes", "attrs"} <= set(op)
+        assert {"name", "family", "direction", "gradient", "input_names", "output_names", "variadic", "dtypes",
+                "attrs"} <= set(op)
         if op["direction"] == "forward" and op["gradient"]:
             assert op["gradient"] in names
+    assert OPS["grouped_gemm"]["variadic"] and not OPS["mm"]["variadic"]
     assert F.relu.__doc__ and "f32" in F.relu.__doc__
     info = baracuda.plan_info("add", [("f32", (3, 1)), ("f32", (4,))])
     assert info["backend"] == "host" and info["outputs"] == [("f32", [3, 4])]

@@ -199,3 +199,102 @@ def test_grouped_mm_is_graph_capturable():
     graph.replay()
     torch.cuda.synchronize()
     close(out, _torch_reference(a, b, offs), "bfloat16", scale=8)
+
+
+# ---------------------------------------------------------------- grouped_gemm: a list of products
+
+LIST_SHAPES = [(5, 7, 3), (0, 4, 6), (131, 33, 70), (9, 0, 11), (64, 72, 136)]  # (M, K, N) a group
+
+
+def test_grouped_gemm_matches_numpy():
+    a = [_x(m, k) for m, k, _ in LIST_SHAPES]
+    b = [_x(k, n) for _, k, n in LIST_SHAPES]
+    got = F.grouped_gemm(a, b, alpha=-2.0)
+    assert len(got) == len(LIST_SHAPES)
+    for g, (x, y) in enumerate(zip(a, b)):
+        np.testing.assert_allclose(got[g], -2.0 * (x @ y), rtol=1e-12, atol=1e-12, err_msg=f"group {g}")
+
+
+def test_grouped_gemm_beta_accumulates_into_out():
+    a = [_x(m, k) for m, k, _ in LIST_SHAPES]
+    b = [_x(k, n) for _, k, n in LIST_SHAPES]
+    c = [np.asfortranarray(_x(m, n)) for m, _, n in LIST_SHAPES]  # column-major outputs
+    out = [x.copy(order="F") for x in c]
+    got = F.grouped_gemm(a, b, alpha=0.5, beta=-3.0, out=out)
+    for g in range(len(LIST_SHAPES)):
+        assert got[g] is out[g]
+        np.testing.assert_allclose(out[g], 0.5 * (a[g] @ b[g]) - 3.0 * c[g], rtol=1e-12, atol=1e-12)
+
+
+def test_grouped_gemm_backward_matches_numpy():
+    a = [_x(m, k) for m, k, _ in LIST_SHAPES]
+    b = [_x(k, n) for _, k, n in LIST_SHAPES]
+    g = [_x(m, n) for m, _, n in LIST_SHAPES]
+    grad_a, grad_b = F.grouped_gemm_backward(g, a, b, alpha=1.5)
+    for i in range(len(LIST_SHAPES)):
+        np.testing.assert_allclose(grad_a[i], 1.5 * g[i] @ b[i].T, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(grad_b[i], 1.5 * a[i].T @ g[i], rtol=1e-12, atol=1e-12)
+
+
+def test_grouped_gemm_int8_products_are_int32():
+    rng = np.random.default_rng(3)
+    a = [rng.integers(-128, 128, size=(m, k), dtype=np.int8) for m, k, _ in LIST_SHAPES]
+    b = [rng.integers(-128, 128, size=(k, n), dtype=np.int8) for _, k, n in LIST_SHAPES]
+    got = F.grouped_gemm(a, b)
+    for g in range(len(LIST_SHAPES)):
+        assert got[g].dtype == np.int32
+        np.testing.assert_array_equal(got[g], a[g].astype(np.int64) @ b[g].astype(np.int64))
+
+
+def test_grouped_gemm_rejects_bad_lists():
+    with pytest.raises(ValueError, match="lists of one equal, non-zero length"):
+        F.grouped_gemm([_x(2, 3)], [_x(3, 4), _x(4, 5)])
+    with pytest.raises(ValueError, match="lists of one equal, non-zero length"):
+        F.grouped_gemm([], [])
+    with pytest.raises(ValueError, match="beta != 0 reads out"):
+        F.grouped_gemm([_x(2, 3)], [_x(3, 4)], beta=1.0)
+    with pytest.raises(Exception, match=r"'a\[1\]' \[2, 3\] and 'b\[1\]' \[4, 5\] cannot be multiplied"):
+        F.grouped_gemm([_x(2, 3), _x(2, 3)], [_x(3, 4), _x(4, 5)])
+
+
+LIST_GPU_SHAPES = [(1024, 512, 384), (0, 64, 32), (300, 136, 200), (17, 4096, 4096), (2048, 256, 8), (130, 0, 66)]
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b_k_contiguous", [False, True])
+def test_grouped_gemm_matches_torch(dtype, b_k_contiguous):
+    a = [_t((m, k), dtype) for m, k, _ in LIST_GPU_SHAPES]
+    b = [_t((n, k), dtype).T if b_k_contiguous else _t((k, n), dtype) for _, k, n in LIST_GPU_SHAPES]
+    got = F.grouped_gemm(a, b)
+    g = [_t((m, n), dtype) for m, _, n in LIST_GPU_SHAPES]
+    grad_a, grad_b = F.grouped_gemm_backward(g, a, b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        close(got[i], x.double() @ y.double(), dtype, scale=8, msg=f"group {i}")
+        close(grad_a[i], g[i].double() @ y.double().T, dtype, scale=8, msg=f"grad_a {i}")
+        close(grad_b[i], x.double().T @ g[i].double(), dtype, scale=16, msg=f"grad_b {i}")
+
+
+@gpu
+def test_grouped_gemm_autograd_and_graph_capture():
+    shapes = [(64, 32, 48), (1, 32, 5), (100, 16, 8)]
+    a = [_t((m, k), "bfloat16").requires_grad_() for m, k, _ in shapes]
+    b = [_t((k, n), "bfloat16").requires_grad_() for _, k, n in shapes]
+    out = F.grouped_gemm(a, b, alpha=2.0)
+    sum(o.float().square().sum() for o in out).backward()
+    for i in range(len(shapes)):
+        g = 2 * out[i].detach().double()  # what autograd hands the backward (exact in bf16)
+        close(a[i].grad, 2.0 * g @ b[i].detach().double().T, "bfloat16", scale=16)
+        close(b[i].grad, 2.0 * a[i].detach().double().T @ g, "bfloat16", scale=16)
+    x = [t.detach() for t in a]
+    y = [t.detach() for t in b]
+    outs = F.grouped_gemm(x, y)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        F.grouped_gemm(x, y, out=outs)
+    for t in x:
+        t.copy_(torch.randn_like(t))
+    graph.replay()
+    torch.cuda.synchronize()
+    for i in range(len(shapes)):
+        close(outs[i], x[i].double() @ y[i].double(), "bfloat16", scale=8)

@@ -71,6 +71,23 @@ Domain OpInfo::domain(size_t input) const {
   return domains[std::min(input, domains.size() - 1)];
 }
 
+std::vector<std::string> OpInfo::operand_names(bool inputs, size_t count) const {
+  const std::vector<std::string>& names = inputs ? input_names : output_names;
+  if (!variadic || names.empty()) return names;
+  const size_t groups = count / names.size();
+  std::vector<std::string> all;
+  all.reserve(names.size() * groups);
+  for (const std::string& name : names)
+    for (size_t g = 0; g < groups; ++g) all.push_back(cat(name, "[", g, "]"));
+  return all;
+}
+
+size_t OpInfo::operand_of(bool inputs, size_t index, size_t count) const {
+  const size_t per_group = (inputs ? input_names : output_names).size();
+  if (!variadic || per_group == 0 || count < per_group) return index;
+  return index / (count / per_group);
+}
+
 const std::vector<OpInfo>& registry() {
   static const std::vector<OpInfo> ops = [] {
     std::vector<OpInfo> all;
@@ -86,6 +103,7 @@ const std::vector<OpInfo>& registry() {
     register_linear_ce_ops(all);
     register_gemm_ops(all);
     register_grouped_gemm_ops(all);
+    register_grouped_gemm_list_ops(all);
     register_scaled_mm_ops(all);
     register_attention_ops(all);
     register_rope_ops(all);

@@ -18,6 +18,7 @@ void register_ctc_ops(std::vector<OpInfo>& ops);
 void register_linear_ce_ops(std::vector<OpInfo>& ops);  // linear_cross_entropy (composes gemm plans)
 void register_gemm_ops(std::vector<OpInfo>& ops);
 void register_grouped_gemm_ops(std::vector<OpInfo>& ops);  // grouped_mm
+void register_grouped_gemm_list_ops(std::vector<OpInfo>& ops);  // grouped_gemm
 void register_scaled_mm_ops(std::vector<OpInfo>& ops);
 void register_attention_ops(std::vector<OpInfo>& ops);
 void register_rope_ops(std::vector<OpInfo>& ops);
