@@ -697,16 +697,19 @@ TEST(NormCuda, LayerNormStatisticsStayPrecise) {
   }
 }
 
+/// n values uniform in [-2, 2].
+std::vector<double> uniform_values(std::mt19937_64& rng, int n) {
+  std::uniform_real_distribution<double> u(-2, 2);
+  std::vector<double> v(n);
+  for (auto& e : v) e = u(rng);
+  return v;
+}
+
 /// Loss sum(g * out) differentiated numerically through each input.
 TEST(NormFiniteDifferences, BackwardMatchesForward) {
   std::mt19937_64 rng(5);
-  std::uniform_real_distribution<double> u(-2, 2);
   const int rows = 3, cols = 5;
-  auto rnd = [&](int n) {
-    std::vector<double> v(n);
-    for (auto& e : v) e = u(rng);
-    return v;
-  };
+  auto rnd = [&](int n) { return uniform_values(rng, n); };
   for (const char* name : {"layer_norm", "layer_norm_noaffine", "rms_norm", "rms_norm_noaffine"}) {
     const std::string op = name;
     const bool rms = op.rfind("rms", 0) == 0, affine = op.find("noaffine") == std::string::npos;
@@ -741,6 +744,121 @@ TEST(NormFiniteDifferences, BackwardMatchesForward) {
         }
       }
   }
+}
+
+/// The fused residual forms: L = sum(g * out) + sum(gr * residual_out) over
+/// add_*_norm(input, residual, ...); grad_input (the gradient of both input
+/// and residual), grad_weight and grad_bias against central differences; and
+/// grad_residual_out given as [0] (none).
+TEST(NormFiniteDifferences, ResidualBackwardMatchesForward) {
+  std::mt19937_64 rng(7);
+  const int rows = 3, cols = 6;
+  auto rnd = [&](int n) { return uniform_values(rng, n); };
+  for (const std::string op : {"add_rms_norm", "add_layer_norm"}) {
+    const bool rms = op == "add_rms_norm";
+    const Shape xs{rows, cols}, ws{cols}, ss{rows};
+    auto x = rnd(rows * cols), r = rnd(rows * cols), w = rnd(cols), b = rnd(cols);
+    auto g = rnd(rows * cols), gr = rnd(rows * cols);
+    for (bool with_residual_grad : {true, false}) {
+      auto forward = [&](const std::vector<double>& xv, const std::vector<double>& rv, const std::vector<double>& wv,
+                         const std::vector<double>& bv) {
+        std::vector<std::vector<double>> in{xv, rv, wv};
+        std::vector<Shape> shapes{xs, xs, ws};
+        if (!rms) in.push_back(bv), shapes.push_back(ws);
+        return host_norm(op, in, shapes, {{"eps", 1e-5}});
+      };
+      auto loss = [&](const std::vector<double>& xv, const std::vector<double>& rv, const std::vector<double>& wv,
+                      const std::vector<double>& bv) {
+        auto y = forward(xv, rv, wv, bv);
+        return weighted_sum(g, y[0]) + (with_residual_grad ? weighted_sum(gr, y[1]) : 0.0);
+      };
+      auto fwd = forward(x, r, w, b);  // out, residual_out, [mean], rstd
+      std::vector<std::vector<double>> bin{g, with_residual_grad ? gr : std::vector<double>{}, fwd[1]};
+      std::vector<Shape> bshapes{xs, with_residual_grad ? xs : Shape{0}, xs};
+      if (!rms) bin.push_back(fwd[2]), bshapes.push_back(ss);
+      bin.push_back(fwd[rms ? 2 : 3]), bshapes.push_back(ss);
+      bin.push_back(w), bshapes.push_back(ws);
+      auto grads = host_norm(op + "_backward", bin, bshapes);
+      ASSERT_EQ(grads.size(), rms ? 2u : 3u) << op;
+      const std::string what = cat(op, with_residual_grad ? "" : " without grad_residual_out");
+      for (int i : {0, 7, 17}) {
+        EXPECT_NEAR(grads[0][i], central_difference([&](const auto& v) { return loss(v, r, w, b); }, x, i), 1e-5)
+            << what << " d input " << i;
+        EXPECT_NEAR(grads[0][i], central_difference([&](const auto& v) { return loss(x, v, w, b); }, r, i), 1e-5)
+            << what << " d residual " << i;
+      }
+      for (int c : {0, 5}) {
+        EXPECT_NEAR(grads[1][c], central_difference([&](const auto& v) { return loss(x, r, v, b); }, w, c), 1e-5)
+            << what << " d weight " << c;
+        if (!rms)
+          EXPECT_NEAR(grads[2][c], central_difference([&](const auto& v) { return loss(x, r, w, v); }, b, c), 1e-5)
+              << what << " d bias " << c;
+      }
+    }
+  }
+}
+
+/// The residual backward on CUDA against the host (the sweep covers it too), and
+/// grad_input written over grad_residual_out refused.
+TEST(NormCuda, ResidualBackwardAgainstHost) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(11);
+  for (const std::string op : {"add_rms_norm_backward", "add_layer_norm_backward"}) {
+    const bool rms = op == "add_rms_norm_backward";
+    for (const Shape& xs : {Shape{7, 40}, Shape{33, 4096}, Shape{5, 3, 130}})
+      for (DType t : {DType::bf16, DType::f32}) {
+        const Shape rows(xs.begin(), xs.end() - 1), ws{xs.back()};
+        const int64_t n = numel(xs);
+        std::vector<Operand> in{{small_ints(n, rng), xs, t}, {small_ints(n, rng), xs, t}, {small_ints(n, rng), xs, t}};
+        if (!rms) in.push_back({std::vector<double>(numel(rows), 0.25), rows, DType::f32});
+        in.push_back({std::vector<double>(numel(rows), 0.5), rows, DType::f32});
+        in.push_back({small_ints(xs.back(), rng), ws, t});
+        auto want = exec(Backend::host_reference, op, in);
+        auto got = exec(Backend::bespoke_cuda, op, in);
+        ASSERT_TRUE(want && got) << op << ": " << (want ? got.status() : want.status()).to_string();
+        for (size_t j = 0; j < want->size(); ++j)
+          for (size_t i = 0; i < (*want)[j].size(); ++i)
+            ASSERT_NEAR((*got)[j][i], (*want)[j][i], 2e-2 * (1 + std::abs((*want)[j][i])))
+                << op << " " << dtype_name(t) << " " << shape_str(xs) << " output " << j << " element " << i;
+      }
+  }
+}
+
+TEST(NormErrors, ResidualBackwardBadInputIsNamed) {
+  const DType f = DType::f32;
+  auto message = [](const std::string& op, std::vector<TensorSpec> in) {
+    auto r = infer(op, std::move(in), {});
+    return r ? std::string("(no error)") : r.status().message();
+  };
+  std::string m = message("add_rms_norm_backward", {{f, {2, 8}}, {f, {2, 7}}, {f, {2, 8}}, {f, {2}}, {f, {8}}});
+  EXPECT_NE(m.find("add_rms_norm_backward: 'grad_residual_out' shape [2, 7], expected [2, 8] (residual_out's) or [0]"),
+            std::string::npos) << m;
+  m = message("add_rms_norm_backward", {{f, {2, 8}}, {DType::f64, {2, 8}}, {f, {2, 8}}, {f, {2}}, {f, {8}}});
+  EXPECT_NE(m.find("'grad_residual_out' dtype f64, expected f32"), std::string::npos) << m;
+  m = message("add_layer_norm_backward", {{f, {2, 8}}, {f, {0}}, {f, {2, 8}}, {f, {2}}, {f, {3}}, {f, {8}}});
+  EXPECT_NE(m.find("add_layer_norm_backward: 'rstd' shape [3], expected [2]"), std::string::npos) << m;
+  m = message("add_layer_norm_backward", {{f, {2, 8}}, {f, {0}}, {f, {2, 9}}, {f, {2}}, {f, {2}}, {f, {8}}});
+  EXPECT_NE(m.find("'grad_output' shape [2, 8], expected [2, 9]"), std::string::npos) << m;
+  m = message("add_layer_norm_backward", {{f, {2, 8}}, {f, {0}}, {f, {1, 1, 1, 1, 1, 1, 1, 2, 8}}, {f, {2}}, {f, {2}},
+                                          {f, {8}}});
+  EXPECT_NE(m.find("add_layer_norm_backward: 'residual_out' has rank 9, the maximum is 8"), std::string::npos) << m;
+  m = message("add_rms_norm_backward", {{f, {2, 8}}, {f, {2, 8}}, {f, {2, 8}}, {f, {2}}});
+  EXPECT_NE(m.find("add_rms_norm_backward: expected 5 inputs, got 4"), std::string::npos) << m;
+  // grad_input over grad_residual_out: written before grad_residual_out is read.
+  const OpDesc desc =
+      check(infer("add_rms_norm_backward", {{f, {2, 4}}, {f, {2, 4}}, {f, {2, 4}}, {f, {2}}, {f, {4}}}, {}));
+  auto plan = check(select(Stream::host(), desc, {}));
+  std::vector<float> buf(4 * 8, 1.f);
+  const Shape x{2, 4}, r{2}, w{4};
+  auto view = [&](int64_t at, const Shape& shape) { return check(TensorView::contiguous(buf.data() + at, f, shape)); };
+  const TensorView g = view(0, x), gr = view(8, x), h = view(16, x), rs = view(24, r), wt = view(26, w);
+  std::vector<float> gw(4);
+  const TensorView ins[5] = {g, gr, h, rs, wt}, outs[2] = {gr, check(TensorView::contiguous(gw.data(), f, w))};
+  const Status st = plan->can_implement(OpArgs{ins, outs});
+  EXPECT_NE(st.message().find("output 'grad_input' overlaps input 'grad_residual_out'"), std::string::npos)
+      << st.message();
+  EXPECT_EQ(find_op("add_rms_norm")->gradient, "add_rms_norm_backward");
+  EXPECT_EQ(find_op("add_layer_norm_backward")->gradient, "add_layer_norm");
 }
 
 TEST(NormErrors, BadDescriptorsAreNamed) {

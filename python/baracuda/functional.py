@@ -120,7 +120,8 @@ def _doc(info):
 
 
 # No generic signature fits these.
-_HANDWRITTEN = {"fill", "cast", "where_backward", "grouped_gemm", "grouped_gemm_backward"}
+_HANDWRITTEN = {"fill", "cast", "where_backward", "grouped_gemm", "grouped_gemm_backward", "add_rms_norm_backward",
+                "add_layer_norm_backward"}
 for _info in _OPS.values():
     if _info["name"] not in _HANDWRITTEN:
         globals()[_info["name"]] = _generate(_info)
@@ -581,6 +582,20 @@ def add_rms_norm(input, residual, weight, eps=None):
 def add_layer_norm(input, residual, weight, bias, eps=1e-5):
     """Fused residual add + layer_norm: (out, residual_out, mean, rstd)."""
     return _call("add_layer_norm", (input, residual, weight, bias), {"eps": eps})
+
+
+def add_rms_norm_backward(grad_output, grad_residual_out, residual_out, rstd, weight):
+    """Gradients of add_rms_norm: (grad_input, grad_weight), grad_input being the gradient of both input and
+    residual (rms_norm_backward over residual_out, plus grad_residual_out; None: residual_out's gradient is 0)."""
+    g = _absent(residual_out) if grad_residual_out is None else grad_residual_out
+    return _call("add_rms_norm_backward", (grad_output, g, residual_out, rstd, weight), {})
+
+
+def add_layer_norm_backward(grad_output, grad_residual_out, residual_out, mean, rstd, weight):
+    """Gradients of add_layer_norm: (grad_input, grad_weight, grad_bias), grad_input being the gradient of both
+    input and residual (layer_norm_backward over residual_out, plus grad_residual_out; None: zero)."""
+    g = _absent(residual_out) if grad_residual_out is None else grad_residual_out
+    return _call("add_layer_norm_backward", (grad_output, g, residual_out, mean, rstd, weight), {})
 
 
 _ABSENT = {}  # (array type, dtype, device, stat) -> an empty [0] array: it holds no memory, nothing writes it

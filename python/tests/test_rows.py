@@ -138,6 +138,23 @@ def test_norms_match_numpy():
         F.layer_norm(x, (8,), None, None)
 
 
+def test_residual_norm_backward_matches_numpy():
+    """add_*_norm_backward: the norm's backward over residual_out plus grad_residual_out (None: zero)."""
+    x, r, w, b, g, gr = _x((6, 16)), _x((6, 16)), _x(16), _x(16), _x((6, 16)), _x((6, 16))
+    out, h, rstd = F.add_rms_norm(x, r, w, eps=1e-6)
+    dx, dw = F.rms_norm_backward(g, h, rstd, w)
+    gi, gw = F.add_rms_norm_backward(g, gr, h, rstd, w)
+    np.testing.assert_allclose(gi, dx + gr, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(gw, dw, rtol=1e-13)
+    np.testing.assert_allclose(F.add_rms_norm_backward(g, None, h, rstd, w)[0], dx, rtol=1e-13)
+    out, h, mean, rstd = F.add_layer_norm(x, r, w, b)
+    dx, dw, db = F.layer_norm_backward(g, h, mean, rstd, w)
+    gi, gw, gb = F.add_layer_norm_backward(g, gr, h, mean, rstd, w)
+    np.testing.assert_allclose(gi, dx + gr, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(gw, dw, rtol=1e-13)
+    np.testing.assert_allclose(gb, db, rtol=1e-13)
+
+
 # ---------------------------------------------------------------- CUDA vs torch
 
 from torch_parity import CUDA, DTYPES, TOL as _TOL, close as _close, gpu, torch  # noqa: E402,F401
@@ -253,6 +270,25 @@ def test_norms_match_torch(dtype, shape):
     dx, dw = F.rms_norm_backward(g, x, rstd, w)
     _close(dx, gx.to(dtype), dtype, 8, "rms_norm dx")
     _close(dw, gw.to(dtype), dtype, 8 * max(1.0, rows ** 0.5 / 8), "rms_norm dw")
+    # The fused residual forms: input + residual through torch's norm, both outputs' gradients.
+    r = torch.randn_like(x)
+    gr = torch.randn_like(x)
+    rd = r.double().requires_grad_()
+    for name in ("add_rms_norm", "add_layer_norm"):
+        xd2 = x.double().requires_grad_()
+        hd = xd2 + rd
+        yd = (torch.nn.functional.rms_norm(hd, (n,), wd, eps=1e-6) if name == "add_rms_norm"
+              else torch.nn.functional.layer_norm(hd, (n,), wd, bd))
+        want = torch.autograd.grad((yd, hd), (xd2, rd, wd), (g.double(), gr.double()))
+        if name == "add_rms_norm":
+            _, h, rstd = F.add_rms_norm(x, r, w, eps=1e-6)
+            gi, gw = F.add_rms_norm_backward(g, gr, h, rstd, w)
+        else:
+            _, h, mean, rstd = F.add_layer_norm(x, r, w, b)
+            gi, gw, _ = F.add_layer_norm_backward(g, gr, h, mean, rstd, w)
+        _close(gi, want[0].to(dtype), dtype, 8, f"{name} grad_input")
+        _close(gi, want[1].to(dtype), dtype, 8, f"{name} grad_residual")
+        _close(gw, want[2].to(dtype), dtype, 8 * max(1.0, rows ** 0.5 / 8), f"{name} grad_weight")
 
 
 @gpu

@@ -46,7 +46,8 @@ struct NormSpec {
   static constexpr int kSavedRstd = kSavedInput + 2 - Rms;
   static constexpr int kSavedWeight = Weight ? kSavedRstd + 1 : -1;
   static constexpr int kBackwardOperands = kSavedRstd + 1 + Weight;
-  static constexpr bool kHasBackward = !Residual;  // the fused forms differentiate as the plain norm
+  // The fused forms differentiate as the plain norm over residual_out (Note [Residual norm backward] in plan.cpp).
+  static constexpr bool kHasBackward = !Residual;
 
   template <class M> static BCD_HD M rstd(M centred_sq_sum, int64_t n, M eps) {
     return M(1) / sqrt(centred_sq_sum / M(n) + eps);

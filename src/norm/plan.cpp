@@ -304,9 +304,147 @@ void add_ops(std::vector<OpInfo>& ops) {
   }
 }
 
+// Note [Residual norm backward]
+// add_rms_norm / add_layer_norm compute h = input + residual, return it as
+// residual_out and normalise it, so their gradients are the plain norm's
+// backward over h (the saved residual_out) plus the gradient that reaches
+// residual_out from the residual stream: grad_input = grad_residual =
+// norm_backward(grad_output, h, ...).grad_input + grad_residual_out. The
+// plan runs the norm backward plan and, when grad_residual_out is given (not
+// [0]), an in-place add, on the same backend: one more pass over the rows
+// than a kernel that adds grad_residual_out as it writes grad_input would
+// make (the next step for speed).
+class ResidualBackwardPlan final : public FamilyPlan {
+ public:
+  ResidualBackwardPlan(const OpInfo& info, OpDesc desc, PlanPtr norm, PlanPtr add)
+      : FamilyPlan(info, std::move(desc)), norm_(std::move(norm)), add_(std::move(add)) {
+    sku_ = norm_->sku();
+    sku_.op = info.name.c_str();
+    workspace_ = std::max(norm_->workspace_size(), add_ ? add_->workspace_size() : 0);
+  }
+
+  Status can_implement(const OpArgs& args) const override {
+    BARACUDA_TRY(FamilyPlan::can_implement(args));
+    if (add_ && memory_overlaps(args.outputs[0], args.inputs[1]))
+      return invalid(info_.name, ": output 'grad_input' overlaps input 'grad_residual_out' (it is written before "
+                     "grad_residual_out is added)");
+    const std::vector<TensorView> inner = norm_inputs(args);
+    BARACUDA_TRY(norm_->can_implement(OpArgs{inner, args.outputs}).with_context(info_.name));
+    if (!add_) return Status::ok();
+    const TensorView sum_in[2] = {args.outputs[0], args.inputs[1]};
+    return add_->can_implement(OpArgs{sum_in, std::span(args.outputs.data(), 1)}).with_context(info_.name);
+  }
+
+  Status run(const Stream& stream, Workspace workspace, const OpArgs& args) const override {
+    BARACUDA_TRY(can_implement(args));
+    BARACUDA_TRY(check_workspace(info_.name, workspace, workspace_));
+    const std::vector<TensorView> inner = norm_inputs(args);
+    BARACUDA_TRY(norm_->run(stream, workspace, OpArgs{inner, args.outputs}).with_context(info_.name));
+    if (!add_) return Status::ok();
+    const TensorView sum_in[2] = {args.outputs[0], args.inputs[1]};
+    return add_->run(stream, workspace, OpArgs{sum_in, std::span(args.outputs.data(), 1)}).with_context(info_.name);
+  }
+
+ private:
+  /// The norm backward's inputs: all but grad_residual_out (input 1).
+  static std::vector<TensorView> norm_inputs(const OpArgs& args) {
+    std::vector<TensorView> v(args.inputs.begin(), args.inputs.end());
+    v.erase(v.begin() + 1);
+    return v;
+  }
+
+  PlanPtr norm_, add_;
+};
+
+/// The norm backward's descriptor inside a residual one (grad_residual_out, input 1, left out).
+OpDesc inner_backward(const std::string& norm_op, const OpDesc& d) {
+  OpDesc inner{cat(norm_op, "_backward"), d.inputs, d.outputs, d.attrs};
+  if (inner.inputs.size() > 1) inner.inputs.erase(inner.inputs.begin() + 1);
+  return inner;
+}
+
+Result<OpDesc> infer_residual_backward(const std::string& op, const std::string& norm_op, const OpDesc& partial) {
+  const OpInfo& norm_info = *find_op(cat(norm_op, "_backward"));
+  std::vector<std::string> names = norm_info.input_names;
+  names.insert(names.begin() + 1, "grad_residual_out");
+  names[2] = "residual_out";
+  BARACUDA_TRY(check_inputs(op, partial, names, 2));
+  auto inner = norm_info.infer(inner_backward(norm_op, partial));
+  if (!inner) {  // the norm backward's words, under this op's names
+    std::string message = inner.status().message();
+    if (message.rfind(norm_info.name, 0) == 0) message.replace(0, norm_info.name.size(), op);
+    for (size_t at = message.find("'input'"); at != std::string::npos; at = message.find("'input'", at))
+      message.replace(at, 7, "'residual_out'");
+    return Status::error(inner.status().kind(), message);
+  }
+  const TensorSpec &g = partial.inputs[1], &h = partial.inputs[2];
+  if (g.dtype != h.dtype)
+    return invalid(op, ": 'grad_residual_out' dtype ", dtype_name(g.dtype), ", expected ", dtype_name(h.dtype));
+  if (g.shape != h.shape && g.shape != Shape{0})
+    return invalid(op, ": 'grad_residual_out' shape ", shape_str(g.shape), ", expected ", shape_str(h.shape),
+                   " (residual_out's) or [0] (none)");
+  OpDesc d = partial;
+  d.outputs = inner->outputs;
+  return d;
+}
+
+/// add_rms_norm_backward / add_layer_norm_backward (Note [Residual norm backward]).
+void add_residual_backward(std::vector<OpInfo>& ops, const std::string& fused, const std::string& norm_op) {
+  auto registered = [&](const std::string& name) -> OpInfo& {  // (the registry is still being built)
+    return *std::find_if(ops.begin(), ops.end(), [&](const OpInfo& o) { return o.name == name; });
+  };
+  registered(fused).gradient = cat(fused, "_backward");
+  const OpInfo& norm_info = registered(cat(norm_op, "_backward"));
+  OpInfo info = norm_info;
+  info.name = cat(fused, "_backward");
+  info.gradient = fused;
+  info.input_names.insert(info.input_names.begin() + 1, "grad_residual_out");
+  info.input_names[2] = "residual_out";
+  info.doc = cat("gradients of ", fused, ": grad_input (the gradient of both input and residual) = ", norm_op,
+                 "_backward over residual_out + grad_residual_out ([0]: none), and the parameter gradients");
+  info.input_dtypes = [base = norm_info.input_dtypes](DType primary) {
+    std::vector<DType> v = base(primary);
+    v.insert(v.begin() + 1, primary);
+    return v;
+  };
+  info.domains.insert(info.domains.begin() + 1, Domain{-2, 2});
+  // Rows of an odd length sample grad_residual_out as [0] (none).
+  info.sample_shapes = [base = norm_info.sample_shapes](DType t, const Shape& shape,
+                                                        const Attrs& attrs) -> std::optional<SampleShapes> {
+    auto s = base(t, shape, attrs);
+    if (s) s->inputs.insert(s->inputs.begin() + 1, shape.back() % 2 ? Shape{0} : shape);
+    return s;
+  };
+  info.infer = [op = info.name, norm_op](const OpDesc& partial) {
+    return infer_residual_backward(op, norm_op, partial);
+  };
+  const size_t index = ops.size();
+  info.make_plan = [op = info.name, norm_op, index](Backend backend, const Stream& stream, const OpDesc& desc,
+                                                    const PlanPreference& pref) -> Result<PlanPtr> {
+    auto full = infer_residual_backward(op, norm_op, desc);
+    if (!full) return full.status();
+    PlanPreference sub = pref;
+    sub.backend = backend, sub.skip_candidates = 0, sub.allow_host_fallback = backend == Backend::host_reference;
+    auto norm = select(stream, inner_backward(norm_op, *full), sub);
+    if (!norm) return norm.status();
+    PlanPtr add;
+    if (full->inputs[1].shape != Shape{0}) {
+      const TensorSpec& g = full->inputs[1];
+      auto sum = select(stream, OpDesc{"add", {g, g}, {g}, {}}, sub);
+      if (!sum) return sum.status();
+      add = std::move(*sum);
+    }
+    return PlanPtr(std::make_unique<ResidualBackwardPlan>(registry()[index], std::move(*full), std::move(*norm),
+                                                          std::move(add)));
+  };
+  ops.push_back(std::move(info));
+}
+
 template <class... Ss>
 void add_all(std::vector<OpInfo>& ops, SpecList<Ss...>) {
   (add_ops<Ss>(ops), ...);
+  add_residual_backward(ops, AddRmsNorm::name, RmsNorm::name);
+  add_residual_backward(ops, AddLayerNorm::name, LayerNorm::name);
 }
 
 }  // namespace
