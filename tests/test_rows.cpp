@@ -790,9 +790,10 @@ TEST(NormFiniteDifferences, ResidualBackwardMatchesForward) {
       for (int c : {0, 5}) {
         EXPECT_NEAR(grads[1][c], central_difference([&](const auto& v) { return loss(x, r, v, b); }, w, c), 1e-5)
             << what << " d weight " << c;
-        if (!rms)
+        if (!rms) {
           EXPECT_NEAR(grads[2][c], central_difference([&](const auto& v) { return loss(x, r, w, v); }, b, c), 1e-5)
               << what << " d bias " << c;
+        }
       }
     }
   }

@@ -130,8 +130,9 @@ class ListPlan final : public FamilyPlan {
   Status can_implement(const OpArgs& args) const override {
     BARACUDA_TRY(check_shared(args));
     return for_each_problem(backward_, desc_, args, [&](const Problem& p, size_t k) {
-      return engine_->supports(p).with_context(
-          cat(info_.name, " on ", backend_name(sku_.backend), ", output '", output_names_[k], "'"));
+      Status s = engine_->supports(p);
+      if (!s) s.with_context(cat(info_.name, " on ", backend_name(sku_.backend), ", output '", output_names_[k], "'"));
+      return s;
     });
   }
 
@@ -140,8 +141,9 @@ class ListPlan final : public FamilyPlan {
     BARACUDA_TRY(check_shared(args));
     BARACUDA_TRY(check_workspace(info_.name, workspace, workspace_));
     return for_each_problem(backward_, desc_, args, [&](const Problem& p, size_t k) {
-      return engine_->run(p, workspace, stream.cuda_stream())
-          .with_context(cat(info_.name, ", output '", output_names_[k], "'"));
+      Status s = engine_->run(p, workspace, stream.cuda_stream());
+      if (!s) s.with_context(cat(info_.name, ", output '", output_names_[k], "'"));  // (built on failure only)
+      return s;
     });
   }
 
