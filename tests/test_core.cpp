@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <optional>
+#include <random>
 #include <set>
 
 #include "baracuda/registry.hpp"
@@ -78,6 +80,58 @@ TEST(TensorView, Overlap) {
   EXPECT_TRUE(has_internal_overlap(*TensorView::strided(buf, DType::f32, shape, expanded)));
   int64_t aliasing[] = {2, 1};  // rows overlap by two elements
   EXPECT_TRUE(has_internal_overlap(*TensorView::strided(buf, DType::f32, shape, aliasing)));
+}
+
+/// overlapping_outputs and for_each_overlap give the pairwise loops' answers,
+/// in the same order, below and above the operand counts where they sort
+/// (Note [Overlaps among many operands]): random 1-D views of one buffer,
+/// some empty, some null, some aliasing.
+TEST(TensorView, OverlapsAmongManyOperands) {
+  std::vector<float> buffer(4096);
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 300; ++trial) {
+    const size_t n_out = 1 + rng() % 40, n_in = rng() % 80;
+    const int64_t room = trial % 3 == 0 ? 4096 : 40 * 64;  // sparse (often disjoint) or crowded
+    auto draw = [&](size_t n, bool disjoint) {
+      std::vector<TensorView> v;
+      int64_t at = 0;
+      for (size_t k = 0; k < n; ++k) {
+        const int64_t len = rng() % 5 == 0 ? 0 : 1 + rng() % 60;
+        const int64_t start = disjoint ? at : int64_t(rng() % uint64_t(room - 64));
+        at = start + len;
+        const Shape shape{len};
+        float* data = rng() % 17 == 0 ? nullptr : buffer.data() + start;
+        v.push_back(*TensorView::contiguous(data, DType::f32, shape));
+      }
+      return v;
+    };
+    const std::vector<TensorView> outs = draw(n_out, trial % 2 == 0), ins = draw(n_in, false);
+    std::optional<std::pair<size_t, size_t>> want_pair;
+    for (size_t j = 0; j < outs.size() && !want_pair; ++j)
+      for (size_t k = 0; k < j && !want_pair; ++k)
+        if (memory_overlaps(outs[k], outs[j])) want_pair = std::pair{k, j};
+    EXPECT_EQ(overlapping_outputs(outs), want_pair) << "trial " << trial;
+    if (want_pair) continue;  // for_each_overlap takes disjoint outputs
+    std::vector<std::pair<size_t, size_t>> want, got;
+    for (size_t j = 0; j < outs.size(); ++j)
+      for (size_t i = 0; i < ins.size(); ++i)
+        if (memory_overlaps(outs[j], ins[i])) want.push_back({j, i});
+    Status st = for_each_overlap(outs, ins, [&](size_t j, size_t i) {
+      got.push_back({j, i});
+      return Status::ok();
+    });
+    EXPECT_TRUE(st.is_ok());
+    EXPECT_EQ(got, want) << "trial " << trial << ": " << outs.size() << " outputs, " << ins.size() << " inputs";
+    if (!want.empty()) {  // a failing visit stops the walk with its status
+      size_t visits = 0;
+      st = for_each_overlap(outs, ins, [&](size_t, size_t) {
+        ++visits;
+        return Status::error(ErrorKind::invalid_problem, "stop");
+      });
+      EXPECT_EQ(visits, 1u);
+      EXPECT_EQ(st.message(), "stop");
+    }
+  }
 }
 
 TEST(Broadcast, ShapesAndErrors) {

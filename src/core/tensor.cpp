@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "core/errors.hpp"
 #include "core/tensor_util.hpp"
@@ -142,16 +143,95 @@ bool has_internal_overlap(const TensorView& v) {
   return false;
 }
 
-bool memory_overlaps(const TensorView& a, const TensorView& b) {
-  if (a.numel() == 0 || b.numel() == 0 || !a.data || !b.data) return false;
-  auto [alo, ahi] = a.span();
-  auto [blo, bhi] = b.span();
-  auto base_a = reinterpret_cast<intptr_t>(a.data), base_b = reinterpret_cast<intptr_t>(b.data);
-  intptr_t a0 = base_a + alo * static_cast<intptr_t>(dtype_size(a.dtype));
-  intptr_t a1 = base_a + (ahi + 1) * static_cast<intptr_t>(dtype_size(a.dtype));
-  intptr_t b0 = base_b + blo * static_cast<intptr_t>(dtype_size(b.dtype));
-  intptr_t b1 = base_b + (bhi + 1) * static_cast<intptr_t>(dtype_size(b.dtype));
-  return a0 < b1 && b0 < a1;
+namespace {
+
+/// The bytes [lo, hi) a view touches; lo == hi when it touches none (empty or null).
+struct ByteRange {
+  intptr_t lo = 0, hi = 0;
+  bool empty() const { return lo == hi; }
+  bool meets(const ByteRange& o) const { return !empty() && !o.empty() && lo < o.hi && o.lo < hi; }
+};
+
+ByteRange byte_range(const TensorView& v) {
+  if (v.numel() == 0 || !v.data) return {};
+  auto [lo, hi] = v.span();
+  const intptr_t base = reinterpret_cast<intptr_t>(v.data), es = static_cast<intptr_t>(dtype_size(v.dtype));
+  return {base + lo * es, base + (hi + 1) * es};
+}
+
+// Note [Overlaps among many operands]
+// can_implement checks every output against every other operand. A list op
+// (grouped_gemm) has hundreds of operands, and the pairwise loops cost a
+// millisecond a call at 64 groups. Past kPairwiseChecks pairs, the outputs'
+// byte ranges are sorted by start: two outputs overlap only if one starts
+// before the furthest end seen so far; once they are disjoint, each input's
+// range is looked up by binary search. The same pairs are found either way
+// (memory_overlaps is the byte-range test); only the order of the search
+// differs, so the first pair is taken in index order in both.
+constexpr size_t kPairwiseChecks = 64;
+
+/// Output indices with a non-empty range, sorted by range start.
+std::vector<std::pair<ByteRange, size_t>> sorted_ranges(std::span<const TensorView> views) {
+  std::vector<std::pair<ByteRange, size_t>> r;
+  r.reserve(views.size());
+  for (size_t j = 0; j < views.size(); ++j)
+    if (ByteRange b = byte_range(views[j]); !b.empty()) r.push_back({b, j});
+  std::sort(r.begin(), r.end(), [](const auto& a, const auto& b) { return a.first.lo < b.first.lo; });
+  return r;
+}
+
+}  // namespace
+
+bool memory_overlaps(const TensorView& a, const TensorView& b) { return byte_range(a).meets(byte_range(b)); }
+
+std::optional<std::pair<size_t, size_t>> overlapping_outputs(std::span<const TensorView> outputs) {
+  const size_t n = outputs.size();
+  if (n * n <= kPairwiseChecks) {
+    for (size_t j = 0; j < n; ++j)
+      for (size_t k = 0; k < j; ++k)
+        if (memory_overlaps(outputs[k], outputs[j])) return std::pair{k, j};
+    return std::nullopt;
+  }
+  // Any overlap shows as a range starting before the furthest end of those
+  // before it; then the pairwise search names the first pair in index order.
+  const auto sorted = sorted_ranges(outputs);
+  intptr_t furthest = std::numeric_limits<intptr_t>::min();
+  bool any = false;
+  for (const auto& [range, j] : sorted) {
+    if (range.lo < furthest) {
+      any = true;
+      break;
+    }
+    furthest = std::max(furthest, range.hi);
+  }
+  if (!any) return std::nullopt;
+  for (size_t j = 0; j < n; ++j)
+    for (size_t k = 0; k < j; ++k)
+      if (memory_overlaps(outputs[k], outputs[j])) return std::pair{k, j};
+  return std::nullopt;
+}
+
+Status for_each_overlap(std::span<const TensorView> outputs, std::span<const TensorView> inputs,
+                        const std::function<Status(size_t, size_t)>& visit) {
+  if (outputs.size() * inputs.size() <= kPairwiseChecks) {
+    for (size_t j = 0; j < outputs.size(); ++j)
+      for (size_t i = 0; i < inputs.size(); ++i)
+        if (memory_overlaps(outputs[j], inputs[i])) BARACUDA_TRY(visit(j, i));
+    return Status::ok();
+  }
+  // Disjoint outputs sorted by start are sorted by end too: an input's first
+  // candidate is the first output ending past the input's start.
+  const auto sorted = sorted_ranges(outputs);
+  std::vector<std::pair<size_t, size_t>> pairs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const ByteRange in = byte_range(inputs[i]);
+    if (in.empty()) continue;
+    auto at = std::partition_point(sorted.begin(), sorted.end(), [&](const auto& o) { return o.first.hi <= in.lo; });
+    for (; at != sorted.end() && at->first.lo < in.hi; ++at) pairs.push_back({at->second, i});
+  }
+  std::sort(pairs.begin(), pairs.end());  // outputs in order, each output's inputs in order
+  for (const auto& [j, i] : pairs) BARACUDA_TRY(visit(j, i));
+  return Status::ok();
 }
 
 bool same_layout(const TensorView& a, const TensorView& b) {
@@ -238,15 +318,15 @@ Status check_args(std::string_view op, const OpArgs& args, const OpDesc& desc, s
       return invalid(op, ": output '", name, "' has overlapping elements (strides ",
                      shape_str(std::span<const int64_t>(out.stride.data(), out.rank)), " for shape ",
                      shape_str(out.shape_vec()), ")");
-    for (size_t k = 0; k < j; ++k)
-      if (memory_overlaps(out, args.outputs[k]))
-        return invalid(op, ": outputs '", output_names[k], "' and '", name, "' overlap in memory");
-    for (size_t i = 0; i < args.inputs.size(); ++i)
-      if (memory_overlaps(out, args.inputs[i]) && !same_layout(out, args.inputs[i]))
-        return invalid(op, ": output '", name, "' overlaps input '", input_names[i],
-                       "' with a different layout (in-place needs equal shape, strides and element size)");
   }
-  return Status::ok();
+  if (auto pair = overlapping_outputs(args.outputs))
+    return invalid(op, ": outputs '", output_names[pair->first], "' and '", output_names[pair->second],
+                   "' overlap in memory");
+  return for_each_overlap(args.outputs, args.inputs, [&](size_t j, size_t i) -> Status {
+    if (same_layout(args.outputs[j], args.inputs[i])) return Status::ok();  // in place
+    return invalid(op, ": output '", output_names[j], "' overlaps input '", input_names[i],
+                   "' with a different layout (in-place needs equal shape, strides and element size)");
+  });
 }
 
 }  // namespace baracuda

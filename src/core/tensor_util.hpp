@@ -1,6 +1,9 @@
 // Shape, broadcast and memory-overlap rules shared by every family.
 #pragma once
 
+#include <functional>
+#include <optional>
+
 #include "baracuda/core.hpp"
 
 namespace baracuda {
@@ -21,6 +24,17 @@ bool memory_overlaps(const TensorView& a, const TensorView& b);
 
 /// Same data pointer, dtype, shape and strides.
 bool same_layout(const TensorView& a, const TensorView& b);
+
+/// The first two outputs k < j (by j, then k) whose memory overlaps, if any.
+std::optional<std::pair<size_t, size_t>> overlapping_outputs(std::span<const TensorView> outputs);
+
+/// Calls visit(j, i) for each output j and input i whose memory overlaps,
+/// outputs in order and each output's inputs in order, until a visit fails;
+/// returns that status. The outputs must not overlap one another
+/// (overlapping_outputs). Both take O(n log n) for many operands (list ops:
+/// Note [Overlaps among many operands] in tensor.cpp).
+Status for_each_overlap(std::span<const TensorView> outputs, std::span<const TensorView> inputs,
+                        const std::function<Status(size_t output, size_t input)>& visit);
 
 /// Sets every byte of each element of `v` to `byte`, ordered on `stream`:
 /// element by element on the host, on CUDA a strided memset of each last-dim

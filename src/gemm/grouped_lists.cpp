@@ -151,13 +151,10 @@ class ListPlan final : public FamilyPlan {
   /// The shared argument checks under the groups' names; no output over any input.
   Status check_shared(const OpArgs& args) const {
     BARACUDA_TRY(check_args(info_.name, args, desc_, input_names_, output_names_));
-    for (size_t j = 0; j < args.outputs.size(); ++j)
-      for (size_t i = 0; i < args.inputs.size(); ++i)
-        if (args.outputs[j].numel() > 0 && args.inputs[i].numel() > 0 &&
-            memory_overlaps(args.outputs[j], args.inputs[i]))
-          return invalid(info_.name, ": output '", output_names_[j], "' overlaps input '", input_names_[i],
-                         "'; a product cannot be written over its operands");
-    return Status::ok();
+    return for_each_overlap(args.outputs, args.inputs, [&](size_t j, size_t i) {
+      return invalid(info_.name, ": output '", output_names_[j], "' overlaps input '", input_names_[i],
+                     "'; a product cannot be written over its operands");
+    });
   }
 
   std::unique_ptr<const Engine> engine_;
