@@ -1138,29 +1138,36 @@ def grouped_mm_backward(grad_output, a, b, offs=None):
     return _call("grouped_mm_backward", (grad_output, a, b, _group_offsets(offs, a)), {})
 
 
-_GroupedMMFunction = None
+def _autograd_function(make):
+    """A getter of the torch.autograd.Function class that make(torch) defines, made on first use (torch
+    stays an optional dependency)."""
+    made = []
+
+    def get():
+        if not made:
+            import torch
+            made.append(make(torch))
+        return made[0]
+    return get
 
 
-def _grouped_autograd():
-    """A torch.autograd.Function over grouped_mm / grouped_mm_backward (defined on first use)."""
-    global _GroupedMMFunction
-    if _GroupedMMFunction is None:
-        import torch
+def _make_grouped_mm_function(torch):
+    """A torch.autograd.Function over grouped_mm / grouped_mm_backward."""
+    class GroupedMM(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b, offs):
+            ctx.save_for_backward(a, b, offs)
+            return _grouped_mm(a, b, offs)
 
-        class GroupedMM(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, a, b, offs):
-                ctx.save_for_backward(a, b, offs)
-                return _grouped_mm(a, b, offs)
+        @staticmethod
+        def backward(ctx, grad_output):
+            a, b, offs = ctx.saved_tensors
+            grad_a, grad_b = grouped_mm_backward(grad_output, a, b, offs)  # any strides
+            return grad_a, grad_b, None
+    return GroupedMM
 
-            @staticmethod
-            def backward(ctx, grad_output):
-                a, b, offs = ctx.saved_tensors
-                grad_a, grad_b = grouped_mm_backward(grad_output, a, b, offs)  # any strides
-                return grad_a, grad_b, None
 
-        _GroupedMMFunction = GroupedMM
-    return _GroupedMMFunction
+_grouped_autograd = _autograd_function(_make_grouped_mm_function)
 
 
 def grouped_mm(a, b, offs=None, *, out=None):
@@ -1206,33 +1213,27 @@ def grouped_gemm_backward(grad_output, a, b, *, alpha=1.0):
     return grads[:groups], grads[groups:]
 
 
-_GroupedGemmFunction = None
+def _make_grouped_gemm_function(torch):
+    """A torch.autograd.Function over grouped_gemm / grouped_gemm_backward."""
+    class GroupedGemm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, alpha, groups, *operands):
+            ctx.alpha, ctx.groups = alpha, groups
+            ctx.save_for_backward(*operands)
+            return tuple(_as_list(_call("grouped_gemm", operands, {"alpha": alpha, "beta": 0.0})))
+
+        @staticmethod
+        def backward(ctx, *grads):
+            operands, g = ctx.saved_tensors, ctx.groups
+            a, b = operands[:g], operands[g:]
+            grads = [x if x is not None else torch.zeros(a[i].shape[0], b[i].shape[1], dtype=a[i].dtype,
+                                                         device=a[i].device) for i, x in enumerate(grads)]
+            grad_a, grad_b = grouped_gemm_backward(grads, a, b, alpha=ctx.alpha)
+            return (None, None, *grad_a, *grad_b)
+    return GroupedGemm
 
 
-def _grouped_gemm_autograd():
-    """A torch.autograd.Function over grouped_gemm / grouped_gemm_backward (defined on first use)."""
-    global _GroupedGemmFunction
-    if _GroupedGemmFunction is None:
-        import torch
-
-        class GroupedGemm(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, alpha, groups, *operands):
-                ctx.alpha, ctx.groups = alpha, groups
-                ctx.save_for_backward(*operands)
-                return tuple(_as_list(_call("grouped_gemm", operands, {"alpha": alpha, "beta": 0.0})))
-
-            @staticmethod
-            def backward(ctx, *grads):
-                operands, g = ctx.saved_tensors, ctx.groups
-                a, b = operands[:g], operands[g:]
-                grads = [x if x is not None else torch.zeros(a[i].shape[0], b[i].shape[1], dtype=a[i].dtype,
-                                                             device=a[i].device) for i, x in enumerate(grads)]
-                grad_a, grad_b = grouped_gemm_backward(grads, a, b, alpha=ctx.alpha)
-                return (None, None, *grad_a, *grad_b)
-
-        _GroupedGemmFunction = GroupedGemm
-    return _GroupedGemmFunction
+_grouped_gemm_autograd = _autograd_function(_make_grouped_gemm_function)
 
 
 def grouped_gemm(a, b, *, alpha=1.0, beta=0.0, out=None):
@@ -1297,44 +1298,38 @@ def _lce_operands(input, weight, target, bias, class_weight=None):
             _absent(input) if class_weight is None else class_weight)
 
 
-_LCE_AUTOGRAD = None
-
-
-def _lce_autograd():
-    """torch.autograd.Function for linear_cross_entropy, made on first use (torch is optional).
+def _make_lce_function(torch):
+    """torch.autograd.Function for linear_cross_entropy.
 
     mean and sum run linear_cross_entropy_fused in the forward (the gradients come out of the same
     pass over the logits) and scale them by grad_output in the backward; none runs the forward op
     and recomputes the logits in linear_cross_entropy_backward.
     """
-    global _LCE_AUTOGRAD
-    if _LCE_AUTOGRAD is None:
-        import torch
+    class LinearCrossEntropy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, input, weight, target, bias, class_weight, attrs):
+            ops = _lce_operands(input, weight, target, bias, class_weight)
+            ctx.has_bias, ctx.attrs = bias is not None, attrs
+            if attrs["reduction"] == 0:
+                ctx.save_for_backward(input, weight, target, bias, class_weight)
+                return _call("linear_cross_entropy", ops, attrs)
+            loss, *grads = _call("linear_cross_entropy_fused", ops, attrs)
+            ctx.save_for_backward(*grads)
+            return loss
 
-        class LinearCrossEntropy(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, input, weight, target, bias, class_weight, attrs):
-                ops = _lce_operands(input, weight, target, bias, class_weight)
-                ctx.has_bias, ctx.attrs = bias is not None, attrs
-                if attrs["reduction"] == 0:
-                    ctx.save_for_backward(input, weight, target, bias, class_weight)
-                    return _call("linear_cross_entropy", ops, attrs)
-                loss, *grads = _call("linear_cross_entropy_fused", ops, attrs)
-                ctx.save_for_backward(*grads)
-                return loss
+        @staticmethod
+        def backward(ctx, grad_output):
+            if ctx.attrs["reduction"] == 0:
+                input, weight, target, bias, class_weight = ctx.saved_tensors
+                gi, gw, gb = _call("linear_cross_entropy_backward", (grad_output.contiguous(),)
+                                   + _lce_operands(input, weight, target, bias, class_weight), ctx.attrs)
+            else:
+                gi, gw, gb = (g * grad_output for g in ctx.saved_tensors)
+            return gi, gw, None, (gb if ctx.has_bias else None), None, None
+    return LinearCrossEntropy
 
-            @staticmethod
-            def backward(ctx, grad_output):
-                if ctx.attrs["reduction"] == 0:
-                    input, weight, target, bias, class_weight = ctx.saved_tensors
-                    gi, gw, gb = _call("linear_cross_entropy_backward", (grad_output.contiguous(),)
-                                       + _lce_operands(input, weight, target, bias, class_weight), ctx.attrs)
-                else:
-                    gi, gw, gb = (g * grad_output for g in ctx.saved_tensors)
-                return gi, gw, None, (gb if ctx.has_bias else None), None, None
 
-        _LCE_AUTOGRAD = LinearCrossEntropy
-    return _LCE_AUTOGRAD
+_lce_autograd = _autograd_function(_make_lce_function)
 
 
 def linear_cross_entropy(input, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0, reduction="mean",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import baracuda.functional as F
-from torch_parity import DTYPES, close, gpu, torch
+from torch_parity import DTYPES, close, cpu_torch, gpu, torch
 
 RNG = np.random.default_rng(0)
 
@@ -298,3 +298,32 @@ def test_grouped_gemm_autograd_and_graph_capture():
     torch.cuda.synchronize()
     for i in range(len(shapes)):
         close(outs[i], x[i].double() @ y[i].double(), "bfloat16", scale=8)
+
+
+@cpu_torch
+def test_autograd_functions_on_cpu_tensors():
+    """grouped_gemm's and grouped_mm's torch.autograd.Functions on CPU tensors (the host backend) against
+    torch's own autograd in float64; an output left out of the loss gets a zero gradient."""
+    shapes = [(5, 3, 4), (2, 6, 1), (0, 2, 3), (3, 4, 2)]
+    a = [torch.randn(m, k, dtype=torch.float64, requires_grad=True) for m, k, _ in shapes]
+    b = [torch.randn(k, n, dtype=torch.float64, requires_grad=True) for _, k, n in shapes]
+    out = F.grouped_gemm(a, b, alpha=2.0)
+    sum((o * o).sum() for o in out[:3]).backward()  # out[3] unused
+    for i, (x, y) in enumerate(zip(a, b)):
+        xd, yd = x.detach().clone().requires_grad_(), y.detach().clone().requires_grad_()
+        z = 2.0 * xd @ yd
+        if i < 3:
+            (z * z).sum().backward()
+        torch.testing.assert_close(out[i], z.detach(), rtol=1e-12, atol=1e-12)
+        want_a = xd.grad if i < 3 else torch.zeros_like(x)
+        want_b = yd.grad if i < 3 else torch.zeros_like(y)
+        torch.testing.assert_close(x.grad, want_a, rtol=1e-12, atol=1e-12, msg=f"grad_a {i}")
+        torch.testing.assert_close(y.grad, want_b, rtol=1e-12, atol=1e-12, msg=f"grad_b {i}")
+    a2 = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    b2 = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    offs = torch.tensor([3, 7], dtype=torch.int32)
+    (F.grouped_mm(a2, b2, offs) ** 2).sum().backward()
+    ad, bd = a2.detach().clone().requires_grad_(), b2.detach().clone().requires_grad_()
+    (torch.cat([ad[:3] @ bd[0], ad[3:] @ bd[1]]) ** 2).sum().backward()
+    torch.testing.assert_close(a2.grad, ad.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(b2.grad, bd.grad, rtol=1e-12, atol=1e-12)

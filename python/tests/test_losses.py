@@ -603,3 +603,25 @@ def test_fp8_losses_match_torch(dtype):
         F.ctc_loss_backward(torch.ones((), device="cuda").to(dtype), lp, tg, il, tl)
     with pytest.raises(Exception, match="fp8 forwards have no gradient"):
         F.linear_cross_entropy_backward(torch.ones((), device="cuda").to(dtype), x32, w, classes, b)
+
+
+def test_linear_cross_entropy_autograd_on_cpu_tensors():
+    """linear_cross_entropy's torch.autograd.Function on CPU tensors (the host backend), each reduction,
+    against torch's cross_entropy(linear(...)) autograd in float64."""
+    torch = pytest.importorskip("torch")
+    x = torch.randn(6, 5, dtype=torch.float64)
+    w = torch.randn(7, 5, dtype=torch.float64)
+    b = torch.randn(7, dtype=torch.float64)
+    t = torch.tensor([0, 3, 6, -100, 2, 2])
+    for reduction in ("mean", "sum", "none"):
+        ours = [v.clone().requires_grad_() for v in (x, w, b)]
+        theirs = [v.clone().requires_grad_() for v in (x, w, b)]
+        got = F.linear_cross_entropy(*ours[:2], t, ours[2], label_smoothing=0.1, reduction=reduction)
+        want = torch.nn.functional.cross_entropy(theirs[0] @ theirs[1].T + theirs[2], t, label_smoothing=0.1,
+                                                 reduction=reduction)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        g = torch.linspace(0.5, 2, want.numel(), dtype=torch.float64).reshape(want.shape)
+        got.backward(g)
+        want.backward(g)
+        for o, r, name in zip(ours, theirs, ("input", "weight", "bias")):
+            torch.testing.assert_close(o.grad, r.grad, rtol=1e-12, atol=1e-12, msg=f"{reduction} {name}")

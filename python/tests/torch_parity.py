@@ -10,6 +10,7 @@ except ImportError:  # the host tests still run
     torch = None
 CUDA = torch is not None and torch.cuda.is_available() and baracuda.cuda_available()
 gpu = pytest.mark.skipif(not CUDA, reason="needs torch with CUDA and a CUDA build of baracuda")
+cpu_torch = pytest.mark.skipif(torch is None, reason="needs torch (CPU tensors run on the host backend)")
 DTYPES = ["float32", "float16", "bfloat16", "float64"]
 TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2, "float64": 1e-11}
 
