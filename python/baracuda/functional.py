@@ -253,6 +253,19 @@ def to(input, dtype, *, out=None):
 
 cast = to
 
+_FLOATS = ("f32", "f16", "bf16", "f64", "fp8_e4m3", "fp8_e5m2")
+
+
+def _in_dtype(op, input, dtype, out, promotes_ints=False, **attrs):
+    """torch's `dtype=` of sums, means, products, scans, norms and softmax: the input cast to dtype before the
+    op (one more pass where it differs), the result in dtype. `promotes_ints`: the op gives i64 for
+    narrower integers, so an integer dtype other than i64 also casts the result."""
+    name = _dtype_name(dtype)
+    x = input if _spec(input)[0] == name else to(input, name)
+    if promotes_ints and name not in _FLOATS and name != "i64":
+        return to(_call(op, (x,), attrs, None), name, out=out)
+    return _call(op, (x,), attrs, out)
+
 
 def fill_(input, value):
     """Fills `input` with `value` in place and returns it."""
@@ -295,23 +308,30 @@ def _dims(op, input, dim):
     return mask
 
 
-def _reduction(op, doc, extra=()):
-    """Defines `op(input, dim=None, keepdim=False, *extra, out=None)` with torch's conventions."""
+def _reduction(op, doc, extra=(), takes_dtype=False):
+    """Defines `op(input, dim=None, keepdim=False, *extra, out=None)` with torch's conventions
+    (`takes_dtype`: and torch's `dtype=`, the input cast to it first)."""
     def fn(input, dim=None, keepdim=False, *, out=None, **kwargs):
         attrs = {"dims": _dims(op, input, dim), "keepdim": 1 if keepdim else 0}
         for name, default in extra:
             attrs[name] = kwargs.pop(name, default)
+        dtype = kwargs.pop("dtype", None) if takes_dtype else None
         if kwargs:
             raise TypeError(f"{op}: unexpected arguments {sorted(kwargs)}")
+        if dtype is not None:
+            return _in_dtype(op, input, dtype, out, promotes_ints=op != "mean", **attrs)
         return _call(op, (input,), attrs, out)
     fn.__name__ = fn.__qualname__ = op
     fn.__doc__ = doc
     return fn
 
 
-sum = _reduction("sum", "torch.sum over dim (None: all); ints and bool sum to i64.")
-mean = _reduction("mean", "torch.mean over dim (None: all); floats only.")
-prod = _reduction("prod", "torch.prod over dim (None: all); ints and bool multiply in i64.")
+sum = _reduction("sum", "torch.sum over dim (None: all); ints and bool sum to i64; dtype= casts the input first.",
+                 takes_dtype=True)
+mean = _reduction("mean", "torch.mean over dim (None: all); floats only; dtype= casts the input first.",
+                  takes_dtype=True)
+prod = _reduction("prod", "torch.prod over dim (None: all); ints and bool multiply in i64; dtype= casts the "
+                  "input first.", takes_dtype=True)
 amax = _reduction("amax", "torch.amax: maximum over dim (None: all); NaN propagates.")
 amin = _reduction("amin", "torch.amin: minimum over dim (None: all); NaN propagates.")
 logsumexp = _reduction("logsumexp", "torch.logsumexp over dim, computed stably.")
@@ -332,14 +352,17 @@ def std(input, dim=None, *, correction=1, keepdim=False, out=None):
     return _std(input, dim, keepdim, correction=correction, out=out)
 
 
-def vector_norm(x, ord=2, dim=None, keepdim=False, *, out=None):
-    """torch.linalg.vector_norm: ord 2, 1, inf, -inf, 0 (non-zero count) or any real."""
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
+    """torch.linalg.vector_norm: ord 2, 1, inf, -inf, 0 (non-zero count) or any real; dtype= casts x first."""
+    if dtype is not None:
+        return _in_dtype("norm", x, dtype, out, dims=_dims("norm", x, dim), keepdim=1 if keepdim else 0,
+                         p=float(ord))
     return _norm(x, dim, keepdim, p=float(ord), out=out)
 
 
-def norm(input, p=2, dim=None, keepdim=False, *, out=None):
-    """torch.norm for vector norms (p a number)."""
-    return vector_norm(input, p, dim, keepdim, out=out)
+def norm(input, p=2, dim=None, keepdim=False, *, out=None, dtype=None):
+    """torch.norm for vector norms (p a number); dtype= casts the input first."""
+    return vector_norm(input, p, dim, keepdim, dtype=dtype, out=out)
 
 
 def _arg(op):
@@ -412,13 +435,17 @@ def vector_norm_backward(grad_output, x, output, ord=2, dim=None, keepdim=False,
 
 # ---------------------------------------------------------------- scans
 
-def cumsum(input, dim, *, out=None):
-    """torch.cumsum along dim (ints and bool accumulate in i64)."""
+def cumsum(input, dim, *, dtype=None, out=None):
+    """torch.cumsum along dim (ints and bool accumulate in i64); dtype= casts the input first."""
+    if dtype is not None:
+        return _in_dtype("cumsum", input, dtype, out, promotes_ints=True, dim=dim)
     return _call("cumsum", (input,), {"dim": dim}, out)
 
 
-def cumprod(input, dim, *, out=None):
-    """torch.cumprod along dim (ints and bool multiply in i64)."""
+def cumprod(input, dim, *, dtype=None, out=None):
+    """torch.cumprod along dim (ints and bool multiply in i64); dtype= casts the input first."""
+    if dtype is not None:
+        return _in_dtype("cumprod", input, dtype, out, promotes_ints=True, dim=dim)
     return _call("cumprod", (input,), {"dim": dim}, out)
 
 
@@ -466,14 +493,16 @@ def cummin_backward(grad_output, input, indices, dim, *, out=None):
 # ---------------------------------------------------------------- softmax family
 
 def _softmax_fn(op):
-    def fn(input, dim=-1, *, out=None):
+    def fn(input, dim=-1, *, dtype=None, out=None):
+        if dtype is not None:
+            return _in_dtype(op, input, dtype, out, dim=dim)
         return _call(op, (input,), {"dim": dim}, out)
 
     def backward(grad_output, output, dim=-1, *, out=None):
         return _call(op + "_backward", (grad_output, output), {"dim": dim}, out)
     fn.__name__ = fn.__qualname__ = op
     backward.__name__ = backward.__qualname__ = op + "_backward"
-    fn.__doc__ = f"torch.nn.functional.{op} along dim (default -1)."
+    fn.__doc__ = f"torch.nn.functional.{op} along dim (default -1); dtype= casts the input first (one more pass)."
     backward.__doc__ = f"Gradient of {op} from grad_output and the forward output (torch's _{op}_backward_data)."
     return fn, backward
 

@@ -467,3 +467,64 @@ def test_fp8_forwards_match_torch(dtype, shape):
     check(vals, want_v, "cummax")
     assert torch.equal(idx.cpu(), want_i.cpu()) or torch.equal(vals.double(), torch.gather(xs.double(), -1, idx)), "cummax indices"
     check(F.logcumsumexp(xs, -1), torch.logcumsumexp(xs.double(), -1), "logcumsumexp", scale=2)
+
+
+# ---------------------------------------------------------------- torch's dtype= (the input cast first)
+
+def _dtype_cases(torch):
+    TF = torch.nn.functional
+    f32, f64, i32 = torch.float32, torch.float64, torch.int32
+    return [  # (name, ours, torch's, input kind)
+        ("softmax", lambda x: F.softmax(x, 1, dtype=f32), lambda x: TF.softmax(x, 1, dtype=f32), "float"),
+        ("log_softmax", lambda x: F.log_softmax(x, 0, dtype=f64), lambda x: TF.log_softmax(x, 0, dtype=f64), "float"),
+        ("softmin", lambda x: F.softmin(x, -1, dtype=f32), lambda x: TF.softmin(x, -1, dtype=f32), "float"),
+        ("sum", lambda x: F.sum(x, 1, dtype=f32), lambda x: torch.sum(x, 1, dtype=f32), "float"),
+        ("sum keepdim", lambda x: F.sum(x, (0, 1), True, dtype=f64), lambda x: torch.sum(x, (0, 1), True, dtype=f64),
+         "float"),
+        ("mean", lambda x: F.mean(x, 0, dtype=f32), lambda x: torch.mean(x, 0, dtype=f32), "float"),
+        ("prod", lambda x: F.prod(x, 1, dtype=f64), lambda x: torch.prod(x, 1, dtype=f64), "float"),
+        ("cumsum", lambda x: F.cumsum(x, 1, dtype=f32), lambda x: torch.cumsum(x, 1, dtype=f32), "float"),
+        ("cumprod", lambda x: F.cumprod(x, 0, dtype=f64), lambda x: torch.cumprod(x, 0, dtype=f64), "float"),
+        ("norm", lambda x: F.norm(x, 2, 1, dtype=f32), lambda x: torch.norm(x, 2, 1, dtype=f32), "float"),
+        ("vector_norm", lambda x: F.vector_norm(x, 3, (0,), dtype=f64),
+         lambda x: torch.linalg.vector_norm(x, 3, (0,), dtype=f64), "float"),
+        # Integer sums and scans give i64 unless dtype says otherwise; an integer input cast to a float.
+        ("sum i32", lambda x: F.sum(x, 1, dtype=i32), lambda x: torch.sum(x, 1, dtype=i32), "int"),
+        ("cumsum i32", lambda x: F.cumsum(x, 1, dtype=i32), lambda x: torch.cumsum(x, 1, dtype=i32), "int"),
+        ("mean of ints", lambda x: F.mean(x, 0, dtype=f32), lambda x: torch.mean(x, 0, dtype=f32), "int"),
+    ]
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=gpu)])
+def test_dtype_argument_matches_torch(device):
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.rand(37, 29, generator=gen, dtype=torch.float64) * 4 - 2).to(torch.bfloat16).to(device)
+    xi = torch.randint(-3, 4, (37, 29), generator=gen, dtype=torch.int32).to(device)
+    for name, ours, theirs, kind in _dtype_cases(torch):
+        arg = x if kind == "float" else xi
+        got, want = ours(arg), theirs(arg)
+        assert got.dtype == want.dtype and got.device == want.device, name
+        tol = 0 if want.dtype == torch.int32 else 1e-5 if want.dtype == torch.float32 else 1e-12
+        torch.testing.assert_close(got.double(), want.double(), rtol=tol, atol=tol, msg=name)
+    # out= in the requested dtype; a dtype torch does not take is refused as before.
+    out = torch.empty(37, dtype=torch.int32, device=device)
+    assert F.sum(xi, 1, dtype=torch.int32, out=out) is out
+    torch.testing.assert_close(out, torch.sum(xi, 1, dtype=torch.int32), rtol=0, atol=0)
+    out = torch.empty(37, 29, dtype=torch.float32, device=device)
+    F.softmax(x, 1, dtype=torch.float32, out=out)
+    torch.testing.assert_close(out, torch.softmax(x, 1, dtype=torch.float32), rtol=1e-6, atol=1e-6)
+    with pytest.raises(TypeError, match="dtype"):
+        F.amax(x, 1, dtype=torch.float32)
+
+
+def test_dtype_argument_on_numpy():
+    a = np.arange(12, dtype=np.int8).reshape(3, 4)
+    got = F.sum(a, 1, dtype=np.float64)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, [6, 22, 38])
+    scan = F.cumsum(a, 1, dtype=np.int32)
+    assert scan.dtype == np.int32
+    np.testing.assert_array_equal(scan, np.cumsum(a, 1))
+    e = np.exp(a.astype(np.float64))
+    np.testing.assert_allclose(F.softmax(a, 1, dtype=np.float32), e / e.sum(1, keepdims=True), rtol=1e-6)
