@@ -1199,8 +1199,9 @@ def _make_grouped_mm_function(torch):
 _grouped_autograd = _autograd_function(_make_grouped_mm_function)
 
 
-def grouped_mm(a, b, offs=None, *, out=None):
-    """torch._grouped_mm (the MoE expert product), same dtype in and out:
+def grouped_mm(mat_a, mat_b, offs=None, *, out=None):
+    """torch._grouped_mm (the MoE expert product, torch's argument names), same dtype in and out; with a =
+    mat_a and b = mat_b:
 
     - a [M, K], b [G, K, N], offs [G] int32: rows [offs[g-1], offs[g]) of a use b[g] -> [M, N]
       (rows at or past offs[G-1] are zeros; torch leaves them undefined);
@@ -1215,6 +1216,7 @@ def grouped_mm(a, b, offs=None, *, out=None):
     offs are read on the device (no sync: graph-capturable); must be non-decreasing and at most the split
     extent (the host backend raises otherwise; CUDA clamps them). torch tensors that require grad go
     through autograd (grouped_mm_backward)."""
+    a, b = mat_a, mat_b
     if out is None and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)):
         import torch
         if torch.is_grad_enabled():

@@ -51,6 +51,8 @@ def test_grouped_mm_matches_numpy(a_shape, b_shape, offs):
     o = None if offs is None else np.array(offs, dtype=np.int32)
     want = _numpy_reference(a, b, o)
     np.testing.assert_allclose(F.grouped_mm(a, b, o), want, rtol=1e-12, atol=1e-12)
+    # torch._grouped_mm's argument names.
+    np.testing.assert_allclose(F.grouped_mm(mat_a=a, mat_b=b, offs=o), want, rtol=1e-12, atol=1e-12)
     # b stored transposed (K-contiguous, the usual expert weight layout).
     bt = np.ascontiguousarray(np.swapaxes(b, -1, -2))
     np.testing.assert_allclose(F.grouped_mm(a, np.swapaxes(bt, -1, -2), o), want, rtol=1e-12, atol=1e-12)
