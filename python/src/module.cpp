@@ -919,6 +919,16 @@ std::vector<Operand> operands(nb::handle seq, bool none_is_missing = false) {
   return out;
 }
 
+/// The names of a call's `count` inputs (or outputs): the registered ones,
+/// not copied (every call of the fast path asks), or a variadic op's per-group
+/// names ("a[0]", ...), made into `store`.
+const std::vector<std::string>& operand_names(const OpInfo& info, bool inputs, size_t count,
+                                              std::vector<std::string>& store) {
+  if (!info.variadic) return inputs ? info.input_names : info.output_names;
+  store = info.operand_names(inputs, count);
+  return store;
+}
+
 nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::handle out, nb::handle out_specs) {
   const OpInfo& info = op_info_fast(op);
   std::vector<Operand> ins = operands(args);
@@ -946,9 +956,10 @@ nb::object call_fast(nb::handle op, nb::handle args, const nb::dict& attrs, nb::
                           (!out_given || outs.size() == ins.size() / per_group * info.output_names.size())
                     : ins.size() == per_group && (!out_given || outs.size() == info.output_names.size());
   if (!counts_fit) throw Fallback{};  // the Python path words the miscount as it always has
-  const std::vector<std::string> input_names = info.operand_names(true, ins.size());
-  const std::vector<std::string> output_names =
-      info.operand_names(false, info.variadic ? ins.size() / per_group * info.output_names.size() : 0);
+  std::vector<std::string> list_in, list_out;
+  const std::vector<std::string>& input_names = operand_names(info, true, ins.size(), list_in);
+  const std::vector<std::string>& output_names =
+      operand_names(info, false, info.variadic ? ins.size() / per_group * info.output_names.size() : 0, list_out);
 
   // The reference operand: the first array that is not bool (else the first array).
   const Operand* ref = nullptr;
@@ -1066,8 +1077,9 @@ void run(const std::string& op, const nb::sequence& inputs, const nb::sequence& 
     throw nb::type_error(cat(op, ": expected ", info.input_names.size(), " inputs and ", info.output_names.size(),
                              " outputs, got ", n_in, " and ", n_out).c_str());
   }
-  const std::vector<std::string> input_names = info.operand_names(true, n_in);
-  const std::vector<std::string> output_names = info.operand_names(false, n_out);
+  std::vector<std::string> list_in, list_out;
+  const std::vector<std::string>& input_names = operand_names(info, true, n_in, list_in);
+  const std::vector<std::string>& output_names = operand_names(info, false, n_out, list_out);
   if (!dtypes.is_none() && nb::len(dtypes) != n_in + n_out)
     throw nb::type_error(cat(op, ": 'dtypes' must have one entry (a dtype name or None) per input and output, got ",
                              nb::len(dtypes)).c_str());

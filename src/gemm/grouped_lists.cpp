@@ -49,13 +49,8 @@ Result<OpDesc> infer_lists(bool backward, const OpDesc& partial) {
   auto groups = group_count(backward, d.inputs.size());
   if (!groups) return groups.status();
   const size_t g_count = *groups, first = backward ? g_count : 0;
-  const auto names = [&](const std::vector<std::string>& base) {
-    std::vector<std::string> all;
-    for (const std::string& n : base)
-      for (size_t g = 0; g < g_count; ++g) all.push_back(cat(n, "[", g, "]"));
-    return all;
-  };
-  const std::vector<std::string> in_names = names(backward ? kBackwardInputs : kForwardInputs);
+  const OpInfo& info = *find_op(op);
+  const std::vector<std::string> in_names = info.operand_names(true, d.inputs.size());
   const DType t = d.inputs[first].dtype;
   const bool floats = t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64;
   const bool ints = t == DType::i8 || t == DType::i32 || t == DType::i64;
@@ -91,7 +86,7 @@ Result<OpDesc> infer_lists(bool backward, const OpDesc& partial) {
                      ", expected the product's ", shape_str(product.shape));
     outs[g] = a, outs[g_count + g] = b;
   }
-  BARACUDA_TRY(set_outputs(op, d, outs, names(backward ? kBackwardOutputs : kForwardOutputs)));
+  BARACUDA_TRY(set_outputs(op, d, outs, info.operand_names(false, outs.size())));
   return d;
 }
 
