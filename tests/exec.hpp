@@ -189,6 +189,15 @@ inline std::vector<double> small_ints(int64_t n, std::mt19937& rng, int lo = -2,
   return v;
 }
 
+/// What a bad-input test reads: the error's message, or "(no error)".
+template <class T>
+std::string error_message(const Result<T>& r) {
+  return r ? std::string("(no error)") : r.status().message();
+}
+
+/// Whether an error message contains `part`.
+inline bool has(const std::string& message, const std::string& part) { return message.find(part) != std::string::npos; }
+
 /// The host reference, and the bespoke CUDA backend when a GPU is present.
 inline std::vector<Backend> host_and_cuda_backends() {
   std::vector<Backend> b{Backend::host_reference};

@@ -141,7 +141,6 @@ TEST(BatchNormErrors, BadInputsAreNamed) {
     return d ? std::string() : d.status().message();
   };
   const TensorSpec none{DType::f32, {0}};
-  auto has = [](const std::string& m, const char* part) { return m.find(part) != std::string::npos; };
   std::string m = msg("batch_norm", {{DType::f32, {4, 8, 3}}, {DType::f32, {4}}, none, none, none}, {{"training", 1}});
   EXPECT_TRUE(has(m, "'weight' shape [4], expected [8] (the channel count, input dim 1) or [0] (absent)")) << m;
   m = msg("batch_norm", {{DType::f32, {4, 8}}, none, none, {DType::f32, {8}}, {DType::f32, {7}}}, {{"training", 1}});

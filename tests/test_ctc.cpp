@@ -309,7 +309,6 @@ TEST(CtcErrors, BadInputIsNamed) {
     auto r = exec(Backend::host_reference, "ctc_loss", in, attrs);
     return r ? std::string("ok") : r.status().message();
   };
-  auto has = [](const std::string& msg, const char* part) { return msg.find(part) != std::string::npos; };
   const Operand x = f64(lp, {T, N, C});
   EXPECT_TRUE(has(run({x, ints({1, 2, 1, 1}, {N, 2}), ints({5, 4}, {N}), ints({2, 1}, {N})}), "'input_lengths'[0] = 5"));
   EXPECT_TRUE(has(run({x, ints({1, 2, 1, 1}, {N, 2}), ints({4, 4}, {N}), ints({3, 1}, {N})}), "'target_lengths'[0] = 3"));

@@ -222,7 +222,6 @@ TEST(GroupNormErrors, BadDescriptorsAreNamed) {
     EXPECT_FALSE(r) << op;
     return r ? std::string() : r.status().message();
   };
-  auto has = [](const std::string& m, const std::string& part) { return m.find(part) != std::string::npos; };
   const TensorSpec x{DType::f32, {2, 6, 5}}, w{DType::f32, {6}};
   std::string m = msg("group_norm", {x, w, w}, {{"num_groups", 4}});
   EXPECT_TRUE(has(m, "num_groups 4 must divide the channels C = 6 of 'input' [2, 6, 5]")) << m;

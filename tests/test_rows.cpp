@@ -829,7 +829,7 @@ TEST(NormErrors, ResidualBackwardBadInputIsNamed) {
   const DType f = DType::f32;
   auto message = [](const std::string& op, std::vector<TensorSpec> in) {
     auto r = infer(op, std::move(in), {});
-    return r ? std::string("(no error)") : r.status().message();
+    return error_message(r);
   };
   std::string m = message("add_rms_norm_backward", {{f, {2, 8}}, {f, {2, 7}}, {f, {2, 8}}, {f, {2}}, {f, {8}}});
   EXPECT_NE(m.find("add_rms_norm_backward: 'grad_residual_out' shape [2, 7], expected [2, 8] (residual_out's) or [0]"),
